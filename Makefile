@@ -1,0 +1,31 @@
+# The two commands of the README: `make demo` and `make test`. Each builds .venv first if needed.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+DEMO := runs/demo
+
+.PHONY: env demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+env: $(STAMP)
+
+demo: $(STAMP)
+	rm -rf $(DEMO)
+	$(PY) examples/demo.py --out $(DEMO) --name baseline
+	$(PY) examples/demo.py --out $(DEMO) --name workers2 --workers 2
+	$(VENV)/bin/lightning-perf compare $(DEMO)/baseline/perf_summary.json $(DEMO)/workers2/perf_summary.json
+	$(VENV)/bin/lightning-perf report $(DEMO)/baseline/perf_summary.json $(DEMO)/workers2/perf_summary.json
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

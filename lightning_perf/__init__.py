@@ -1,0 +1,32 @@
+"""lightning_perf: Lightning callbacks that tell how fast training really runs and where time and memory go.
+
+The callbacks are imported lazily so that ``lightning-perf compare`` and ``report`` work without torch.
+"""
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "IterationTimer": "lightning_perf.callbacks.iteration_timer",
+}
+
+#: The callbacks of the suite, in the order they appear in a summary.
+CALLBACKS = ("IterationTimer",)
+
+__all__ = ["__version__", "CALLBACKS", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_perf' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(__all__)

@@ -1,0 +1,447 @@
+"""IterationTimer: ms/iter, it/s, percentiles and time to N iterations, without stalling the device."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_perf.callbacks._common import (
+    PerfCallback,
+    bad_argument,
+    check_positive_int,
+    gather_floats,
+    guarded,
+    log_scalars,
+    spread_across_ranks,
+)
+from lightning_perf.measure.clock import DeviceIntervalClock, now
+from lightning_perf.measure.stats import LogHistogram
+
+_MAX_EPOCH_RECORDS = 10_000
+
+
+def infer_batch_size(batch: Any, depth: int = 3) -> Optional[int]:
+    """Leading dimension of the first tensor in ``batch`` (a tensor, or nested lists, tuples and dicts of them).
+
+    A few attribute checks, not a full tree walk: this runs on every batch.
+    """
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    if depth == 0:
+        return None
+    if isinstance(batch, Mapping):
+        batch = batch.values()
+    elif not isinstance(batch, (list, tuple)):
+        return None
+    for item in batch:
+        size = infer_batch_size(item, depth - 1)
+        if size is not None:
+            return size
+    return None
+
+
+class IterationTimer(PerfCallback):
+    r"""Times every training iteration (one optimizer step) and reports how fast training really runs.
+
+    An iteration's time is the round trip from the end of one optimizer step to the end of the next: waiting for
+    data, the forward and backward passes, callbacks and checkpoint saves are inside it; validation and sanity
+    checking are not (they are eval time, reported on their own). With ``accumulate_grad_batches=k`` an iteration
+    is k batches; under manual optimization it is one batch. The first ``warmup_steps`` iterations of each fit and
+    the first iteration of each epoch and after each validation are left out of the distribution and counted under
+    ``excluded``. On CUDA the device's own interval between iteration ends is read from CUDA events once they are
+    complete, so nothing in the step path waits for the GPU.
+
+    Args:
+        warmup_steps: iterations at the start of each fit left out of the distribution.
+        log_every_n_steps: how often the windowed rates go to the loggers; default the trainer's
+            ``log_every_n_steps``.
+        target_steps: N of "time to N iterations"; default the trainer's ``max_steps`` when set, else none.
+        batch_size_fn: ``batch -> int`` for samples/s; by default the leading dimension of a tensor batch, or of
+            the first tensor in nested tuples, lists and dicts.
+        device_timing: also time iterations with CUDA events when training on CUDA.
+        verbose: print a one-line result at the end of fit on rank 0.
+        summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
+
+    Logged metrics (every ``log_every_n_steps``, over the iterations since the last log):
+        ``perf/it_per_s``, ``perf/ms_per_iter``, ``perf/batches_per_s``, ``perf/samples_per_s`` (when the batch size
+        is known). At the end of fit: ``perf/final_ms_per_iter_p50``, ``perf/final_ms_per_iter_p95``,
+        ``perf/final_ms_per_iter_p99``, ``perf/final_it_per_s``, ``perf/train_time_s``, ``perf/eval_time_s``.
+
+    Raises:
+        ValueError: for a negative ``warmup_steps``, a ``log_every_n_steps`` or ``target_steps`` below 1, or a
+            ``batch_size_fn`` that is not callable.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from lightning_perf import IterationTimer
+
+        trainer = Trainer(callbacks=[IterationTimer(warmup_steps=10, target_steps=30_000)])
+    """
+
+    section_name = "iteration_timer"
+
+    def __init__(
+        self,
+        warmup_steps: int = 5,
+        log_every_n_steps: Optional[int] = None,
+        target_steps: Optional[int] = None,
+        batch_size_fn: Optional[Callable[[Any], int]] = None,
+        device_timing: bool = True,
+        verbose: bool = True,
+        summary_path: Optional[str] = None,
+    ) -> None:
+        super().__init__(summary_path=summary_path)
+        check_positive_int("IterationTimer", "warmup_steps", warmup_steps, minimum=0)
+        check_positive_int("IterationTimer", "log_every_n_steps", log_every_n_steps, allow_none=True)
+        check_positive_int("IterationTimer", "target_steps", target_steps, allow_none=True)
+        if batch_size_fn is not None and not callable(batch_size_fn):
+            raise bad_argument("IterationTimer", "batch_size_fn", batch_size_fn, "Expected a callable `batch -> int`.")
+        self.warmup_steps = warmup_steps
+        self.log_every_n_steps = log_every_n_steps
+        self.target_steps = target_steps
+        self.batch_size_fn = batch_size_fn
+        self.device_timing = device_timing
+        self.verbose = verbose
+        self._reset()
+
+    # -- state ---------------------------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        # Cumulative over the whole run (kept through checkpoints).
+        self.iterations = 0
+        self.batches = 0
+        self.samples = 0
+        self._prior_train_time_s = 0.0
+        self._prior_eval_time_s = 0.0
+        self._host = LogHistogram()
+        self._device = LogHistogram()
+        self._counted_samples = 0
+        self._counted_batches = 0
+        self._excluded: Dict[str, int] = {"warmup": 0, "epoch_start": 0, "after_eval": 0}
+        self._epochs: List[Dict[str, Any]] = []
+        self._resumed_at: Optional[int] = None
+        self._samples_unknown: Optional[str] = None
+        self._ranks: Optional[Dict[str, Any]] = None
+        # This fit only.
+        self._fit_iterations = 0
+        self._train_start: Optional[float] = None
+        self._train_end: Optional[float] = None
+        self._eval_time_fit = 0.0
+        self._sanity_time_s = 0.0
+        self._eval_start: Optional[float] = None
+        self._last_mark: Optional[float] = None
+        self._skip_reason: Optional[str] = None
+        self._last_global_step = 0
+        self._manual = False
+        self._iter_samples = 0
+        self._iter_batches = 0
+        self._epoch_start: Optional[float] = None
+        self._epoch_eval_start = 0.0
+        self._epoch_iter_start = 0
+        self._window = [0.0, 0, 0, 0]  # seconds, iterations, batches, samples
+        self._clock: Optional[DeviceIntervalClock] = None
+        self._log_every = 50
+
+    def _train_time_s(self) -> float:
+        """Training wall time so far: this fit's time in the training loop minus its validation, plus earlier fits."""
+        if self._train_start is None:
+            return self._prior_train_time_s
+        end = self._train_end if self._train_end is not None else now()
+        eval_running = (end - self._eval_start) if self._eval_start is not None else 0.0
+        return self._prior_train_time_s + max(0.0, end - self._train_start - self._eval_time_fit - eval_running)
+
+    def _eval_time_s(self) -> float:
+        return self._prior_eval_time_s + self._eval_time_fit
+
+    # -- Lightning hooks -----------------------------------------------------------------------------------------
+    @guarded
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._reset()
+        self._start_run(trainer)
+        self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+
+    @guarded
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_start = now()
+
+    @guarded
+    def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._eval_start is not None:
+            self._sanity_time_s += now() - self._eval_start
+        self._eval_start = None
+
+    @guarded
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._manual = not pl_module.automatic_optimization
+        self._last_global_step = trainer.global_step
+        on_cuda = trainer.strategy.root_device.type == "cuda"
+        self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
+        if self.target_steps is None and trainer.max_steps is not None and trainer.max_steps > 0:
+            self._target = trainer.max_steps
+        else:
+            self._target = self.target_steps
+        self._train_start = now()
+
+    @guarded
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        t = now()
+        self._epoch_start = t
+        self._epoch_eval_start = self._eval_time_fit
+        self._epoch_iter_start = self.iterations
+        self._last_mark = t
+        self._skip_reason = "epoch_start"
+
+    @guarded
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.batches += 1
+        self._iter_batches += 1
+        if self._samples_unknown is None:
+            size = self._batch_size(batch)
+            if size is not None:
+                self.samples += size
+                self._iter_samples += size
+        if not self._manual:
+            step = trainer.global_step
+            if step == self._last_global_step:
+                return  # still accumulating: the iteration ends with the optimizer step
+            self._last_global_step = step
+        self._end_iteration(trainer)
+
+    def _end_iteration(self, trainer: Trainer) -> None:
+        t = now()
+        self.iterations += 1
+        self._fit_iterations += 1
+        reason = "warmup" if self._fit_iterations <= self.warmup_steps else self._skip_reason
+        if self._last_mark is not None and reason is None:
+            seconds = t - self._last_mark
+            self._host.add(seconds * 1000.0)
+            self._counted_batches += self._iter_batches
+            self._counted_samples += self._iter_samples
+            w = self._window
+            w[0] += seconds
+            w[1] += 1
+            w[2] += self._iter_batches
+            w[3] += self._iter_samples
+        elif reason is not None:
+            self._excluded[reason] = self._excluded.get(reason, 0) + 1
+        if self._clock is not None:
+            self._clock.mark(counted=reason is None)
+            for ms in self._clock.poll():
+                self._device.add(ms)
+        self._last_mark = t
+        self._skip_reason = None
+        self._iter_batches = 0
+        self._iter_samples = 0
+        if self._fit_iterations % self._log_every == 0:
+            self._log_window(trainer)
+
+    def _batch_size(self, batch: Any) -> Optional[int]:
+        try:
+            if self.batch_size_fn is not None:
+                return int(self.batch_size_fn(batch))
+            size = infer_batch_size(batch)
+            if size is None:
+                raise ValueError(f"no tensor with a batch dimension found in a {type(batch).__name__}")
+            return size
+        except Exception as err:  # noqa: BLE001
+            self._samples_unknown = f"batch size unknown: {type(err).__name__}: {err}"
+            self._warn_once("batch_size", f"{self._samples_unknown}; samples/s is not reported. Pass `batch_size_fn`.")
+            return None
+
+    def _log_window(self, trainer: Trainer) -> None:
+        seconds, iters, batches, samples = self._window
+        self._window = [0.0, 0, 0, 0]
+        if iters == 0 or seconds <= 0:
+            return
+        metrics = {
+            "perf/it_per_s": iters / seconds,
+            "perf/ms_per_iter": 1000.0 * seconds / iters,
+            "perf/batches_per_s": batches / seconds,
+        }
+        if self._samples_unknown is None:
+            metrics["perf/samples_per_s"] = samples / seconds
+        log_scalars(trainer, metrics)
+
+    @guarded
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or self._train_start is None:
+            return
+        self._sync_device()
+        self._eval_start = now()
+
+    @guarded
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or self._eval_start is None:
+            return
+        self._sync_device()
+        self._eval_time_fit += now() - self._eval_start
+        self._eval_start = None
+        self._skip_reason = "after_eval"
+
+    def _sync_device(self) -> None:
+        # Phase boundaries only: attributing queued GPU work to the right phase costs nothing here.
+        if self._clock is not None:
+            import torch
+
+            torch.cuda.synchronize()
+
+    @guarded
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._epoch_start is None:
+            return
+        seconds = now() - self._epoch_start - (self._eval_time_fit - self._epoch_eval_start)
+        iters = self.iterations - self._epoch_iter_start
+        if len(self._epochs) < _MAX_EPOCH_RECORDS:
+            self._epochs.append(
+                {
+                    "epoch": trainer.current_epoch,
+                    "time_s": seconds,
+                    "iterations": iters,
+                    "it_per_s": iters / seconds if seconds > 0 else None,
+                    "eval_time_s": self._eval_time_fit - self._epoch_eval_start,
+                }
+            )
+        self._epoch_start = None
+
+    def _finish_timing(self) -> None:
+        if self._train_start is not None and self._train_end is None:
+            if self._clock is not None:
+                for ms in self._clock.flush():
+                    self._device.add(ms)
+            self._train_end = now()
+
+    @guarded
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._finish_timing()
+        median = self._host.quantile(0.5)
+        mean = self._host.mean
+        # One collective, reached by every rank with the same shape.
+        rows = gather_floats(trainer, [median, mean])
+        if trainer.world_size > 1:
+            self._ranks = {
+                "median_ms_per_iter": spread_across_ranks([r[0] for r in rows]),
+                "mean_ms_per_iter": spread_across_ranks([r[1] for r in rows]),
+            }
+        s = self._host.summary()
+        log_scalars(
+            trainer,
+            {
+                "perf/final_ms_per_iter_p50": s["p50"],
+                "perf/final_ms_per_iter_p95": s["p95"],
+                "perf/final_ms_per_iter_p99": s["p99"],
+                "perf/final_it_per_s": 1000.0 / s["mean"] if s["mean"] else None,
+                "perf/train_time_s": self._train_time_s(),
+                "perf/eval_time_s": self._eval_time_s(),
+            },
+        )
+
+    @guarded
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._write_summary(trainer)
+        if self.verbose and trainer.is_global_zero:
+            s = self._host.summary()
+            if s["median"] is not None:
+                rank_zero_info(
+                    f"IterationTimer: {s['median']:.2f} ms/iter median ({1000.0 / s['mean']:.2f} it/s mean),"
+                    f" p95 {s['p95']:.2f} ms, over {self._host.count} of {self.iterations} iterations;"
+                    f" train {self._train_time_s():.1f} s, eval {self._eval_time_s():.1f} s"
+                )
+
+    @guarded
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._finish_timing()
+        self._write_summary(trainer, exception)
+
+    # -- results -------------------------------------------------------------------------------------------------
+    def _summary_section(self) -> Dict[str, Any]:
+        s = self._host.summary()
+        counted_s = self._host.total / 1000.0
+        unavailable: Dict[str, str] = {}
+        samples_per_s = None
+        if self._samples_unknown is not None:
+            unavailable["samples_per_s"] = self._samples_unknown
+        elif counted_s > 0:
+            samples_per_s = self._counted_samples / counted_s
+        if self._host.count == 0:
+            unavailable["ms_per_iter"] = (
+                f"no iteration was measured: {self.iterations} iterations ran and the first"
+                f" {self.warmup_steps} of each fit (plus epoch starts and post-validation ones) are excluded"
+            )
+        if self._clock is None:
+            unavailable["device_ms_per_iter"] = "device timing needs CUDA" if self.device_timing else "switched off"
+        elif self._device.count == 0:
+            unavailable["device_ms_per_iter"] = "no CUDA event interval completed"
+        target = getattr(self, "_target", self.target_steps)
+        median = s["median"]
+        projected = None
+        remaining = None
+        if target is not None and median is not None:
+            projected = target * median / 1000.0
+            remaining = max(0, target - self.iterations) * median / 1000.0
+        elif target is None:
+            unavailable["projected_time_to_target_s"] = "no target: set `target_steps` or the trainer's `max_steps`"
+        return {
+            "iterations": self.iterations,
+            "batches": self.batches,
+            "samples": self.samples if self._samples_unknown is None else None,
+            "measured_iterations": self._host.count,
+            "warmup_steps": self.warmup_steps,
+            "excluded": dict(self._excluded),
+            "manual_optimization": self._manual,
+            "resumed_at_iteration": self._resumed_at,
+            "ms_per_iter": s,
+            "it_per_s": 1000.0 / s["mean"] if s["mean"] else None,
+            "batches_per_s": self._counted_batches / counted_s if counted_s > 0 else None,
+            "samples_per_s": samples_per_s,
+            "device_ms_per_iter": self._device.summary() if self._device.count else None,
+            "device_events_dropped": self._clock.dropped if self._clock is not None else 0,
+            "train_time_s": self._train_time_s(),
+            "eval_time_s": self._eval_time_s(),
+            "sanity_check_time_s": self._sanity_time_s,
+            "epochs": list(self._epochs),
+            "target_steps": target,
+            "projected_time_to_target_s": projected,
+            "projected_remaining_s": remaining,
+            "ranks": self._ranks,
+            "histogram_ms": self._host.to_dict(),
+            "unavailable": unavailable,
+        }
+
+    # -- checkpointing -------------------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "iterations": self.iterations,
+            "batches": self.batches,
+            "samples": self.samples,
+            "train_time_s": self._train_time_s(),
+            "eval_time_s": self._eval_time_s(),
+            "counted_samples": self._counted_samples,
+            "counted_batches": self._counted_batches,
+            "excluded": dict(self._excluded),
+            "epochs": list(self._epochs),
+            "histogram_ms": self._host.to_dict(),
+            "device_histogram_ms": self._device.to_dict(),
+        }
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.iterations = int(state_dict.get("iterations", 0))
+        self.batches = int(state_dict.get("batches", 0))
+        self.samples = int(state_dict.get("samples", 0))
+        self._prior_train_time_s = float(state_dict.get("train_time_s", 0.0))
+        self._prior_eval_time_s = float(state_dict.get("eval_time_s", 0.0))
+        self._counted_samples = int(state_dict.get("counted_samples", 0))
+        self._counted_batches = int(state_dict.get("counted_batches", 0))
+        self._excluded.update(state_dict.get("excluded", {}))
+        self._epochs = list(state_dict.get("epochs", []))
+        if "histogram_ms" in state_dict:
+            self._host = LogHistogram.from_dict(state_dict["histogram_ms"])
+        if "device_histogram_ms" in state_dict:
+            self._device = LogHistogram.from_dict(state_dict["device_histogram_ms"])
+        self._resumed_at = self.iterations

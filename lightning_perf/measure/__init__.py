@@ -1,0 +1,1 @@
+"""Probes: clocks, memory readers and streaming statistics. No Lightning import here."""

@@ -1,0 +1,83 @@
+"""Interval clocks that never stall the device: host time now, device time once the GPU has got there."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable, Deque, List, Optional, Tuple
+
+__all__ = ["DeviceIntervalClock", "now"]
+
+now = time.perf_counter
+
+
+class DeviceIntervalClock:
+    """Device-side durations between consecutive :meth:`mark` calls, from CUDA events read lazily.
+
+    ``mark()`` records an event on the current stream and returns at once. ``poll()`` reads the intervals whose
+    end event the device has already passed (``Event.query()`` is true), and never waits. ``flush()`` waits for
+    the last event: call it only at a phase end, where a sync costs nothing. Events come from a bounded pool and go
+    back to it once read; if the device falls more than ``max_pending`` marks behind, marks are skipped and
+    counted in :attr:`dropped` rather than growing memory.
+
+    Args:
+        event_factory: makes one timing event; defaults to ``torch.cuda.Event(enable_timing=True)``. Tests pass a
+            simulated event with ``record()``, ``query()``, ``synchronize()`` and ``elapsed_time(other)``.
+        max_pending: bound on events in flight.
+    """
+
+    def __init__(self, event_factory: Optional[Callable[[], Any]] = None, max_pending: int = 512) -> None:
+        if event_factory is None:
+            import torch
+
+            def event_factory() -> Any:
+                return torch.cuda.Event(enable_timing=True)
+
+        self._factory = event_factory
+        self._max_pending = max_pending
+        self._pool: List[Any] = []
+        # Each entry: (event, whether the interval that ends at this event is counted).
+        self._pending: Deque[Tuple[Any, bool]] = deque()
+        self._chain_broken = True
+        self.dropped = 0
+
+    def _get_event(self) -> Any:
+        return self._pool.pop() if self._pool else self._factory()
+
+    def mark(self, counted: bool = True) -> None:
+        """Records a boundary. ``counted=False`` leaves the interval that ends here out of the results."""
+        if len(self._pending) >= self._max_pending:
+            self.dropped += 1
+            self._chain_broken = True
+            return
+        event = self._get_event()
+        event.record()
+        self._pending.append((event, counted and not self._chain_broken))
+        self._chain_broken = False
+
+    def break_chain(self) -> None:
+        """The next interval spans something that is not measured (validation, a new epoch): leave it out."""
+        self._chain_broken = True
+
+    def poll(self) -> List[float]:
+        """Durations in ms of the intervals the device has finished, oldest first; never blocks."""
+        out: List[float] = []
+        pending = self._pending
+        while len(pending) >= 2 and pending[1][0].query():
+            start, _ = pending.popleft()
+            end, counted = pending[0]
+            if counted:
+                out.append(float(start.elapsed_time(end)))
+            self._pool.append(start)
+        return out
+
+    def flush(self) -> List[float]:
+        """Waits for the last recorded event (a phase end) and returns every remaining duration."""
+        if self._pending:
+            self._pending[-1][0].synchronize()
+        out = self.poll()
+        if self._pending:
+            last, _ = self._pending.popleft()
+            self._pool.append(last)
+        self._chain_broken = True
+        return out

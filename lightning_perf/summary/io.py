@@ -1,0 +1,60 @@
+"""Reading and atomically writing summary files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from typing import Any, Dict
+
+from lightning_perf.summary.schema import SummaryError, validate
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities become null: JSON has no such numbers, and a reader must not choke on them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
+    """Writes ``data`` through a temporary file in the same folder and ``os.replace``: a reader never sees half."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".perf_summary.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(_json_safe(data), fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_summary(path: str) -> Dict[str, Any]:
+    """Reads and validates one summary; raises :class:`SummaryError` with a one-line reason."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise SummaryError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise SummaryError(f"{path}: is a directory, expected a perf_summary.json file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SummaryError(f"{path}: cannot read: {err}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SummaryError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    return validate(data, source=path)

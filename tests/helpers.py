@@ -1,0 +1,93 @@
+"""Tiny models, data and readers shared by the tests."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Dict, List
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_loader(n: int = 64, batch_size: int = 8, features: int = 16, **kwargs: Any) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, features, generator=g)
+    y = x.sum(dim=1, keepdim=True)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, **kwargs)
+
+
+class TinyModel(LightningModule):
+    """A linear regressor with train and validation loops; small enough for many fits on 2 cores."""
+
+    def __init__(self, features: int = 16, lr: float = 0.01) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(features, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("val_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    def train_dataloader(self) -> DataLoader:
+        return make_loader()
+
+    def val_dataloader(self) -> DataLoader:
+        return make_loader(n=32)
+
+
+def trainer_kwargs(tmp_path: Any, **overrides: Any) -> Dict[str, Any]:
+    kwargs: Dict[str, Any] = dict(
+        default_root_dir=str(tmp_path),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=2,
+        num_sanity_val_steps=1,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def fit(tmp_path: Any, callbacks: List[Any], model: LightningModule = None, **overrides: Any) -> Trainer:
+    trainer = Trainer(callbacks=callbacks, **trainer_kwargs(tmp_path, **overrides))
+    trainer.fit(model or TinyModel())
+    return trainer
+
+
+def find_summary(root: Any) -> Dict[str, Any]:
+    paths = glob.glob(os.path.join(str(root), "**", "perf_summary.json"), recursive=True)
+    assert len(paths) == 1, f"expected one summary under {root}, found {paths}"
+    with open(paths[0]) as fh:
+        return json.load(fh)
+
+
+def read_scalars(root: Any) -> Dict[str, List[tuple]]:
+    """Every scalar in the TensorBoard event files under ``root``: tag -> [(step, value), ...]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: Dict[str, List[tuple]] = {}
+    for path in glob.glob(os.path.join(str(root), "**", "events.out.tfevents.*"), recursive=True):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return out

@@ -1,0 +1,10 @@
+"""The registry the conformance test runs over: every callback of the suite, with its section name.
+
+Each entry: class name -> (factory for a fast test instance, summary section name, YAML init_args).
+"""
+
+from lightning_perf import IterationTimer
+
+SUITE = {
+    "IterationTimer": (lambda: IterationTimer(warmup_steps=1), "iteration_timer", {"warmup_steps": 1}),
+}

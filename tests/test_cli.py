@@ -1,0 +1,124 @@
+"""The real `lightning-perf` command in subprocesses, on summaries written by real fits."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import TinyModel, fit
+from lightning_perf import IterationTimer
+
+
+class SlowerModel(TinyModel):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.004)
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    paths = {}
+    for name, model in (("fast", TinyModel()), ("slow", SlowerModel())):
+        fit(root / name, [IterationTimer(warmup_steps=1, summary_path=str(root / name / "perf_summary.json"))],
+            model=model, max_epochs=3)
+        paths[name] = str(root / name / "perf_summary.json")
+    return paths
+
+
+def cli(*args, check_rc=None):
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, proc.stderr
+    return proc
+
+
+def test_compare_text_shows_speedup_ci_and_time_saved(runs):
+    out = cli("compare", runs["slow"], runs["fast"], "--iterations", "30000", check_rc=0).stdout
+    assert "TRAINING TIME COMPARISON" in out
+    assert "slow:" in out and "fast:" in out
+    assert "95% CI" in out and "significant" in out
+    assert "Estimated time to 30,000 iterations" in out and "Time saved:" in out
+
+
+def test_compare_json_is_consistent_with_the_files(runs):
+    result = json.loads(cli("compare", runs["slow"], runs["fast"], "--format", "json", check_rc=0).stdout)
+    with open(runs["slow"]) as fh:
+        slow = json.load(fh)["iteration_timer"]
+    with open(runs["fast"]) as fh:
+        fast = json.load(fh)["iteration_timer"]
+    speedup = slow["ms_per_iter"]["median"] / fast["ms_per_iter"]["median"]
+    assert result["speedup"] == pytest.approx(speedup)
+    assert speedup > 1.0  # 4 ms of sleep per step is the difference
+    lo, hi = result["speedup_ci95"]
+    assert lo <= result["speedup"] <= hi
+    assert result["time_to_iterations_s"]["base"] == pytest.approx(30000 * slow["ms_per_iter"]["median"] / 1000)
+    assert result["time_saved_s"] > 0
+
+
+def test_compare_markdown(runs):
+    out = cli("compare", runs["fast"], runs["slow"], "--format", "markdown", "--names", "A", "B", check_rc=0).stdout
+    assert out.startswith("| run | ms/iter (median)")
+    assert "| A |" in out and "| B |" in out and "**Speedup:**" in out
+
+
+def test_fail_if_slower_exit_codes(runs):
+    proc = cli("compare", runs["fast"], runs["slow"], "--fail-if-slower", "5")
+    assert proc.returncode == 1 and "slower than base" in proc.stderr
+    cli("compare", runs["slow"], runs["fast"], "--fail-if-slower", "5", check_rc=0)
+
+
+@pytest.mark.parametrize("kind", ["missing", "not_json", "wrong_schema", "future_schema", "directory"])
+def test_bad_files_exit_2_with_one_line(runs, tmp_path, kind):
+    bad = tmp_path / "bad.json"
+    if kind == "not_json":
+        bad.write_text("{not json")
+    elif kind == "wrong_schema":
+        bad.write_text(json.dumps({"hello": 1}))
+    elif kind == "future_schema":
+        bad.write_text(json.dumps({"schema_version": 99, "status": "completed", "run": {}}))
+    elif kind == "directory":
+        bad = tmp_path
+    proc = cli("compare", str(bad), runs["fast"])
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("lightning-perf: error:")
+
+
+def test_bad_arguments_exit_2(runs):
+    proc = cli("compare", runs["fast"], runs["slow"], "--iterations", "0")
+    assert proc.returncode == 2 and "positive integer" in proc.stderr
+    proc = cli("report", runs["fast"], runs["slow"], "--names", "only-one")
+    assert proc.returncode == 2 and "--names got 1 names for 2 runs" in proc.stderr
+
+
+def test_report_markdown_and_csv(runs):
+    out = cli("report", runs["slow"], runs["fast"], check_rc=0).stdout.splitlines()
+    assert out[0].startswith("| Run | Speed (it/s) |")
+    assert out[2].startswith("| slow |") and out[3].startswith("| fast |")
+    assert "%" in out[3].split("|")[4]  # change vs the first row
+    csv_out = cli("report", runs["slow"], runs["fast"], "--format", "csv", "--names", "base", "opt",
+                  check_rc=0).stdout.splitlines()
+    assert csv_out[0].startswith("run,status,it_per_s")
+    assert csv_out[1].startswith("base,completed,") and csv_out[2].startswith("opt,completed,")
+
+
+def test_compare_needs_no_torch(runs):
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['lightning'] = None\n"
+        "from lightning_perf.cli import main\n"
+        f"sys.exit(main(['compare', {runs['slow']!r}, {runs['fast']!r}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "Speedup" in proc.stdout
+
+
+def test_console_script_is_installed():
+    exe = os.path.join(os.path.dirname(sys.executable), "lightning-perf")
+    proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "compare" in proc.stdout and "report" in proc.stdout

@@ -1,0 +1,30 @@
+"""The demo as the README runs it, shortened: real photographs, TensorBoard scalars, a summary, printed paths."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import read_scalars
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_demo_writes_tensorboard_and_summary(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--out", str(tmp_path), "--name", "t",
+         "--max-steps", "40", "--val-every", "20"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary_path = tmp_path / "t" / "perf_summary.json"
+    assert f"summary    {summary_path}" in proc.stdout
+    assert "ms/iter median" in proc.stdout
+    summary = json.loads(summary_path.read_text())
+    assert summary["status"] == "completed"
+    assert summary["iteration_timer"]["iterations"] == 40
+    assert summary["iteration_timer"]["target_steps"] == 30000
+    assert "perf/it_per_s" in read_scalars(tmp_path / "t")

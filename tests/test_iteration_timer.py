@@ -1,0 +1,193 @@
+import time
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from helpers import TinyModel, find_summary, fit, read_scalars, trainer_kwargs
+from lightning_perf import IterationTimer
+
+
+class SleepyModel(TinyModel):
+    """Training steps of at least 5 ms, validation runs of at least 0.3 s: sleep gives lower bounds only."""
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.005)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        time.sleep(0.3 / 4)
+        return super().validation_step(batch, batch_idx)
+
+
+def test_summary_figures_of_a_real_fit(tmp_path):
+    fit(tmp_path, [IterationTimer(warmup_steps=2)], max_epochs=3)
+    s = find_summary(tmp_path)
+    assert s["status"] == "completed" and s["schema_version"] == 1
+    t = s["iteration_timer"]
+    assert t["iterations"] == 24 and t["batches"] == 24 and t["samples"] == 192  # 8 batches of 8, 3 epochs
+    # warm-up 2, then the first iteration of epochs 2 and 3; after-eval ones coincide with epoch starts here
+    assert t["excluded"] == {"warmup": 2, "epoch_start": 2, "after_eval": 0}
+    assert t["measured_iterations"] == 24 - 4
+    ms = t["ms_per_iter"]
+    assert ms["min"] <= ms["p50"] <= ms["p95"] <= ms["p99"] <= ms["max"]
+    assert t["it_per_s"] == pytest.approx(1000.0 / ms["mean"])
+    assert t["samples_per_s"] == pytest.approx(8 * t["it_per_s"], rel=1e-6)
+    assert [e["iterations"] for e in t["epochs"]] == [8, 8, 8]
+    assert t["device_ms_per_iter"] is None and "CUDA" in t["unavailable"]["device_ms_per_iter"]
+    assert t["histogram_ms"]["count"] == t["measured_iterations"]
+    run = s["run"]
+    assert run["precision"] == "32-true" and run["world_size"] == 1 and run["accumulate_grad_batches"] == 1
+
+
+def test_validation_and_sanity_time_are_eval_time_not_iteration_time(tmp_path):
+    model = SleepyModel()
+    fit(tmp_path, [IterationTimer(warmup_steps=0)], model=model, max_epochs=1, val_check_interval=4,
+        limit_val_batches=4, num_sanity_val_steps=1)
+    t = find_summary(tmp_path)["iteration_timer"]
+    assert t["ms_per_iter"]["min"] >= 5.0
+    # two validation runs of >= 0.3 s each: counted as eval, none of it inside an iteration
+    assert t["eval_time_s"] >= 0.6
+    assert t["ms_per_iter"]["max"] < 300.0
+    assert t["excluded"]["after_eval"] == 1  # the mid-epoch validation; the epoch-end one closes the fit
+    assert t["sanity_check_time_s"] > 0.0
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
+    fit(tmp_path, [IterationTimer(warmup_steps=0)], max_epochs=1, accumulate_grad_batches=4)
+    t = find_summary(tmp_path)["iteration_timer"]
+    assert t["batches"] == 8 and t["iterations"] == 2
+    assert t["batches_per_s"] == pytest.approx(4 * t["it_per_s"], rel=1e-6)
+
+
+class ManualModel(TinyModel):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        if batch_idx % 2 == 1:  # steps every other batch: iterations are still batches
+            opt.step()
+        return loss
+
+
+def test_manual_optimization_counts_batches(tmp_path):
+    fit(tmp_path, [IterationTimer(warmup_steps=1)], model=ManualModel(), max_epochs=1)
+    t = find_summary(tmp_path)["iteration_timer"]
+    assert t["manual_optimization"] is True
+    assert t["iterations"] == 8 and t["measured_iterations"] == 7
+
+
+def test_tensorboard_scalars_are_written(tmp_path):
+    fit(tmp_path, [IterationTimer(warmup_steps=0, log_every_n_steps=2)], max_epochs=2)
+    scalars = read_scalars(tmp_path)
+    for key in ("perf/it_per_s", "perf/ms_per_iter", "perf/batches_per_s", "perf/samples_per_s"):
+        assert len(scalars[key]) >= 4, key
+    for key in ("perf/final_ms_per_iter_p50", "perf/final_ms_per_iter_p95", "perf/final_ms_per_iter_p99",
+                "perf/final_it_per_s", "perf/train_time_s", "perf/eval_time_s"):
+        assert len(scalars[key]) == 1, key
+    its = dict(scalars["perf/it_per_s"])
+    ms = dict(scalars["perf/ms_per_iter"])
+    for step in its:
+        assert its[step] == pytest.approx(1000.0 / ms[step], rel=1e-4)
+
+
+def test_target_steps_defaults_to_max_steps(tmp_path):
+    fit(tmp_path, [IterationTimer(warmup_steps=0)], max_epochs=None, max_steps=12)
+    t = find_summary(tmp_path)["iteration_timer"]
+    assert t["target_steps"] == 12
+    assert t["projected_time_to_target_s"] == pytest.approx(12 * t["ms_per_iter"]["median"] / 1000.0)
+    assert t["projected_remaining_s"] == 0.0
+
+
+def test_resume_covers_the_whole_run_and_rates_do_not_spike(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    fit(tmp_path / "a", [IterationTimer(warmup_steps=1), ckpt], max_epochs=None, max_steps=10)
+    first = find_summary(tmp_path / "a")["iteration_timer"]
+    timer = IterationTimer(warmup_steps=1, log_every_n_steps=2)
+    trainer = Trainer(callbacks=[timer], **trainer_kwargs(tmp_path / "b", max_epochs=None, max_steps=20))
+    trainer.fit(TinyModel(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    t = find_summary(tmp_path / "b")["iteration_timer"]
+    assert t["iterations"] == 20 and t["resumed_at_iteration"] == 10
+    assert t["measured_iterations"] > first["measured_iterations"]
+    assert t["train_time_s"] > first["train_time_s"]
+    # A rate can never beat the fastest iteration; one computed from global_step / time-since-resume would.
+    fastest_rate = 1000.0 / t["ms_per_iter"]["min"]
+    for _, rate in read_scalars(tmp_path / "b")["perf/it_per_s"]:
+        assert rate <= fastest_rate * 1.001
+
+
+def test_logger_less_trainer_still_gets_the_summary(tmp_path):
+    fit(tmp_path, [IterationTimer()], logger=False, max_epochs=1)
+    assert (tmp_path / "perf_summary.json").is_file()
+
+
+def test_explicit_summary_path(tmp_path):
+    target = tmp_path / "elsewhere" / "mine.json"
+    fit(tmp_path / "run", [IterationTimer(summary_path=str(target))], max_epochs=1)
+    assert target.is_file()
+
+
+def test_a_failing_batch_size_fn_warns_and_training_goes_on(tmp_path):
+    def broken(batch):
+        raise KeyError("images")
+
+    with pytest.warns(UserWarning, match="batch size unknown"):
+        fit(tmp_path, [IterationTimer(batch_size_fn=broken)], max_epochs=1)
+    t = find_summary(tmp_path)["iteration_timer"]
+    assert t["samples_per_s"] is None and "KeyError" in t["unavailable"]["samples_per_s"]
+    assert t["it_per_s"] is not None
+
+
+def test_an_internal_failure_is_recorded_not_raised(tmp_path, monkeypatch):
+    timer = IterationTimer()
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("probe broke")
+
+    monkeypatch.setattr(timer, "_end_iteration", explode)
+    with pytest.warns(UserWarning, match="probe broke"):
+        fit(tmp_path, [timer], max_epochs=1)
+    s = find_summary(tmp_path)
+    assert s["status"] == "completed"
+    assert "probe broke" in s["iteration_timer"]["measurement_failures"]["on_train_batch_end"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"warmup_steps": -1}, r"IterationTimer\(warmup_steps=-1\)"),
+        ({"log_every_n_steps": 0}, r"IterationTimer\(log_every_n_steps=0\)"),
+        ({"target_steps": 2.5}, r"IterationTimer\(target_steps=2.5\)"),
+        ({"batch_size_fn": 3}, r"IterationTimer\(batch_size_fn=3\)"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        IterationTimer(**kwargs)
+
+
+@pytest.mark.gpu
+def test_cuda_device_timing(tmp_path):
+    fit(tmp_path, [IterationTimer(warmup_steps=2)], accelerator="gpu", max_epochs=2)
+    t = find_summary(tmp_path)["iteration_timer"]
+    device = t["device_ms_per_iter"]
+    assert device is not None and device["median"] > 0
+    assert t["device_events_dropped"] == 0
+    assert "device_ms_per_iter" not in t["unavailable"]
+
+
+def test_batch_size_inference_on_nested_batches():
+    from lightning_perf.callbacks.iteration_timer import infer_batch_size
+
+    x = torch.zeros(6, 3)
+    assert infer_batch_size(x) == 6
+    assert infer_batch_size((x, x[:, :1])) == 6
+    assert infer_batch_size({"meta": "id", "image": [x]}) == 6
+    assert infer_batch_size({"meta": "id"}) is None
+    assert infer_batch_size(torch.tensor(1.0)) is None
