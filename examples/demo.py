@@ -20,12 +20,12 @@ from lightning.pytorch import Trainer, seed_everything  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
 from denoise import DenoiseDataModule, DenoiseNet  # noqa: E402
-from lightning_perf import IterationTimer  # noqa: E402
+from lightning_perf import IterationTimer, VRAMMonitor  # noqa: E402
 
 
 def suite(args: argparse.Namespace) -> list:
     """Every callback of the suite, as a user would attach them."""
-    return [IterationTimer(warmup_steps=5, target_steps=30_000)]
+    return [IterationTimer(warmup_steps=5, target_steps=30_000), VRAMMonitor()]
 
 
 def main(argv: list = None) -> int:
@@ -69,6 +69,11 @@ def main(argv: list = None) -> int:
           f" p95 {ms['p95']:.1f} ms, p99 {ms['p99']:.1f} ms ({timer['measured_iterations']} iterations measured)")
     print(f"  time       train {timer['train_time_s']:.1f} s, eval {timer['eval_time_s']:.1f} s;"
           f" 30,000 iterations would take {timer['projected_time_to_target_s'] / 3600:.2f} h")
+    vram = summary["vram"]
+    peaks = {phase: values.get("peak_allocated_mb") or values.get("host_rss_peak_mb")
+             for phase, values in vram["phases"].items()}
+    print(f"  memory     peak train {peaks.get('train', 0):.0f} MB, peak eval {peaks.get('validation', 0):.0f} MB"
+          f" ({vram['source']}); leak suspected: {vram['leak_suspected']}")
     print(f"  summary    {path}")
     print(f"  tensorboard --logdir {args.out}")
     return 0

@@ -9,10 +9,11 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "IterationTimer": "lightning_perf.callbacks.iteration_timer",
+    "VRAMMonitor": "lightning_perf.callbacks.vram_monitor",
 }
 
 #: The callbacks of the suite, in the order they appear in a summary.
-CALLBACKS = ("IterationTimer",)
+CALLBACKS = ("IterationTimer", "VRAMMonitor")
 
 __all__ = ["__version__", "CALLBACKS", *_LAZY]
 

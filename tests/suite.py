@@ -3,8 +3,9 @@
 Each entry: class name -> (factory for a fast test instance, summary section name, YAML init_args).
 """
 
-from lightning_perf import IterationTimer
+from lightning_perf import IterationTimer, VRAMMonitor
 
 SUITE = {
     "IterationTimer": (lambda: IterationTimer(warmup_steps=1), "iteration_timer", {"warmup_steps": 1}),
+    "VRAMMonitor": (lambda: VRAMMonitor(nvml_interval_s=0.01), "vram", {"nvml_interval_s": 0.01}),
 }

@@ -1,5 +1,6 @@
 """The suite's Lightning callbacks, one file each."""
 
 from lightning_perf.callbacks.iteration_timer import IterationTimer
+from lightning_perf.callbacks.vram_monitor import VRAMMonitor
 
-__all__ = ["IterationTimer"]
+__all__ = ["IterationTimer", "VRAMMonitor"]

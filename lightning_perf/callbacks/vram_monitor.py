@@ -1,0 +1,442 @@
+"""VRAMMonitor: true peak memory per phase (train, validation, test, predict), NVML sampling, headroom and leaks."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from lightning.pytorch import LightningModule, Trainer
+
+from lightning_perf.callbacks._common import (
+    PerfCallback,
+    bad_argument,
+    check_positive_int,
+    gather_floats,
+    guarded,
+    log_scalars,
+    spread_across_ranks,
+)
+from lightning_perf.measure.memory import (
+    AllocatorPeaks,
+    LeakDetector,
+    NvmlReader,
+    NvmlUnavailable,
+    PeakSampler,
+    RssReader,
+    host_total_mb,
+)
+
+PHASES = ("train", "validation", "test", "predict")
+_EVAL_KEY = {"validation": "eval", "test": "test", "predict": "predict", "train": "train"}
+# sampler field -> summary field
+_SAMPLED = {"nvml_used_mb": "nvml_peak_used_mb", "nvml_process_mb": "nvml_process_peak_mb",
+            "host_rss_mb": "host_rss_peak_mb"}
+
+
+def cuda_backend() -> Any:
+    """The allocator module (``torch.cuda``); a function so tests can simulate a GPU's allocator."""
+    import torch
+
+    return torch.cuda
+
+
+class VRAMMonitor(PerfCallback):
+    r"""Peak memory of training and of evaluation, separately, without missing short peaks.
+
+    On CUDA: peak allocated and reserved MB per phase from torch's allocator (this callback resets torch's global
+    peak counters with ``torch.cuda.reset_peak_memory_stats`` at each phase start and keeps the lifetime peak
+    itself), and device used / process MB from NVML sampled every ``nvml_interval_s`` on a background thread with
+    peak-hold per phase. Without CUDA: the process's resident memory (RSS) from the same sampler. Sanity checking is
+    not a phase. Also: headroom (peak as a share of device memory, a warning above ``warn_above_pct``) and a leak
+    check on memory read at the end of every iteration (and every evaluation batch).
+
+    Args:
+        nvml: sample NVML on CUDA devices.
+        nvml_interval_s: sampling period of the background thread (NVML and RSS), in (0.001, 60] seconds.
+        warn_above_pct: warn once per phase when its peak passes this share of device (or host) memory.
+        leak_window: iterations per averaging window of the leak check (4 consecutive rising windows flag a leak).
+        leak_threshold_mb_per_100: smallest rise, in MB per 100 iterations, that counts as a leak.
+        log_every_n_steps: how often the current peaks go to the loggers; default the trainer's.
+        show_in_progress_bar: show the current phase peak (MB) in the progress bar as ``vram_peak_mb``.
+        summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
+
+    Logged metrics (as they apply; every ``log_every_n_steps`` and at phase ends):
+        ``vram/train_peak_allocated_mb``, ``vram/train_peak_reserved_mb``, ``vram/eval_peak_allocated_mb``,
+        ``vram/eval_peak_reserved_mb``, ``vram/nvml_used_mb``, ``vram/host_rss_peak_mb``,
+        ``vram/eval_host_rss_peak_mb``.
+
+    Raises:
+        ValueError: for ``nvml_interval_s`` outside (0.001, 60], ``warn_above_pct`` outside (0, 100], a
+            ``leak_window`` below 2 or a negative ``leak_threshold_mb_per_100``.
+
+    Example::
+
+        trainer = Trainer(callbacks=[VRAMMonitor(nvml_interval_s=0.02, warn_above_pct=85)])
+    """
+
+    section_name = "vram"
+
+    def __init__(
+        self,
+        nvml: bool = True,
+        nvml_interval_s: float = 0.05,
+        warn_above_pct: float = 90.0,
+        leak_window: int = 25,
+        leak_threshold_mb_per_100: float = 2.0,
+        log_every_n_steps: Optional[int] = None,
+        show_in_progress_bar: bool = False,
+        summary_path: Optional[str] = None,
+    ) -> None:
+        super().__init__(summary_path=summary_path)
+        if isinstance(nvml_interval_s, bool) or not isinstance(nvml_interval_s, (int, float)) or not (
+            0.001 < nvml_interval_s <= 60
+        ):
+            raise bad_argument("VRAMMonitor", "nvml_interval_s", nvml_interval_s,
+                               "Expected seconds in (0.001, 60]; 0.05 samples 20 times a second.")
+        if isinstance(warn_above_pct, bool) or not isinstance(warn_above_pct, (int, float)) or not (
+            0 < warn_above_pct <= 100
+        ):
+            raise bad_argument("VRAMMonitor", "warn_above_pct", warn_above_pct, "Expected a percentage in (0, 100].")
+        check_positive_int("VRAMMonitor", "leak_window", leak_window, minimum=2)
+        if not isinstance(leak_threshold_mb_per_100, (int, float)) or leak_threshold_mb_per_100 < 0:
+            raise bad_argument("VRAMMonitor", "leak_threshold_mb_per_100", leak_threshold_mb_per_100,
+                               "Expected MB per 100 iterations >= 0.")
+        check_positive_int("VRAMMonitor", "log_every_n_steps", log_every_n_steps, allow_none=True)
+        self.nvml = nvml
+        self.nvml_interval_s = float(nvml_interval_s)
+        self.warn_above_pct = float(warn_above_pct)
+        self.leak_window = leak_window
+        self.leak_threshold_mb_per_100 = float(leak_threshold_mb_per_100)
+        self.log_every_n_steps = log_every_n_steps
+        self.show_in_progress_bar = show_in_progress_bar
+        self._phases: Dict[str, Dict[str, Optional[float]]] = {}
+        self._lifetime = {"peak_allocated_mb": None, "peak_reserved_mb": None}
+        self._sampler: Optional[PeakSampler] = None
+        self._rss: Optional[RssReader] = None
+        self._nvml_reader: Optional[NvmlReader] = None
+        self._reset_run()
+
+    # -- set-up and tear-down ------------------------------------------------------------------------------------
+    def _reset_run(self) -> None:
+        self._phases = {}
+        self._lifetime = {"peak_allocated_mb": None, "peak_reserved_mb": None}
+        self._allocator: Optional[AllocatorPeaks] = None
+        self._device_label = "cpu"
+        self._total_mb: Optional[float] = None
+        self._unavailable: Dict[str, str] = {}
+        self._phase: Optional[str] = None
+        self._in_training = False
+        self._train_leak = LeakDetector(window=self.leak_window, threshold_mb_per_100=self.leak_threshold_mb_per_100)
+        self._eval_leak = LeakDetector(window=max(2, self.leak_window // 5),
+                                       threshold_mb_per_100=self.leak_threshold_mb_per_100, warmup=2)
+        self._leaks: Dict[str, Dict[str, Any]] = {}
+        self._ranks: Optional[Dict[str, Any]] = None
+        self._steps = 0
+        self._log_every = 50
+
+    @guarded
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._stop_probes()
+        self._reset_run()
+        if stage == "fit":
+            self._start_run(trainer)
+        self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+        device = self._device(trainer)
+        self._device_label = str(device)
+        self._rss = RssReader()
+        reads = {"host_rss_mb": self._rss}
+        if device.type == "cuda":
+            backend = cuda_backend()
+            self._allocator = AllocatorPeaks(device, backend)
+            self._total_mb = backend.get_device_properties(device).total_memory / (1024.0 * 1024.0)
+            if self.nvml:
+                try:
+                    props = backend.get_device_properties(device)
+                    bus = getattr(props, "pci_bus_id", None)
+                    self._nvml_reader = NvmlReader(device.index or 0, bus if isinstance(bus, str) else None)
+                except NvmlUnavailable as err:
+                    self._nvml_unavailable(str(err))
+            else:
+                self._nvml_unavailable("switched off (`nvml=False`)", warn=False)
+        else:
+            self._total_mb = host_total_mb()
+            for key in ("peak_allocated_mb", "peak_reserved_mb"):
+                self._unavailable[key] = f"no CUDA allocator on {device.type}; host RSS is measured instead"
+            self._nvml_unavailable(f"NVML applies to CUDA devices, this run is on {device.type}", warn=False)
+        nvml_reader = self._nvml_reader
+
+        def read() -> Dict[str, Optional[float]]:
+            values: Dict[str, Optional[float]] = {"host_rss_mb": reads["host_rss_mb"]()}
+            if nvml_reader is not None:
+                values.update(nvml_reader.read())
+            return values
+
+        self._sampler = PeakSampler(read, self.nvml_interval_s)
+        self._sampler.start()
+
+    def _device(self, trainer: Trainer) -> Any:
+        return trainer.strategy.root_device
+
+    def _nvml_unavailable(self, reason: str, warn: bool = True) -> None:
+        for key in ("nvml_peak_used_mb", "nvml_process_peak_mb"):
+            self._unavailable[key] = reason
+        if warn:
+            self._warn_once("nvml", f"NVML figures are unavailable ({reason}); allocator figures go on.")
+
+    def _stop_probes(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+            if self._sampler.error and self._nvml_reader is not None:
+                self._nvml_unavailable(f"sampling stopped: {self._sampler.error}")
+        for probe in (self._rss, self._nvml_reader):
+            if probe is not None:
+                probe.close()
+        self._rss = self._nvml_reader = None
+
+    @guarded
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._stop_probes()
+        self._sampler = None
+
+    # -- phases --------------------------------------------------------------------------------------------------
+    def _enter(self, phase: str) -> None:
+        self._phase = phase
+        if self._allocator is not None:
+            self._allocator.start_phase()
+        if self._sampler is not None:
+            self._sampler.set_phase(phase)
+
+    def _exit(self, trainer: Trainer, phase: str) -> None:
+        if self._phase != phase:
+            return
+        self._phase = None
+        held = self._phases.setdefault(phase, {})
+        if self._allocator is not None:
+            for key, value in self._allocator.end_phase().items():
+                held[key] = max(value, held.get(key) or 0.0)
+            for key, value in (("peak_allocated_mb", self._allocator.lifetime_peak_allocated_mb),
+                               ("peak_reserved_mb", self._allocator.lifetime_peak_reserved_mb)):
+                self._lifetime[key] = max(value, self._lifetime[key] or 0.0)
+        if self._sampler is not None:
+            self._sampler.set_phase(None)
+            for key, name in _SAMPLED.items():
+                value = self._sampler.peak(phase, key)
+                if value is not None:
+                    held[name] = max(value, held.get(name) or 0.0)
+        self._check_headroom(phase, held)
+        log_scalars(trainer, self._phase_metrics(phase))
+
+    def _check_headroom(self, phase: str, held: Dict[str, Optional[float]]) -> None:
+        pct = self._headroom_pct(held)
+        if pct is not None and pct > self.warn_above_pct:
+            what = "device" if self._allocator is not None else "host"
+            self._warn_once(
+                f"headroom:{phase}",
+                f"{phase} peak memory reached {pct:.1f}% of {what} memory (warn_above_pct={self.warn_above_pct:g});"
+                " past this point allocations may fail or spill into shared memory.",
+            )
+
+    def _headroom_pct(self, held: Dict[str, Optional[float]]) -> Optional[float]:
+        if not self._total_mb:
+            return None
+        keys = ("peak_reserved_mb", "nvml_peak_used_mb") if self._allocator is not None else ("host_rss_peak_mb",)
+        values = [held.get(k) for k in keys if held.get(k) is not None]
+        return 100.0 * max(values) / self._total_mb if values else None
+
+    def _phase_metrics(self, phase: str, live: bool = False) -> Dict[str, Optional[float]]:
+        held = dict(self._phases.get(phase, {}))
+        if live:  # during the phase: what the probes hold so far, no sync
+            if self._allocator is not None:
+                for key, value in self._allocator.current_peaks().items():
+                    held[key] = max(value, held.get(key) or 0.0)
+            if self._sampler is not None:
+                for key, name in _SAMPLED.items():
+                    value = self._sampler.peak(phase, key)
+                    if value is not None:
+                        held[name] = max(value, held.get(name) or 0.0)
+        prefix = f"vram/{_EVAL_KEY[phase]}_"
+        metrics: Dict[str, Optional[float]] = {}
+        if self._allocator is not None:
+            metrics[prefix + "peak_allocated_mb"] = held.get("peak_allocated_mb")
+            metrics[prefix + "peak_reserved_mb"] = held.get("peak_reserved_mb")
+        if self._sampler is not None and self._sampler.last.get("nvml_used_mb") is not None:
+            metrics["vram/nvml_used_mb"] = self._sampler.last["nvml_used_mb"]
+        rss_key = "vram/host_rss_peak_mb" if phase == "train" else prefix + "host_rss_peak_mb"
+        metrics[rss_key] = held.get("host_rss_peak_mb")
+        return metrics
+
+    # -- Lightning hooks -----------------------------------------------------------------------------------------
+    @guarded
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._in_training = True
+        self._enter("train")
+
+    @guarded
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._steps += 1
+        self._leak_sample(self._train_leak, "train")
+        if self._steps % self._log_every == 0:
+            metrics = self._phase_metrics("train", live=True)
+            log_scalars(trainer, metrics)
+            if self.show_in_progress_bar:
+                peak = metrics.get("vram/train_peak_allocated_mb") or metrics.get("vram/host_rss_peak_mb")
+                if peak is not None:
+                    pl_module.log("vram_peak_mb", peak, prog_bar=True, logger=False)
+
+    def _leak_sample(self, detector: LeakDetector, phase: str) -> None:
+        if self._allocator is not None:
+            mb = self._allocator.allocated_mb()
+        elif self._rss is not None:
+            mb = self._rss()
+        else:
+            return
+        if detector.add(mb):
+            unit = "iterations" if phase == "train" else f"{phase} batches"
+            self._warn_once(
+                f"leak:{phase}",
+                f"memory rose by {detector.rate_mb_per_100:.1f} MB per 100 {unit} and kept rising: a leak is"
+                " suspected. Look for tensors kept across steps (a list of losses or outputs without .detach(),"
+                " an autograd graph kept alive by evaluation without torch.no_grad()).",
+            )
+
+    @guarded
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._exit(trainer, "train")
+        self._in_training = False
+        self._leaks["train"] = self._train_leak.result()
+        rows = gather_floats(trainer, [self._peak_of("train"), self._peak_of("validation")])
+        if trainer.world_size > 1:
+            self._ranks = {
+                "train_peak_mb": spread_across_ranks([r[0] for r in rows]),
+                "eval_peak_mb": spread_across_ranks([r[1] for r in rows]),
+            }
+
+    def _peak_of(self, phase: str) -> Optional[float]:
+        held = self._phases.get(phase, {})
+        key = "peak_allocated_mb" if self._allocator is not None else "host_rss_peak_mb"
+        return held.get(key)
+
+    def _eval_start(self, trainer: Trainer, phase: str) -> None:
+        if trainer.sanity_checking:
+            if self._sampler is not None:
+                self._sampler.set_phase(None)
+            return
+        if self._in_training:
+            self._exit(trainer, "train")
+        self._eval_leak.reset()
+        self._enter(phase)
+
+    def _eval_end(self, trainer: Trainer, phase: str) -> None:
+        if trainer.sanity_checking:
+            return
+        self._exit(trainer, phase)
+        previous = self._leaks.get(phase)
+        if previous is None or not previous["suspected"]:  # a suspected leak stays reported
+            self._leaks[phase] = self._eval_leak.result()
+        if self._in_training:
+            self._enter("train")
+
+    @guarded
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_start(trainer, "validation")
+
+    @guarded
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if not trainer.sanity_checking:
+            self._leak_sample(self._eval_leak, "validation")
+
+    @guarded
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_end(trainer, "validation")
+
+    @guarded
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_start(trainer, "test")
+
+    @guarded
+    def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._leak_sample(self._eval_leak, "test")
+
+    @guarded
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_end(trainer, "test")
+
+    @guarded
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_start(trainer, "predict")
+
+    @guarded
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_end(trainer, "predict")
+
+    @guarded
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._write_summary(trainer)
+
+    @guarded
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self._phase is not None:
+            self._exit(trainer, self._phase)
+        self._leaks.setdefault("train", self._train_leak.result())
+        self._stop_probes()  # Lightning calls no teardown hook after an exception
+        self._write_summary(trainer, exception)
+
+    # -- results -------------------------------------------------------------------------------------------------
+    @property
+    def peaks(self) -> Dict[str, Dict[str, Optional[float]]]:
+        """Per-phase peaks measured so far (MB), e.g. ``monitor.peaks["validation"]["host_rss_peak_mb"]``."""
+        return {phase: dict(values) for phase, values in self._phases.items()}
+
+    def _summary_section(self) -> Dict[str, Any]:
+        fields = ("peak_allocated_mb", "peak_reserved_mb", "nvml_peak_used_mb", "nvml_process_peak_mb",
+                  "host_rss_peak_mb")
+        phases = {}
+        for phase in PHASES:
+            if phase in self._phases:
+                held = self._phases[phase]
+                phases[phase] = {f: held.get(f) for f in fields}
+                phases[phase]["headroom_pct"] = self._headroom_pct(held)
+        unavailable = dict(self._unavailable)
+        if self._sampler is not None and self._sampler.error and self._nvml_reader is not None:
+            reason = f"sampling stopped: {self._sampler.error}"
+            unavailable.setdefault("nvml_peak_used_mb", reason)
+            unavailable.setdefault("nvml_process_peak_mb", reason)
+        if self._nvml_reader is None and "nvml_peak_used_mb" not in unavailable and self._allocator is not None:
+            unavailable["nvml_peak_used_mb"] = "NVML was not started"
+        if self._nvml_reader is not None and self._nvml_reader.process_reason:
+            unavailable["nvml_process_peak_mb"] = self._nvml_reader.process_reason
+        return {
+            "device": self._device_label,
+            "source": "torch allocator" + (" + NVML" if self._nvml_reader else "") + " + host RSS"
+            if self._allocator is not None else "host RSS",
+            "device_total_mb": self._total_mb,
+            "phases": phases,
+            "lifetime_peak_allocated_mb": self._lifetime["peak_allocated_mb"],
+            "lifetime_peak_reserved_mb": self._lifetime["peak_reserved_mb"],
+            "resets_torch_peak_stats": self._allocator is not None,
+            "warn_above_pct": self.warn_above_pct,
+            "leak": dict(self._leaks),
+            "leak_suspected": any(v.get("suspected") for v in self._leaks.values()),
+            "leak_threshold_mb_per_100_iters": self.leak_threshold_mb_per_100,
+            "nvml_interval_s": self.nvml_interval_s,
+            "sampler_samples": self._sampler.samples if self._sampler is not None else None,
+            "ranks": self._ranks,
+            "unavailable": unavailable,
+        }
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"phases": self.peaks, "lifetime": dict(self._lifetime)}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        for phase, values in state_dict.get("phases", {}).items():
+            held = self._phases.setdefault(phase, {})
+            for key, value in values.items():
+                if value is not None:
+                    held[key] = max(value, held.get(key) or 0.0)
+        lifetime = state_dict.get("lifetime", {})
+        for key in self._lifetime:
+            if lifetime.get(key) is not None:
+                self._lifetime[key] = max(lifetime[key], self._lifetime[key] or 0.0)

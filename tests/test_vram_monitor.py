@@ -1,0 +1,314 @@
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+import torch
+
+import lightning_perf.callbacks.vram_monitor as vram_module
+import lightning_perf.measure.memory as memory_module
+from helpers import TinyModel, find_summary, fit, read_scalars
+from lightning_perf import VRAMMonitor
+from lightning_perf.measure.memory import MB, LeakDetector
+
+BIG = 100_000_000  # floats: 400 MB, touched so that it is resident
+
+
+class BigInValidation(TinyModel):
+    def validation_step(self, batch, batch_idx):
+        big = torch.ones(BIG)
+        time.sleep(0.1)  # held long enough for the sampler (10 ms) to see it
+        del big
+        return super().validation_step(batch, batch_idx)
+
+
+class BigInTraining(TinyModel):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 3:
+            big = torch.ones(BIG)
+            time.sleep(0.1)
+            del big
+        return super().training_step(batch, batch_idx)
+
+
+def sampler_threads():
+    return [t for t in threading.enumerate() if t.name == "lightning_perf-memory-sampler"]
+
+
+def test_eval_peak_above_train_peak_when_validation_allocates(tmp_path):
+    fit(tmp_path, [VRAMMonitor(nvml_interval_s=0.01)], model=BigInValidation(), max_epochs=1, limit_val_batches=2)
+    v = find_summary(tmp_path)["vram"]
+    train = v["phases"]["train"]["host_rss_peak_mb"]
+    val = v["phases"]["validation"]["host_rss_peak_mb"]
+    assert val - train > 250, (train, val)
+    assert v["source"] == "host RSS" and v["phases"]["train"]["peak_allocated_mb"] is None
+    assert "no CUDA allocator" in v["unavailable"]["peak_allocated_mb"]
+    assert "NVML applies to CUDA" in v["unavailable"]["nvml_peak_used_mb"]
+    assert 0 < v["phases"]["validation"]["headroom_pct"] < 100
+    scalars = read_scalars(tmp_path)
+    assert "vram/host_rss_peak_mb" in scalars and "vram/eval_host_rss_peak_mb" in scalars
+
+
+def test_train_peak_above_eval_peak_in_the_reverse_case(tmp_path):
+    fit(tmp_path, [VRAMMonitor(nvml_interval_s=0.01)], model=BigInTraining(), max_epochs=1, limit_val_batches=2)
+    phases = find_summary(tmp_path)["vram"]["phases"]
+    assert phases["train"]["host_rss_peak_mb"] - phases["validation"]["host_rss_peak_mb"] > 250
+
+
+class Hoarder(TinyModel):
+    """Keeps 1 MB per step alive: the classic list of tensors that grows until memory runs out."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept = []
+
+    def training_step(self, batch, batch_idx):
+        self.kept.append(torch.ones(int(MB) // 4))
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_growing_list_is_flagged_as_a_leak_and_a_clean_loop_is_not(tmp_path):
+    with pytest.warns(UserWarning, match="a leak is\\s+suspected"):
+        fit(tmp_path / "leaky", [VRAMMonitor(leak_window=10)], model=Hoarder(), max_epochs=None, max_steps=120,
+            limit_val_batches=0)
+    leak = find_summary(tmp_path / "leaky")["vram"]
+    assert leak["leak_suspected"] is True
+    assert leak["leak"]["train"]["suspected"] is True
+    assert 50 < leak["leak"]["train"]["rate_mb_per_100_iters"] < 200  # 1 MB per iteration
+    fit(tmp_path / "clean", [VRAMMonitor(leak_window=10)], max_epochs=None, max_steps=120, limit_val_batches=0)
+    clean = find_summary(tmp_path / "clean")["vram"]
+    assert clean["leak_suspected"] is False and clean["leak"]["train"]["suspected"] is False
+
+
+def test_leak_detector_ignores_a_step_up_then_flat():
+    det = LeakDetector(window=5, windows=4, threshold_mb_per_100=1.0, warmup=0)
+    values = [100.0] * 10 + [300.0] * 60  # a cache that fills once
+    assert not any(det.add(v) for v in values)
+    det = LeakDetector(window=5, windows=4, threshold_mb_per_100=1.0, warmup=0)
+    assert any(det.add(100.0 + 0.5 * i) for i in range(60))  # 50 MB per 100 iterations
+
+
+def test_sampler_threads_stop_after_fits_and_after_a_crash(tmp_path):
+    cb = VRAMMonitor(nvml_interval_s=0.01)
+    fit(tmp_path / "a", [cb], max_epochs=1)
+    fit(tmp_path / "b", [cb], max_epochs=1)
+    assert sampler_threads() == []
+
+    class Crash(TinyModel):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("crash")
+
+    with pytest.raises(RuntimeError):
+        fit(tmp_path / "c", [VRAMMonitor(nvml_interval_s=0.01)], model=Crash(), max_epochs=1)
+    assert sampler_threads() == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"nvml_interval_s": 0}, r"VRAMMonitor\(nvml_interval_s=0\)"),
+        ({"nvml_interval_s": 1e-5}, r"VRAMMonitor\(nvml_interval_s=1e-05\)"),
+        ({"warn_above_pct": 0}, r"VRAMMonitor\(warn_above_pct=0\)"),
+        ({"warn_above_pct": 120}, r"VRAMMonitor\(warn_above_pct=120\)"),
+        ({"leak_window": 1}, r"VRAMMonitor\(leak_window=1\)"),
+        ({"leak_threshold_mb_per_100": -1}, r"VRAMMonitor\(leak_threshold_mb_per_100=-1\)"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        VRAMMonitor(**kwargs)
+
+
+# -- the CUDA path, with only the hardware simulated ----------------------------------------------------------------
+class FakeCuda:
+    """torch.cuda's allocator counters for one device, driven by the test's model."""
+
+    def __init__(self, total_mb=16 * 1024):
+        self.allocated = 0.0
+        self.peak = 0.0
+        self.resets = 0
+        self.total = total_mb * MB
+
+    def alloc(self, mb):
+        self.allocated += mb * MB
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, mb):
+        self.allocated -= mb * MB
+
+    def max_memory_allocated(self, device):
+        return self.peak
+
+    def max_memory_reserved(self, device):
+        return self.peak * 1.25
+
+    def memory_allocated(self, device):
+        return self.allocated
+
+    def reset_peak_memory_stats(self, device):
+        self.resets += 1
+        self.peak = self.allocated
+
+    def get_device_properties(self, device):
+        return SimpleNamespace(total_memory=self.total, pci_bus_id="00000000:01:00.0")
+
+
+class FakeNvml:
+    """pynvml's calls as a working driver answers them, with optional failures of the real NVMLError types."""
+
+    def __init__(self, used_mb=2048, process_error=None, memory_error_after=None):
+        self.used = used_mb * MB
+        self.process_error = process_error
+        self.memory_error_after = memory_error_after
+        self.calls = 0
+        self.shutdowns = 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus):
+        return "handle"
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return "handle"
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        self.calls += 1
+        if self.memory_error_after is not None and self.calls > self.memory_error_after:
+            raise pynvml.NVMLError_Unknown()
+        return SimpleNamespace(used=self.used, total=16 * 1024 * MB)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        if self.process_error is not None:
+            raise self.process_error
+        return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=1500 * MB)]
+
+
+class SimulatedGpuModel(TinyModel):
+    """Drives the fake allocator: 100 MB held in training steps, a 3 GB spike in validation."""
+
+    cuda: FakeCuda  # set by the fixture; not an init argument, so checkpoints stay plain
+
+    def training_step(self, batch, batch_idx):
+        self.cuda.alloc(100)
+        self.cuda.free(100)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.cuda.alloc(3000)
+        self.cuda.free(3000)
+        return super().validation_step(batch, batch_idx)
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    cuda = FakeCuda()
+    cuda.alloc(500)  # weights already on the device
+    cuda.alloc(7000)
+    cuda.free(7000)  # a lifetime peak from before the fit
+    monkeypatch.setattr(vram_module, "cuda_backend", lambda: cuda)
+    monkeypatch.setattr(VRAMMonitor, "_device", lambda self, trainer: torch.device("cuda", 0))
+    monkeypatch.setattr(SimulatedGpuModel, "cuda", cuda, raising=False)
+    return cuda
+
+
+def test_simulated_allocator_gives_phase_peaks_and_keeps_the_lifetime_peak(tmp_path, simulated_gpu, monkeypatch):
+    nvml = FakeNvml()
+    monkeypatch.setattr(memory_module, "load_pynvml", lambda: nvml)
+    fit(tmp_path, [VRAMMonitor(nvml_interval_s=0.01)], model=SimulatedGpuModel(), max_epochs=2,
+        limit_val_batches=2)
+    v = find_summary(tmp_path)["vram"]
+    assert v["phases"]["train"]["peak_allocated_mb"] == pytest.approx(600)
+    assert v["phases"]["train"]["peak_reserved_mb"] == pytest.approx(750)
+    assert v["phases"]["validation"]["peak_allocated_mb"] == pytest.approx(3500)
+    assert v["lifetime_peak_allocated_mb"] == pytest.approx(7500)  # not lost to the resets
+    assert v["resets_torch_peak_stats"] is True and simulated_gpu.resets >= 4
+    assert v["phases"]["train"]["nvml_peak_used_mb"] == pytest.approx(2048)
+    assert v["phases"]["train"]["nvml_process_peak_mb"] == pytest.approx(1500)
+    assert v["device_total_mb"] == pytest.approx(16 * 1024)
+    assert v["phases"]["validation"]["headroom_pct"] == pytest.approx(100 * 3500 * 1.25 / (16 * 1024))
+    assert v["source"] == "torch allocator + NVML + host RSS"
+    assert nvml.shutdowns == 1
+    scalars = read_scalars(tmp_path)
+    for key in ("vram/train_peak_allocated_mb", "vram/train_peak_reserved_mb", "vram/eval_peak_allocated_mb",
+                "vram/eval_peak_reserved_mb", "vram/nvml_used_mb"):
+        assert key in scalars, key
+    assert max(v for _, v in scalars["vram/eval_peak_allocated_mb"]) == pytest.approx(3500)
+
+
+def test_real_nvml_missing_gives_null_fields_a_reason_and_one_warning(tmp_path, simulated_gpu, recwarn):
+    # This machine has the pynvml package but no NVML library: the real LibraryNotFound path.
+    fit(tmp_path, [VRAMMonitor()], model=SimulatedGpuModel(), max_epochs=1)
+    v = find_summary(tmp_path)["vram"]
+    assert v["phases"]["train"]["nvml_peak_used_mb"] is None
+    assert "NVML" in v["unavailable"]["nvml_peak_used_mb"]
+    assert v["phases"]["train"]["peak_allocated_mb"] == pytest.approx(600)  # the allocator goes on
+    assert len([w for w in recwarn if "NVML figures are unavailable" in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("error", [pynvml.NVMLError_NotSupported(), pynvml.NVMLError_Unknown()])
+def test_process_query_not_supported_as_in_wsl_and_containers(tmp_path, simulated_gpu, monkeypatch, error):
+    monkeypatch.setattr(memory_module, "load_pynvml", lambda: FakeNvml(process_error=error))
+    fit(tmp_path, [VRAMMonitor(nvml_interval_s=0.01)], model=SimulatedGpuModel(), max_epochs=1)
+    v = find_summary(tmp_path)["vram"]
+    assert v["phases"]["train"]["nvml_process_peak_mb"] is None
+    assert type(error).__name__ in v["unavailable"]["nvml_process_peak_mb"]
+    assert v["phases"]["train"]["nvml_peak_used_mb"] == pytest.approx(2048)
+
+
+def test_nvml_failing_midway_stops_sampling_with_a_reason(tmp_path, simulated_gpu, monkeypatch):
+    monkeypatch.setattr(memory_module, "load_pynvml", lambda: FakeNvml(memory_error_after=3))
+    with pytest.warns(UserWarning, match="NVML figures are unavailable"):
+        fit(tmp_path, [VRAMMonitor(nvml_interval_s=0.01)], model=SimulatedGpuModel(), max_epochs=1)
+    v = find_summary(tmp_path)["vram"]
+    assert "NVMLError_Unknown" in v["unavailable"]["nvml_peak_used_mb"]
+    assert v["phases"]["train"]["peak_allocated_mb"] == pytest.approx(600)
+    assert sampler_threads() == []
+
+
+def test_headroom_warning_above_threshold(tmp_path, simulated_gpu, monkeypatch):
+    monkeypatch.setattr(memory_module, "load_pynvml", lambda: FakeNvml())
+    with pytest.warns(UserWarning, match=r"validation peak memory reached .*% of device memory"):
+        fit(tmp_path, [VRAMMonitor(warn_above_pct=20)], model=SimulatedGpuModel(), max_epochs=1)
+
+
+def test_resume_keeps_earlier_peaks(tmp_path, simulated_gpu, monkeypatch):
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from helpers import trainer_kwargs
+
+    monkeypatch.setattr(memory_module, "load_pynvml", lambda: FakeNvml())
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    fit(tmp_path / "a", [VRAMMonitor(), ckpt], model=SimulatedGpuModel(), max_epochs=1)
+
+    class QuietValidation(SimulatedGpuModel):
+        def validation_step(self, batch, batch_idx):
+            return TinyModel.validation_step(self, batch, batch_idx)
+
+    trainer = Trainer(callbacks=[VRAMMonitor()], **trainer_kwargs(tmp_path / "b", max_epochs=2))
+    trainer.fit(QuietValidation(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    v = find_summary(tmp_path / "b")["vram"]
+    assert v["phases"]["validation"]["peak_allocated_mb"] == pytest.approx(3500)  # from before the resume
+
+
+@pytest.mark.gpu
+def test_real_gpu_eval_spike_is_seen(tmp_path):
+    class GpuBigVal(TinyModel):
+        def validation_step(self, batch, batch_idx):
+            big = torch.ones(BIG, device=self.device)
+            del big
+            return super().validation_step(batch, batch_idx)
+
+    fit(tmp_path, [VRAMMonitor()], model=GpuBigVal(), accelerator="gpu", max_epochs=1, limit_val_batches=2)
+    v = find_summary(tmp_path)["vram"]
+    phases = v["phases"]
+    assert phases["validation"]["peak_allocated_mb"] - phases["train"]["peak_allocated_mb"] > 350
+    assert v["device_total_mb"] > 0 and v["lifetime_peak_allocated_mb"] >= phases["validation"]["peak_allocated_mb"]
+    if "nvml_peak_used_mb" not in v["unavailable"]:
+        assert phases["validation"]["nvml_peak_used_mb"] > 0
