@@ -20,12 +20,12 @@ from lightning.pytorch import Trainer, seed_everything  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
 from denoise import DenoiseDataModule, DenoiseNet  # noqa: E402
-from lightning_perf import IterationTimer, VRAMMonitor  # noqa: E402
+from lightning_perf import EvalNoGradGuard, IterationTimer, VRAMMonitor  # noqa: E402
 
 
 def suite(args: argparse.Namespace) -> list:
     """Every callback of the suite, as a user would attach them."""
-    return [IterationTimer(warmup_steps=5, target_steps=30_000), VRAMMonitor()]
+    return [IterationTimer(warmup_steps=5, target_steps=30_000), VRAMMonitor(), EvalNoGradGuard()]
 
 
 def main(argv: list = None) -> int:
@@ -74,6 +74,9 @@ def main(argv: list = None) -> int:
              for phase, values in vram["phases"].items()}
     print(f"  memory     peak train {peaks.get('train', 0):.0f} MB, peak eval {peaks.get('validation', 0):.0f} MB"
           f" ({vram['source']}); leak suspected: {vram['leak_suspected']}")
+    guard = summary["eval_no_grad_guard"]
+    print(f"  autograd   {'clean' if guard['clean'] else 'FINDINGS'}: {guard['grad_enabled_eval_forwards']}"
+          f" eval forwards with grad on, {len(guard['retained_graphs'])} retained graphs")
     print(f"  summary    {path}")
     print(f"  tensorboard --logdir {args.out}")
     return 0

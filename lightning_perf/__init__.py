@@ -10,10 +10,12 @@ __version__ = "0.1.0"
 _LAZY = {
     "IterationTimer": "lightning_perf.callbacks.iteration_timer",
     "VRAMMonitor": "lightning_perf.callbacks.vram_monitor",
+    "EvalNoGradGuard": "lightning_perf.callbacks.eval_no_grad_guard",
+    "allow_grad_in_eval": "lightning_perf.measure.autograd",
 }
 
 #: The callbacks of the suite, in the order they appear in a summary.
-CALLBACKS = ("IterationTimer", "VRAMMonitor")
+CALLBACKS = ("IterationTimer", "VRAMMonitor", "EvalNoGradGuard")
 
 __all__ = ["__version__", "CALLBACKS", *_LAZY]
 

@@ -28,3 +28,17 @@ def test_demo_writes_tensorboard_and_summary(tmp_path):
     assert summary["iteration_timer"]["iterations"] == 40
     assert summary["iteration_timer"]["target_steps"] == 30000
     assert "perf/it_per_s" in read_scalars(tmp_path / "t")
+
+
+@pytest.mark.slow
+def test_seed_001_story_shows_before_and_after():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "eval_no_grad_story.py")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = {line.split("  ")[0]: line.split() for line in proc.stdout.splitlines() if line.startswith(("before", "after"))}
+    before = lines["before: no torch.no_grad()"]
+    after = lines["after: with torch.no_grad()"]
+    # "<name: 3 words> <forwards with grad> <MB saved> MB <peak> MB"
+    assert int(before[3]) > 0 and float(before[4]) > 0
+    assert after[3] == "0" and float(after[4]) == 0.0
+    assert "site: HeldOutRender.on_train_batch_end (DenoiseNet" in proc.stdout

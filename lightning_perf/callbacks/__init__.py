@@ -1,6 +1,7 @@
 """The suite's Lightning callbacks, one file each."""
 
+from lightning_perf.callbacks.eval_no_grad_guard import EvalNoGradGuard
 from lightning_perf.callbacks.iteration_timer import IterationTimer
 from lightning_perf.callbacks.vram_monitor import VRAMMonitor
 
-__all__ = ["IterationTimer", "VRAMMonitor"]
+__all__ = ["EvalNoGradGuard", "IterationTimer", "VRAMMonitor"]

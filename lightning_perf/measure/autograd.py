@@ -1,0 +1,214 @@
+"""Autograd probes: forwards of eval-mode modules that run with grad on, the bytes they save for a backward that
+never runs, and tensors with autograd graphs kept alive in containers. No Lightning import here."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+
+import torch
+from torch import nn
+
+__all__ = ["allow_grad_in_eval", "EvalForwardWatch", "find_retained_graphs", "graph_saved_bytes"]
+
+_allowed = threading.local()
+
+
+@contextlib.contextmanager
+def allow_grad_in_eval() -> Iterator[None]:
+    """Marks code that needs gradients in evaluation on purpose (attribution maps, test-time optimisation).
+
+    Nothing that runs inside is reported by :class:`~lightning_perf.EvalNoGradGuard`, and ``mode="fix"`` leaves it
+    alone.
+
+    Example::
+
+        with lightning_perf.allow_grad_in_eval():
+            saliency = torch.autograd.grad(model(x).sum(), x)[0]
+    """
+    _allowed.depth = getattr(_allowed, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _allowed.depth -= 1
+
+
+def grad_in_eval_allowed() -> bool:
+    return getattr(_allowed, "depth", 0) > 0
+
+
+# Lightning's dispatchers: the frame that called a user's hook names the hook and the object it belongs to.
+_DISPATCHERS = {"_call_callback_hooks": "callback", "_call_lightning_module_hook": "pl_module",
+                "_call_lightning_datamodule_hook": None, "_call_strategy_hook": None}
+
+
+def calling_site() -> Tuple[str, Optional[str]]:
+    """(site, hook name) of the code running now: ``"EmaSampler.on_train_batch_end"``, else ``file:line``."""
+    frame = sys._getframe(2)
+    user_frame = None
+    while frame is not None:
+        name = frame.f_code.co_name
+        if name in _DISPATCHERS:
+            hook = frame.f_locals.get("hook_name")
+            owner_key = _DISPATCHERS[name]
+            owner = frame.f_locals.get(owner_key) if owner_key else None
+            if owner is None and name == "_call_lightning_module_hook":
+                owner = frame.f_locals.get("pl_module")
+            if owner is None and name == "_call_lightning_datamodule_hook":
+                owner = getattr(frame.f_locals.get("trainer"), "datamodule", None)
+            prefix = f"{type(owner).__name__}." if owner is not None else ""
+            return f"{prefix}{hook}", hook
+        filename = frame.f_code.co_filename
+        if user_frame is None and "torch" not in filename and "lightning_perf" not in filename:
+            user_frame = f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return user_frame or "<unknown>", None
+
+
+class EvalForwardWatch:
+    """Watches forwards of eval-mode modules while autograd is on, between :meth:`arm` and :meth:`disarm`.
+
+    Global module hooks exist only while armed, so forwards in the training step take PyTorch's fast path. Each
+    check is a flag test; only an offending top-level forward pays for a stack walk and a ``saved_tensors_hooks``
+    that sums the bytes autograd saves (distinct storages). With ``fix=True`` such a forward runs under
+    ``torch.no_grad()`` instead.
+
+    Args:
+        on_finding: called after each offending forward with (site, hook, module class name, saved bytes, fixed).
+        is_allowed: (hook name or None) -> whether this site is allowed to run with grad on.
+        fix: run offending forwards under ``torch.no_grad()``.
+    """
+
+    def __init__(self, on_finding: Callable[[str, Optional[str], str, int, bool], None],
+                 is_allowed: Callable[[Optional[str]], bool], fix: bool = False) -> None:
+        self.on_finding = on_finding
+        self.is_allowed = is_allowed
+        self.fix = fix
+        self._handles: List[Any] = []
+        self._depth = 0
+        self._active: Optional[Dict[str, Any]] = None
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._handles)
+
+    def arm(self) -> None:
+        if not self._handles:
+            self._depth = 0
+            self._active = None
+            self._handles = [
+                nn.modules.module.register_module_forward_pre_hook(self._pre),
+                nn.modules.module.register_module_forward_hook(self._post, always_call=True),
+            ]
+
+    def disarm(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._active is not None:
+            self._close()
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        self._depth += 1
+        if self._depth != 1 or module.training or not torch.is_grad_enabled() or grad_in_eval_allowed():
+            return
+        site, hook = calling_site()
+        if self.is_allowed(hook):
+            return
+        if self.fix:
+            ctx: Any = torch.no_grad()
+        else:
+            # Parameters stay alive anyway: only what the forward adds is counted.
+            seen: Set[int] = {p.untyped_storage().data_ptr() for p in module.parameters()}
+            counter = {"bytes": 0}
+
+            def pack(tensor: torch.Tensor) -> torch.Tensor:
+                storage = tensor.untyped_storage()
+                key = storage.data_ptr()
+                if key not in seen:
+                    seen.add(key)
+                    counter["bytes"] += storage.nbytes()
+                return tensor
+
+            ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+            self._counter = counter
+        ctx.__enter__()
+        self._active = {"ctx": ctx, "site": site, "hook": hook, "module": type(module).__name__}
+
+    def _close(self) -> Dict[str, Any]:
+        active, self._active = self._active, None
+        active["ctx"].__exit__(None, None, None)
+        return active
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth != 0 or self._active is None:
+            return
+        active = self._close()
+        saved = 0 if self.fix else self._counter["bytes"]
+        self.on_finding(active["site"], active["hook"], active["module"], saved, self.fix)
+
+
+def graph_saved_bytes(tensor: torch.Tensor, seen: Set[int], max_nodes: int = 10_000) -> int:
+    """Bytes of the distinct storages a tensor's autograd graph holds for backward (``_saved_*`` of each node)."""
+    total = 0
+    stack = [tensor.grad_fn]
+    visited: Set[int] = set()
+    while stack and len(visited) < max_nodes:
+        node = stack.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, attr)
+            except Exception:  # noqa: BLE001 - a freed buffer raises on access
+                continue
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, torch.Tensor):
+                    storage = item.untyped_storage()
+                    if storage.data_ptr() not in seen:
+                        seen.add(storage.data_ptr())
+                        total += storage.nbytes()
+        stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+    return total
+
+
+def _tensors_with_graphs(value: Any, depth: int) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        if value.grad_fn is not None:
+            yield value
+        return
+    if depth == 0:
+        return
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_with_graphs(item, depth - 1)
+
+
+def find_retained_graphs(obj: Any, depth: int = 3, skip: Tuple[str, ...] = ()) -> Dict[str, Dict[str, int]]:
+    """Attributes of ``obj`` holding containers (lists, dicts, tuples, nested ``depth - 1`` levels) of tensors that
+    carry an autograd graph: attribute -> {count, tensor_bytes, graph_bytes}."""
+    found: Dict[str, Dict[str, int]] = {}
+    for name, value in vars(obj).items():
+        if name in skip or name.startswith("_") or not isinstance(value, (list, dict, tuple)):
+            continue
+        tensors = list(_tensors_with_graphs(value, depth))
+        if not tensors:
+            continue
+        seen: Set[int] = set()
+        tensor_bytes = graph_bytes = 0
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                tensor_bytes += storage.nbytes()
+            graph_bytes += graph_saved_bytes(t, seen)
+        found[name] = {"count": len(tensors), "tensor_bytes": tensor_bytes, "graph_bytes": graph_bytes}
+    return found

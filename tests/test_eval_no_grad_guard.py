@@ -1,0 +1,184 @@
+import pytest
+import torch
+from lightning.pytorch import Callback
+from torch import nn
+
+from helpers import TinyModel, find_summary, fit, read_scalars
+from lightning_perf import EvalNoGradGuard, allow_grad_in_eval
+from lightning_perf.measure.memory import RssReader
+
+
+def live_rss_mb():
+    """RSS after handing glibc's free heap back to the OS, so that it tracks live memory within one process."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return RssReader()()
+
+
+class EvalsInTrainHook(TinyModel):
+    """Seed 001's metric loop: renders 12 "test images" from a training-time hook and keeps them for the metrics."""
+
+    def __init__(self, allow_ctx=False, no_grad=False):
+        super().__init__()
+        self.renderer = nn.Sequential(nn.Linear(16, 8192), nn.ReLU(), nn.Linear(8192, 16))
+        self.allow_ctx, self.no_grad = allow_ctx, no_grad
+        self.rss_during_eval = []
+        self.rendered_sums = []
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if batch_idx != 2:
+            return
+        self.eval()
+        before = live_rss_mb()
+        gen = torch.Generator().manual_seed(0)
+        ctx = allow_grad_in_eval() if self.allow_ctx else (torch.no_grad() if self.no_grad else _null())
+        with ctx:
+            renders = [self.renderer(torch.randn(512, 16, generator=gen)) for _ in range(12)]
+        self.rss_during_eval.append(live_rss_mb() - before)
+        self.rendered_sums.append(float(sum(r.detach().sum() for r in renders)))
+        del renders
+        self.train()
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_eval_from_on_train_batch_end_is_reported_with_site_and_bytes(tmp_path):
+    with pytest.warns(UserWarning, match=r"EvalsInTrainHook.on_train_batch_end ran Sequential.forward in eval mode"):
+        fit(tmp_path, [EvalNoGradGuard()], model=EvalsInTrainHook(), max_epochs=1)
+    g = find_summary(tmp_path)["eval_no_grad_guard"]
+    assert g["clean"] is False and g["mode"] == "warn"
+    (finding,) = g["findings"]
+    assert finding["site"] == "EvalsInTrainHook.on_train_batch_end"
+    assert finding["hook"] == "on_train_batch_end" and finding["module"] == "Sequential"
+    assert finding["count"] == 12 and finding["fixed"] is False
+    # each forward saves its input (512x16) and the 512x8192 ReLU output: >= 16 MB each
+    assert finding["saved_for_backward_mb"] >= 12 * 16
+    assert g["saved_for_backward_mb"] == finding["saved_for_backward_mb"]
+    scalars = read_scalars(tmp_path)
+    assert scalars["guard/grad_enabled_eval_forwards"][-1][1] == 12
+
+
+def test_fix_mode_saves_nothing_lowers_memory_and_keeps_results(tmp_path):
+    warned = EvalsInTrainHook()
+    fit(tmp_path / "warn", [EvalNoGradGuard(mode="warn")], model=warned, max_epochs=1)
+    fixed = EvalsInTrainHook()
+    fixed.load_state_dict(warned.state_dict())
+    with pytest.warns(UserWarning, match="mode='fix' ran it under torch.no_grad"):
+        fit(tmp_path / "fix", [EvalNoGradGuard(mode="fix")], model=fixed, max_epochs=1)
+    g = find_summary(tmp_path / "fix")["eval_no_grad_guard"]
+    (finding,) = g["findings"]
+    assert finding["fixed"] is True and finding["saved_for_backward_mb"] == 0 and finding["count"] == 12
+    # the graphs kept ~200 MB of activations alive in warn mode; with no_grad only the renders remain
+    assert warned.rss_during_eval[0] > 150 and fixed.rss_during_eval[0] < 50, (warned.rss_during_eval,
+                                                                             fixed.rss_during_eval)
+
+
+def test_warn_mode_does_not_change_results(tmp_path):
+    torch.manual_seed(0)
+    guarded_model = EvalsInTrainHook()
+    plain_model = EvalsInTrainHook()
+    plain_model.load_state_dict(guarded_model.state_dict())
+    torch.manual_seed(1)
+    fit(tmp_path / "a", [EvalNoGradGuard()], model=guarded_model, max_epochs=1)
+    torch.manual_seed(1)
+    fit(tmp_path / "b", [], model=plain_model, max_epochs=1)
+    assert guarded_model.rendered_sums == plain_model.rendered_sums
+
+
+class KeepsLosses(TinyModel):
+    def __init__(self):
+        super().__init__()
+        self.outputs = []
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.outputs.append(loss)  # keeps each step's graph alive until epoch end
+        return loss
+
+    def on_train_epoch_end(self):
+        self.outputs.clear()
+
+
+def test_a_list_of_losses_is_reported_by_attribute_name(tmp_path):
+    with pytest.warns(UserWarning, match=r"`KeepsLosses.outputs` holds 8 tensors with autograd graphs at\s+on_validation_epoch_end"):
+        fit(tmp_path, [EvalNoGradGuard()], model=KeepsLosses(), max_epochs=1)
+    g = find_summary(tmp_path)["eval_no_grad_guard"]
+    (retained,) = g["retained_graphs"]
+    assert retained["attribute"] == "outputs" and retained["max_count"] == 8 and retained["seen_at"] == "on_validation_epoch_end"
+    assert retained["max_mb_kept"] > 0
+
+
+def test_clean_module_and_allowed_code_give_no_finding(tmp_path, recwarn):
+    fit(tmp_path / "clean", [EvalNoGradGuard()], model=EvalsInTrainHook(no_grad=True), max_epochs=1)
+    fit(tmp_path / "allow_hook", [EvalNoGradGuard(allow=["on_train_batch_end"])], model=EvalsInTrainHook(),
+        max_epochs=1)
+    fit(tmp_path / "allow_ctx", [EvalNoGradGuard()], model=EvalsInTrainHook(allow_ctx=True), max_epochs=1)
+    for run in ("clean", "allow_hook", "allow_ctx"):
+        g = find_summary(tmp_path / run)["eval_no_grad_guard"]
+        assert g["clean"] is True and g["findings"] == [] and g["retained_graphs"] == [], run
+    assert not [w for w in recwarn if "EvalNoGradGuard" in str(w.message)]
+
+
+def test_raise_mode_fails_the_fit_with_the_message(tmp_path):
+    with pytest.raises(RuntimeError, match=r"EvalNoGradGuard: EvalsInTrainHook.on_train_batch_end ran .*no_grad"):
+        fit(tmp_path, [EvalNoGradGuard(mode="raise")], model=EvalsInTrainHook(), max_epochs=1)
+    s = find_summary(tmp_path)
+    assert s["status"] == "failed" and s["eval_no_grad_guard"]["findings"][0]["count"] == 1
+
+
+class EmaSampler(Callback):
+    """A callback that samples from the model after each batch, as EMA and sampling callbacks do."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        pl_module.eval()
+        pl_module(batch[0])
+        pl_module.train()
+
+
+def test_site_names_the_callback(tmp_path):
+    with pytest.warns(UserWarning, match="EmaSampler.on_train_batch_end ran TinyModel.forward"):
+        fit(tmp_path, [EmaSampler(), EvalNoGradGuard()], max_epochs=1)
+    (finding,) = find_summary(tmp_path)["eval_no_grad_guard"]["findings"]
+    assert finding["site"] == "EmaSampler.on_train_batch_end" and finding["count"] == 8
+
+
+class GradInValidation(TinyModel):
+    def validation_step(self, batch, batch_idx):
+        with torch.enable_grad():
+            return super().validation_step(batch, batch_idx)
+
+
+def test_enable_grad_in_validation_step_with_inference_mode_off(tmp_path):
+    with pytest.warns(UserWarning, match="validation_step ran GradInValidation.forward"):
+        fit(tmp_path, [EvalNoGradGuard()], model=GradInValidation(), max_epochs=1, inference_mode=False,
+            num_sanity_val_steps=0)
+    (finding,) = find_summary(tmp_path)["eval_no_grad_guard"]["findings"]
+    assert finding["hook"] == "validation_step" and finding["count"] == 4  # 32 samples, batches of 8
+
+
+def test_no_global_hooks_remain_after_fit(tmp_path):
+    from torch.nn.modules import module as module_mod
+
+    before = (len(module_mod._global_forward_pre_hooks), len(module_mod._global_forward_hooks))
+    fit(tmp_path, [EvalNoGradGuard()], max_epochs=1)
+    assert (len(module_mod._global_forward_pre_hooks), len(module_mod._global_forward_hooks)) == before
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"mode": "loud"}, r"EvalNoGradGuard\(mode='loud'\).*warn, raise, fix"),
+        ({"allow": ["on_tset_batch_end"]}, r"did you mean 'on_test_batch_end'"),
+        ({"allow": "on_test_batch_end"}, r"Expected a list of hook names"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EvalNoGradGuard(**kwargs)
