@@ -17,7 +17,7 @@ env: $(STAMP)
 demo: $(STAMP)
 	rm -rf $(DEMO)
 	$(PY) examples/demo.py --out $(DEMO) --name baseline
-	$(PY) examples/demo.py --out $(DEMO) --name workers2 --workers 2
+	$(PY) examples/demo.py --out $(DEMO) --name workers2 --workers 2 --baseline $(DEMO)/baseline/perf_summary.json
 	$(VENV)/bin/lightning-perf compare $(DEMO)/baseline/perf_summary.json $(DEMO)/workers2/perf_summary.json
 	$(VENV)/bin/lightning-perf report $(DEMO)/baseline/perf_summary.json $(DEMO)/workers2/perf_summary.json
 

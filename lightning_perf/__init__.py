@@ -11,11 +11,12 @@ _LAZY = {
     "IterationTimer": "lightning_perf.callbacks.iteration_timer",
     "VRAMMonitor": "lightning_perf.callbacks.vram_monitor",
     "EvalNoGradGuard": "lightning_perf.callbacks.eval_no_grad_guard",
+    "QualityGate": "lightning_perf.callbacks.quality_gate",
     "allow_grad_in_eval": "lightning_perf.measure.autograd",
 }
 
 #: The callbacks of the suite, in the order they appear in a summary.
-CALLBACKS = ("IterationTimer", "VRAMMonitor", "EvalNoGradGuard")
+CALLBACKS = ("IterationTimer", "VRAMMonitor", "EvalNoGradGuard", "QualityGate")
 
 __all__ = ["__version__", "CALLBACKS", *_LAZY]
 

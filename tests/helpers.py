@@ -91,3 +91,36 @@ def read_scalars(root: Any) -> Dict[str, List[tuple]]:
         for tag in acc.Tags().get("scalars", []):
             out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
     return out
+
+
+class ImageModel(LightningModule):
+    """Validation returns fixed (preds, target) image pairs that do not depend on training: known metric values."""
+
+    def __init__(self, n_val: int = 16, noise: float = 0.05, size: int = 32) -> None:
+        super().__init__()
+        self.net = nn.Conv2d(3, 3, 3, padding=1)
+        self.n_val, self.noise, self.size = n_val, noise, size
+
+    def val_pairs(self) -> tuple:
+        g = torch.Generator().manual_seed(123)
+        target = torch.rand(self.n_val, 3, self.size, self.size, generator=g)
+        preds = (target + self.noise * torch.randn(target.shape, generator=g)).clamp(0, 1)
+        return preds, target
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        return nn.functional.mse_loss(self.net(x), x)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Dict[str, torch.Tensor]:
+        preds, target = batch
+        self.log("val_l1", (preds - target).abs().mean())
+        return {"preds": preds, "target": target}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.rand(16, 3, self.size, self.size)), batch_size=4)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(*self.val_pairs()), batch_size=4)

@@ -3,10 +3,13 @@
 Each entry: class name -> (factory for a fast test instance, summary section name, YAML init_args).
 """
 
-from lightning_perf import EvalNoGradGuard, IterationTimer, VRAMMonitor
+from lightning_perf import EvalNoGradGuard, IterationTimer, QualityGate, VRAMMonitor
 
 SUITE = {
     "IterationTimer": (lambda: IterationTimer(warmup_steps=1), "iteration_timer", {"warmup_steps": 1}),
     "EvalNoGradGuard": (lambda: EvalNoGradGuard(), "eval_no_grad_guard", {"mode": "warn"}),
+    # TinyModel returns no images: the gate measures its logged val_loss (image metrics: test_quality_gate.py)
+    "QualityGate": (lambda: QualityGate(metrics=[], monitor={"val_loss": "min"}), "quality_gate",
+                    {"metrics": [], "monitor": {"val_loss": "min"}}),
     "VRAMMonitor": (lambda: VRAMMonitor(nvml_interval_s=0.01), "vram", {"nvml_interval_s": 0.01}),
 }

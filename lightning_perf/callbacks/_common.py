@@ -25,6 +25,10 @@ class PerfCheckFailed(RuntimeError):
     """A check the user asked to fail on has failed. The only error a lightning_perf hook lets through."""
 
 
+class PerfConfigError(PerfCheckFailed, ValueError):
+    """A setting that can only be checked once training runs (outputs, logged names) is wrong; raised at once."""
+
+
 def guarded(hook: F) -> F:
     """Wraps a callback hook so that a failing measurement warns once and is recorded, never raised into training."""
 

@@ -26,6 +26,8 @@ from lightning_perf.measure.memory import (
 )
 
 PHASES = ("train", "validation", "test", "predict")
+LEAK_THRESHOLD_CUDA = 2.0  # MB per 100 iterations, torch allocator
+LEAK_THRESHOLD_RSS = 20.0  # MB per 100 iterations, host RSS
 _EVAL_KEY = {"validation": "eval", "test": "test", "predict": "predict", "train": "train"}
 # sampler field -> summary field
 _SAMPLED = {"nvml_used_mb": "nvml_peak_used_mb", "nvml_process_mb": "nvml_process_peak_mb",
@@ -54,7 +56,8 @@ class VRAMMonitor(PerfCallback):
         nvml_interval_s: sampling period of the background thread (NVML and RSS), in (0.001, 60] seconds.
         warn_above_pct: warn once per phase when its peak passes this share of device (or host) memory.
         leak_window: iterations per averaging window of the leak check (4 consecutive rising windows flag a leak).
-        leak_threshold_mb_per_100: smallest rise, in MB per 100 iterations, that counts as a leak.
+        leak_threshold_mb_per_100: smallest rise, in MB per 100 iterations, that counts as a leak; default 2 on CUDA
+            (the allocator's count is exact) and 20 on host RSS (which drifts as the C and Python heaps settle).
         log_every_n_steps: how often the current peaks go to the loggers; default the trainer's.
         show_in_progress_bar: show the current phase peak (MB) in the progress bar as ``vram_peak_mb``.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
@@ -81,7 +84,7 @@ class VRAMMonitor(PerfCallback):
         nvml_interval_s: float = 0.05,
         warn_above_pct: float = 90.0,
         leak_window: int = 25,
-        leak_threshold_mb_per_100: float = 2.0,
+        leak_threshold_mb_per_100: Optional[float] = None,
         log_every_n_steps: Optional[int] = None,
         show_in_progress_bar: bool = False,
         summary_path: Optional[str] = None,
@@ -97,7 +100,9 @@ class VRAMMonitor(PerfCallback):
         ):
             raise bad_argument("VRAMMonitor", "warn_above_pct", warn_above_pct, "Expected a percentage in (0, 100].")
         check_positive_int("VRAMMonitor", "leak_window", leak_window, minimum=2)
-        if not isinstance(leak_threshold_mb_per_100, (int, float)) or leak_threshold_mb_per_100 < 0:
+        if leak_threshold_mb_per_100 is not None and (
+                isinstance(leak_threshold_mb_per_100, bool) or not isinstance(leak_threshold_mb_per_100, (int, float))
+                or leak_threshold_mb_per_100 < 0):
             raise bad_argument("VRAMMonitor", "leak_threshold_mb_per_100", leak_threshold_mb_per_100,
                                "Expected MB per 100 iterations >= 0.")
         check_positive_int("VRAMMonitor", "log_every_n_steps", log_every_n_steps, allow_none=True)
@@ -105,7 +110,7 @@ class VRAMMonitor(PerfCallback):
         self.nvml_interval_s = float(nvml_interval_s)
         self.warn_above_pct = float(warn_above_pct)
         self.leak_window = leak_window
-        self.leak_threshold_mb_per_100 = float(leak_threshold_mb_per_100)
+        self.leak_threshold_mb_per_100 = leak_threshold_mb_per_100
         self.log_every_n_steps = log_every_n_steps
         self.show_in_progress_bar = show_in_progress_bar
         self._phases: Dict[str, Dict[str, Optional[float]]] = {}
@@ -125,9 +130,7 @@ class VRAMMonitor(PerfCallback):
         self._unavailable: Dict[str, str] = {}
         self._phase: Optional[str] = None
         self._in_training = False
-        self._train_leak = LeakDetector(window=self.leak_window, threshold_mb_per_100=self.leak_threshold_mb_per_100)
-        self._eval_leak = LeakDetector(window=max(2, self.leak_window // 5),
-                                       threshold_mb_per_100=self.leak_threshold_mb_per_100, warmup=2)
+        self._make_leak_detectors(on_cuda=False)
         self._leaks: Dict[str, Dict[str, Any]] = {}
         self._ranks: Optional[Dict[str, Any]] = None
         self._steps = 0
@@ -144,6 +147,7 @@ class VRAMMonitor(PerfCallback):
         self._device_label = str(device)
         self._rss = RssReader()
         reads = {"host_rss_mb": self._rss}
+        self._make_leak_detectors(on_cuda=device.type == "cuda")
         if device.type == "cuda":
             backend = cuda_backend()
             self._allocator = AllocatorPeaks(device, backend)
@@ -175,6 +179,15 @@ class VRAMMonitor(PerfCallback):
 
     def _device(self, trainer: Trainer) -> Any:
         return trainer.strategy.root_device
+
+    def _make_leak_detectors(self, on_cuda: bool) -> None:
+        threshold = self.leak_threshold_mb_per_100
+        if threshold is None:
+            threshold = LEAK_THRESHOLD_CUDA if on_cuda else LEAK_THRESHOLD_RSS
+        self._leak_threshold = float(threshold)
+        self._train_leak = LeakDetector(window=self.leak_window, threshold_mb_per_100=threshold, warmup=50)
+        self._eval_leak = LeakDetector(window=max(2, self.leak_window // 5), threshold_mb_per_100=threshold,
+                                       warmup=2)
 
     def _nvml_unavailable(self, reason: str, warn: bool = True) -> None:
         for key in ("nvml_peak_used_mb", "nvml_process_peak_mb"):
@@ -420,7 +433,7 @@ class VRAMMonitor(PerfCallback):
             "warn_above_pct": self.warn_above_pct,
             "leak": dict(self._leaks),
             "leak_suspected": any(v.get("suspected") for v in self._leaks.values()),
-            "leak_threshold_mb_per_100_iters": self.leak_threshold_mb_per_100,
+            "leak_threshold_mb_per_100_iters": self._leak_threshold,
             "nvml_interval_s": self.nvml_interval_s,
             "sampler_samples": self._sampler.samples if self._sampler is not None else None,
             "ranks": self._ranks,

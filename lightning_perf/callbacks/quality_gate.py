@@ -1,0 +1,408 @@
+"""QualityGate: PSNR, SSIM, LPIPS and L1 (or any logged metric) against a baseline, so speed never costs quality
+silently."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+
+from lightning_perf.callbacks._common import (
+    PerfCallback,
+    PerfCheckFailed,
+    PerfConfigError,
+    bad_argument,
+    check_positive_int,
+    guarded,
+    log_scalars,
+)
+from lightning_perf.measure.image_quality import (
+    IMAGE_METRICS,
+    LPIPS_NETS,
+    LpipsUnavailable,
+    build_image_metrics,
+    load_lpips,
+)
+from lightning_perf.summary.baseline import BaselineError, read_baseline_with_gaps, verdict, write_baseline
+from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
+
+ACTIONS = ("warn", "fail", "stop")
+MODES = ("max", "min")
+TOLERANCE_MODES = ("relative", "absolute")
+_MAX_FAILED_RECORDS = 100
+
+
+class QualityGate(PerfCallback):
+    r"""Measures image quality during validation and gates it against a baseline within a tolerance.
+
+    PSNR and SSIM (torchmetrics, with ``data_range``; PSNR is the mean of per-image PSNR), L1 (mean absolute
+    error) and LPIPS (the ``lpips`` package, inputs in [0, data_range] mapped to [-1, 1]) are computed under
+    ``torch.no_grad()`` from each ``validation_step``'s outputs — a dict with ``preds_key``/``target_key`` or a
+    ``(preds, target)`` tuple — and accumulated over the validation epoch with torchmetrics, so DDP gives the numbers
+    of one process. Any metric the module logs can be gated too (``monitor={"val/acc": "max"}``).
+
+    Args:
+        metrics: image metrics to compute, from ``psnr``, ``ssim``, ``l1``, ``lpips``; ``[]`` for none.
+        monitor: logged metric name -> ``"max"`` or ``"min"`` (which way is better), gated like the image metrics.
+        baseline: metric -> value, or a path to a baseline file (``record_baseline``) or to an earlier run's
+            ``perf_summary.json``. Every gated metric must be in it. None: measure and log, no verdict.
+        tolerance: allowed loss in the bad direction, relative to the baseline (0.005 = 0.5%) or absolute; one number
+            or metric -> number.
+        tolerance_mode: ``"relative"`` or ``"absolute"``, or metric -> mode.
+        action: ``"warn"``; ``"fail"`` (the fit ends with an error after the summary is written); ``"stop"`` (stop
+            training at the first failing check, the same decision on every rank).
+        at_steps: check only at validations run at these global steps; ``every_n_steps``: or at multiples of N.
+            Neither: every validation run.
+        record_baseline: write this run's last checked values to this path at fit end, as a baseline file.
+        preds_key, target_key: keys of the dict ``validation_step`` returns.
+        data_range: the value range of images (1.0 for [0, 1], 255 for bytes).
+        lpips_net: LPIPS backbone: ``alex``, ``vgg``, ``squeeze``.
+        lpips_weights_dir: a torch hub folder whose ``checkpoints/`` holds torchvision's backbone weights, for
+            machines without internet.
+        lpips_pretrained: False uses a random backbone (``pnet_rand=True``): plumbing tests only, not LPIPS.
+        summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
+
+    Logged metrics: ``quality/psnr``, ``quality/ssim``, ``quality/lpips``, ``quality/l1`` (with ``pl_module.log`` at
+    the end of each checked validation epoch, so ``ModelCheckpoint(monitor="quality/psnr")`` works) and
+    ``quality/gate_passed`` (1 or 0, to the loggers, when a baseline is set).
+
+    Raises:
+        ValueError: at construction for an unknown metric, mode, action, tolerance mode or LPIPS net, a negative
+            tolerance, a bad ``at_steps``/``every_n_steps``/``data_range``, or a baseline that is missing, not JSON or
+            lacks a gated metric; at the first validation batch (sanity check included) for outputs without the
+            configured keys or preds and target of different shapes; at the first check for a monitored name that
+            was not logged.
+
+    Example::
+
+        QualityGate(baseline="runs/base/perf_summary.json", tolerance=0.005, action="fail", at_steps=[3100])
+    """
+
+    section_name = "quality_gate"
+
+    def __init__(
+        self,
+        metrics: Sequence[str] = ("psnr", "ssim", "l1", "lpips"),
+        monitor: Optional[Dict[str, str]] = None,
+        baseline: Optional[Union[str, Dict[str, float]]] = None,
+        tolerance: Union[float, Dict[str, float]] = 0.005,
+        tolerance_mode: Union[str, Dict[str, str]] = "relative",
+        action: str = "warn",
+        at_steps: Optional[Sequence[int]] = None,
+        every_n_steps: Optional[int] = None,
+        record_baseline: Optional[str] = None,
+        preds_key: str = "preds",
+        target_key: str = "target",
+        data_range: float = 1.0,
+        lpips_net: str = "alex",
+        lpips_weights_dir: Optional[str] = None,
+        lpips_pretrained: bool = True,
+        summary_path: Optional[str] = None,
+    ) -> None:
+        super().__init__(summary_path=summary_path)
+        owner = "QualityGate"
+        if isinstance(metrics, str) or any(m not in IMAGE_METRICS for m in metrics):
+            raise bad_argument(owner, "metrics", metrics, f"Possible choices are: {', '.join(IMAGE_METRICS)}.")
+        monitor = dict(monitor or {})
+        for name, mode in monitor.items():
+            if mode not in MODES:
+                raise bad_argument(owner, "monitor", monitor,
+                                   f"Each monitored metric needs a direction: {name!r} -> 'max' or 'min'.")
+        if action not in ACTIONS:
+            raise bad_argument(owner, "action", action, f"Possible choices are: {', '.join(ACTIONS)}.")
+        if lpips_net not in LPIPS_NETS:
+            raise bad_argument(owner, "lpips_net", lpips_net, f"Possible choices are: {', '.join(LPIPS_NETS)}.")
+        if isinstance(data_range, bool) or not isinstance(data_range, (int, float)) or not data_range > 0:
+            raise bad_argument(owner, "data_range", data_range, "Expected a number > 0 (1.0 for [0, 1] images).")
+        check_positive_int(owner, "every_n_steps", every_n_steps, allow_none=True)
+        if at_steps is not None and (isinstance(at_steps, (str, int)) or any(
+                isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in at_steps)):
+            raise bad_argument(owner, "at_steps", at_steps, "Expected a list of global steps (integers >= 0).")
+        self.metrics = list(metrics)
+        self.monitor = monitor
+        self.gated = self.metrics + [m for m in monitor if m not in self.metrics]
+        self.modes = {**{m: IMAGE_METRIC_DIRECTIONS[m] for m in self.metrics}, **monitor}
+        self.tolerance = self._per_metric(owner, "tolerance", tolerance, self._check_tolerance)
+        self.tolerance_mode = self._per_metric(owner, "tolerance_mode", tolerance_mode, self._check_tolerance_mode)
+        self.baseline_source = baseline if isinstance(baseline, str) else ("dict" if baseline is not None else None)
+        self.baseline: Optional[Dict[str, float]] = None
+        self._baseline_gaps: Dict[str, str] = {}
+        if baseline is not None:
+            try:
+                self.baseline, gaps = read_baseline_with_gaps(baseline)
+            except BaselineError as err:
+                raise bad_argument(owner, "baseline", baseline, str(err)) from None
+            # A metric the baseline run could not measure (LPIPS offline) is not gated; one it lacks is an error.
+            self._baseline_gaps = {m: f"the baseline run could not measure it: {gaps[m]}"
+                                   for m in self.gated if m not in self.baseline and m in gaps}
+            missing = [m for m in self.gated if m not in self.baseline and m not in gaps]
+            if missing:
+                raise bad_argument(owner, "baseline", baseline,
+                                   f"It lacks gated metric(s) {', '.join(missing)}; it has:"
+                                   f" {', '.join(sorted(self.baseline)) or 'nothing'}.")
+        self.action = action
+        self.at_steps = sorted(set(at_steps)) if at_steps is not None else None
+        self.every_n_steps = every_n_steps
+        self.record_baseline = record_baseline
+        self.preds_key, self.target_key = preds_key, target_key
+        self.data_range = float(data_range)
+        self.lpips_net = lpips_net
+        self.lpips_weights_dir = lpips_weights_dir
+        self.lpips_pretrained = lpips_pretrained
+        self._lpips_model: Any = None
+        self._lpips_reason: Optional[str] = None
+        self._reset()
+
+    # -- construction helpers ------------------------------------------------------------------------------------
+    def _per_metric(self, owner: str, name: str, value: Any, check: Any) -> Dict[str, Any]:
+        if isinstance(value, dict):
+            unknown = [k for k in value if k not in self.gated]
+            if unknown:
+                raise bad_argument(owner, name, value, f"Unknown metric(s) {', '.join(unknown)}; gated metrics are:"
+                                   f" {', '.join(self.gated)}.")
+            default = check(owner, name, 0.005 if name == "tolerance" else "relative")
+            return {m: check(owner, name, value.get(m, default)) for m in self.gated}
+        checked = check(owner, name, value)
+        return {m: checked for m in self.gated}
+
+    @staticmethod
+    def _check_tolerance(owner: str, name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
+            raise bad_argument(owner, name, value, "Expected a tolerance >= 0 (0.005 is 0.5% when relative).")
+        return float(value)
+
+    @staticmethod
+    def _check_tolerance_mode(owner: str, name: str, value: Any) -> str:
+        if value not in TOLERANCE_MODES:
+            raise bad_argument(owner, name, value, f"Possible choices are: {', '.join(TOLERANCE_MODES)}.")
+        return value
+
+    def _reset(self) -> None:
+        self._image_metrics: Dict[str, Any] = {}
+        self._outputs_checked = False
+        self._active = False
+        self._results: Dict[str, Dict[str, Any]] = {}
+        self._checks = 0
+        self._failed: List[Dict[str, Any]] = []
+        self._failed_count = 0
+        self._last_passed: Optional[bool] = None
+        self._step: Optional[int] = None
+
+    # -- set-up --------------------------------------------------------------------------------------------------
+    @guarded
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._reset()
+        if stage == "fit":
+            self._start_run(trainer)
+        for name, reason in self._baseline_gaps.items():
+            self._warn_once(f"gap:{name}", f"{name} is measured but not gated: {reason}")
+        if "lpips" in self.metrics and self._lpips_model is None and self._lpips_reason is None:
+            try:
+                self._lpips_model = load_lpips(self.lpips_net, self.lpips_pretrained, self.lpips_weights_dir)
+            except LpipsUnavailable as err:
+                self._lpips_reason = str(err)
+                self._warn_once("lpips", f"LPIPS is unavailable and not gated: {err} The other metrics go on.")
+        self._image_metrics = {
+            name: metric.to(trainer.strategy.root_device)
+            for name, metric in build_image_metrics(self.metrics, self.data_range, self._lpips_model).items()
+        }
+
+    def _scheduled(self, step: int) -> bool:
+        if self.at_steps is None and self.every_n_steps is None:
+            return True
+        return (self.at_steps is not None and step in self.at_steps) or (
+            self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0)
+
+    # -- validation ----------------------------------------------------------------------------------------------
+    @guarded
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._active = not trainer.sanity_checking and self._scheduled(trainer.global_step)
+        for metric in self._image_metrics.values():
+            metric.reset()
+
+    def _pair(self, outputs: Any) -> tuple:
+        if isinstance(outputs, dict):
+            missing = [k for k in (self.preds_key, self.target_key) if k not in outputs]
+            if missing:
+                raise PerfConfigError(
+                    f"QualityGate: validation_step's output has no {', '.join(map(repr, missing))}; it has keys"
+                    f" {sorted(map(str, outputs))}. Return {{{self.preds_key!r}: preds, {self.target_key!r}: target}}"
+                    " or set `preds_key`/`target_key`.")
+            preds, target = outputs[self.preds_key], outputs[self.target_key]
+        elif isinstance(outputs, (tuple, list)) and len(outputs) == 2:
+            preds, target = outputs
+        else:
+            raise PerfConfigError(
+                f"QualityGate: validation_step returned a {type(outputs).__name__}; expected a dict with"
+                f" {self.preds_key!r} and {self.target_key!r} or a (preds, target) tuple.")
+        if not isinstance(preds, torch.Tensor) or not isinstance(target, torch.Tensor):
+            raise PerfConfigError("QualityGate: preds and target must be tensors, got"
+                                  f" {type(preds).__name__} and {type(target).__name__}.")
+        if preds.shape != target.shape:
+            raise PerfConfigError(f"QualityGate: preds and target differ in shape: {tuple(preds.shape)} vs"
+                                  f" {tuple(target.shape)}; expected the same (N, C, H, W).")
+        needs_images = [m for m in ("ssim", "lpips") if m in self.metrics]
+        if needs_images and preds.dim() != 4:
+            raise PerfConfigError(f"QualityGate: {', '.join(needs_images)} need images shaped (N, C, H, W); got"
+                                  f" {tuple(preds.shape)}.")
+        if "lpips" in self._image_metrics and preds.shape[1] != 3:
+            raise PerfConfigError(f"QualityGate: LPIPS needs 3-channel images; got {preds.shape[1]} channels.")
+        return preds, target
+
+    @guarded
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if not self._image_metrics or (self._outputs_checked and not self._active):
+            return
+        preds, target = self._pair(outputs)  # checked on the first batch, sanity check included
+        self._outputs_checked = True
+        if not self._active:
+            return
+        with torch.no_grad():
+            preds, target = preds.detach(), target.detach()
+            for metric in self._image_metrics.values():
+                metric.update(preds, target)
+
+    @guarded
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._active:
+            return
+        values: Dict[str, float] = {}
+        for name, metric in self._image_metrics.items():  # compute() syncs across ranks: every rank is here
+            if metric.update_count > 0:
+                value = float(metric.compute())
+                if math.isfinite(value):
+                    values[name] = value
+            metric.reset()
+        for name, value in values.items():
+            pl_module.log(f"quality/{name}", value, sync_dist=False, rank_zero_only=False)
+        self._pending = values
+
+    @guarded
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._active:
+            return
+        self._active = False
+        values = dict(getattr(self, "_pending", {}))
+        self._pending = {}
+        for name in self.monitor:
+            if name not in trainer.callback_metrics:
+                raise PerfConfigError(
+                    f"QualityGate: monitored metric {name!r} was not logged in this validation; logged names are:"
+                    f" {sorted(trainer.callback_metrics)}.")
+            values[name] = float(trainer.callback_metrics[name])
+        self._check(trainer, values)
+
+    def _check(self, trainer: Trainer, values: Dict[str, float]) -> None:
+        step = trainer.global_step
+        self._step = step
+        self._checks += 1
+        failing = []
+        for name in self.gated:
+            if name not in values:
+                continue
+            if self.baseline is None or name in self._baseline_gaps:
+                self._results[name] = {"value": values[name], "mode": self.modes[name], "passed": None}
+                continue
+            result = verdict(values[name], self.baseline[name], self.modes[name], self.tolerance[name],
+                             self.tolerance_mode[name] == "relative")
+            result["step"] = step
+            self._results[name] = result
+            if not result["passed"]:
+                failing.append(name)
+        if self.baseline is None:
+            return
+        passed = not failing
+        self._last_passed = passed
+        log_scalars(trainer, {"quality/gate_passed": 1.0 if passed else 0.0})
+        if not passed:
+            self._failed_count += 1
+            if len(self._failed) < _MAX_FAILED_RECORDS:
+                self._failed.append({"step": step, "metrics": failing})
+            if self.action != "stop":
+                self._warn_once(f"failed:{','.join(failing)}", self._failure_message(step, failing))
+        if self.action == "stop":
+            stop = trainer.strategy.reduce_boolean_decision(not passed, all=False)
+            if stop:
+                self._warn_once("stop", self._failure_message(step, failing or ["(another rank)"])
+                                + " Training stops (action='stop').")
+                trainer.should_stop = True
+
+    def _failure_message(self, step: int, failing: List[str]) -> str:
+        parts = []
+        for name in failing:
+            r = self._results.get(name)
+            if r is None:
+                parts.append(name)
+                continue
+            better = "higher" if r["mode"] == "max" else "lower"
+            pct = f" ({r['delta_pct']:+.2f}%)" if r["delta_pct"] is not None else ""
+            tol = (f"{100 * r['tolerance']:g}%" if r["tolerance_mode"] == "relative" else f"{r['tolerance']:g}")
+            parts.append(f"{name} {r['value']:.4g} vs baseline {r['baseline']:.4g}{pct}, tolerance {tol},"
+                         f" {better} is better")
+        return f"quality gate failed at step {step}: " + "; ".join(parts) + "."
+
+    # -- end -----------------------------------------------------------------------------------------------------
+    @guarded
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.record_baseline and trainer.is_global_zero and self._results:
+            write_baseline(self.record_baseline, self._results, self._step)
+        self._write_summary(trainer)
+        if self.action == "fail" and self._failed_count:
+            first = self._failed[0]
+            raise PerfCheckFailed(
+                f"QualityGate: {self._failed_count} of {self._checks} checks failed (action='fail'); first at step"
+                f" {first['step']}: {', '.join(first['metrics'])}. See the quality_gate section of the summary.")
+
+    @guarded
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._write_summary(trainer, exception)
+
+    @property
+    def results(self) -> Dict[str, Dict[str, Any]]:
+        """The last checked value of each gated metric, with its verdict when a baseline is set."""
+        return {k: dict(v) for k, v in self._results.items()}
+
+    def _summary_section(self) -> Dict[str, Any]:
+        unavailable: Dict[str, str] = {}
+        if self._lpips_reason:
+            unavailable["lpips"] = self._lpips_reason
+        for name, reason in self._baseline_gaps.items():
+            unavailable.setdefault(f"{name}_verdict", reason)
+        if self.baseline is None:
+            unavailable["passed"] = "no baseline: metrics measured, nothing gated"
+        if self._checks == 0:
+            unavailable["metrics"] = "no validation ran at a checked step"
+        passed = None if self.baseline is None or self._checks == 0 else self._failed_count == 0
+        return {
+            "passed": passed,
+            "last_check_passed": self._last_passed,
+            "action": self.action,
+            "metrics": self.results,
+            "checks": self._checks,
+            "failed_checks": list(self._failed),
+            "failed_check_count": self._failed_count,
+            "step": self._step,
+            "baseline_source": self.baseline_source,
+            "baseline": dict(self.baseline) if self.baseline else None,
+            "recorded_baseline": self.record_baseline,
+            "data_range": self.data_range,
+            "lpips": {"net": self.lpips_net, "available": self._lpips_model is not None,
+                      "backbone": None if self._lpips_model is None
+                      else ("pretrained" if self.lpips_pretrained else "random (plumbing only, not LPIPS)")}
+            if "lpips" in self.metrics else None,
+            "unavailable": unavailable,
+        }
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"results": self.results, "checks": self._checks, "failed": list(self._failed),
+                "failed_count": self._failed_count, "step": self._step}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._results = dict(state_dict.get("results", {}))
+        self._checks = int(state_dict.get("checks", 0))
+        self._failed = list(state_dict.get("failed", []))
+        self._failed_count = int(state_dict.get("failed_count", len(self._failed)))
+        self._step = state_dict.get("step")

@@ -1,0 +1,232 @@
+import json
+import urllib.error
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+from torchmetrics.functional.image import peak_signal_noise_ratio as tm_psnr
+from torchmetrics.functional.image import structural_similarity_index_measure as tm_ssim
+
+from helpers import ImageModel, find_summary, fit, read_scalars
+from lightning_perf import QualityGate
+from lightning_perf.summary.compare import compare_summaries
+
+IMAGE = ["psnr", "ssim", "l1"]
+
+
+def reference_values():
+    preds, target = ImageModel().val_pairs()
+    p, t = preds.numpy(), target.numpy()
+    psnr = np.mean([peak_signal_noise_ratio(t[i], p[i], data_range=1.0) for i in range(len(p))])
+    ssim = np.mean([structural_similarity(t[i], p[i], data_range=1.0, channel_axis=0, gaussian_weights=True,
+                                          sigma=1.5, use_sample_covariance=False) for i in range(len(p))])
+    l1 = np.abs(p - t).mean()
+    functional = {
+        "psnr": float(tm_psnr(preds, target, data_range=1.0, dim=(1, 2, 3))),
+        "ssim": float(tm_ssim(preds, target, data_range=1.0)),
+        "l1": float((preds - target).abs().mean()),
+    }
+    return {"psnr": psnr, "ssim": ssim, "l1": l1}, functional
+
+
+def gate_fit(tmp_path, **kwargs):
+    kwargs.setdefault("metrics", IMAGE)
+    gate = QualityGate(**kwargs)
+    fit(tmp_path, [gate], model=ImageModel(), max_epochs=2)
+    return gate, find_summary(tmp_path)
+
+
+def test_metrics_match_torchmetrics_functional_and_scikit_image(tmp_path):
+    outside, functional = reference_values()
+    _, summary = gate_fit(tmp_path)
+    metrics = summary["quality_gate"]["metrics"]
+    for name in IMAGE:
+        assert metrics[name]["value"] == pytest.approx(functional[name], rel=1e-5), name
+        assert metrics[name]["value"] == pytest.approx(outside[name], rel=2e-3), name
+    assert summary["quality_gate"]["passed"] is None  # no baseline: measured, not gated
+    scalars = read_scalars(tmp_path)
+    for name in IMAGE:
+        assert scalars[f"quality/{name}"][-1][1] == pytest.approx(functional[name], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["psnr", "ssim", "l1"])
+def test_within_tolerance_passes_and_just_past_fails_in_each_direction(tmp_path, name):
+    _, functional = reference_values()
+    value = functional[name]
+    better_up = name != "l1"
+    # the baseline 0.4% better than this run: within 0.5%; 0.6% better: past it
+    for shift, expected in ((0.004, True), (0.006, False)):
+        baseline = {name: value * (1 + shift) if better_up else value * (1 - shift)}
+        _, summary = gate_fit(tmp_path / f"{shift}", metrics=[name], baseline=baseline)
+        result = summary["quality_gate"]["metrics"][name]
+        assert result["passed"] is expected, (name, shift, result)
+        assert summary["quality_gate"]["passed"] is expected
+        assert result["mode"] == ("max" if better_up else "min")
+
+
+def test_absolute_tolerance_per_metric(tmp_path):
+    _, functional = reference_values()
+    baseline = {"psnr": functional["psnr"] + 0.2, "l1": functional["l1"] * 1.01}  # this run's L1 is lower: better
+    _, summary = gate_fit(tmp_path, metrics=["psnr", "l1"], baseline=baseline,
+                          tolerance={"psnr": 0.25, "l1": 0.0}, tolerance_mode={"psnr": "absolute"})
+    metrics = summary["quality_gate"]["metrics"]
+    assert metrics["psnr"]["passed"] is True and metrics["psnr"]["tolerance_mode"] == "absolute"
+    assert metrics["l1"]["passed"] is True and metrics["l1"]["tolerance"] == 0.0
+
+
+def test_record_baseline_then_gate_against_it_and_against_a_summary(tmp_path):
+    base = tmp_path / "baseline.json"
+    gate_fit(tmp_path / "first", record_baseline=str(base))
+    recorded = json.loads(base.read_text())
+    assert set(recorded["metrics"]) == set(IMAGE)
+    _, second = gate_fit(tmp_path / "second", baseline=str(base))
+    assert second["quality_gate"]["passed"] is True
+    first_summary = next((tmp_path / "first").rglob("perf_summary.json"))
+    _, third = gate_fit(tmp_path / "third", baseline=str(first_summary))
+    assert third["quality_gate"]["passed"] is True
+    comparison = compare_summaries(second, third)
+    assert set(comparison["quality"]) == set(IMAGE)
+    assert comparison["quality"]["psnr"]["delta"] == pytest.approx(0.0)
+
+
+def test_action_fail_fails_the_fit_after_writing_the_summary(tmp_path):
+    _, functional = reference_values()
+    with pytest.raises(RuntimeError, match=r"QualityGate: 2 of 2 checks failed \(action='fail'\)"):
+        gate_fit(tmp_path, metrics=["psnr"], baseline={"psnr": functional["psnr"] + 1.0}, action="fail")
+    summary = find_summary(tmp_path)
+    assert summary["status"] == "failed" and "QualityGate" in summary["error"]["message"]
+    assert summary["quality_gate"]["passed"] is False
+    assert summary["quality_gate"]["failed_checks"][0]["metrics"] == ["psnr"]
+    assert read_scalars(tmp_path)["quality/gate_passed"][-1][1] == 0.0
+
+
+def test_action_stop_stops_at_the_first_failing_check(tmp_path):
+    _, functional = reference_values()
+    gate = QualityGate(metrics=["psnr"], baseline={"psnr": functional["psnr"] + 1.0}, action="stop")
+    trainer = fit(tmp_path, [gate], model=ImageModel(), max_epochs=5)
+    assert trainer.current_epoch == 1 and trainer.global_step == 4  # stopped after the first epoch's check
+    assert find_summary(tmp_path)["quality_gate"]["checks"] == 1
+
+
+def test_at_steps_and_every_n_steps_choose_the_checks(tmp_path):
+    _, summary = gate_fit(tmp_path / "at", at_steps=[8])
+    assert summary["quality_gate"]["checks"] == 1 and summary["quality_gate"]["step"] == 8
+    _, summary = gate_fit(tmp_path / "every", every_n_steps=4)
+    assert summary["quality_gate"]["checks"] == 2
+
+
+def test_named_metric_gate_and_model_checkpoint_on_quality(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="quality/psnr", mode="max")
+    gate = QualityGate(metrics=["psnr"], monitor={"val_l1": "min"}, baseline={"psnr": 1.0, "val_l1": 1.0})
+    fit(tmp_path, [gate, ckpt], model=ImageModel(), max_epochs=2)
+    metrics = find_summary(tmp_path)["quality_gate"]["metrics"]
+    assert metrics["val_l1"]["passed"] is True and metrics["val_l1"]["mode"] == "min"
+    assert ckpt.best_model_score is not None and ckpt.best_model_path
+
+
+def test_lpips_offline_is_unavailable_and_the_rest_is_gated(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    _, functional = reference_values()
+    baseline = {**functional, "lpips": 0.1}
+    with pytest.warns(UserWarning, match="LPIPS is unavailable and not gated: the pretrained alex backbone"):
+        _, summary = gate_fit(tmp_path, metrics=["psnr", "ssim", "l1", "lpips"], baseline=baseline)
+    g = summary["quality_gate"]
+    assert "URLError" in g["unavailable"]["lpips"] and "lpips_weights_dir" in g["unavailable"]["lpips"]
+    assert "lpips" not in g["metrics"] and g["lpips"]["available"] is False
+    assert g["passed"] is True and set(g["metrics"]) == set(IMAGE)
+
+
+def test_lpips_with_a_random_backbone_computes_through_the_same_path(tmp_path):
+    gate, summary = gate_fit(tmp_path, metrics=["lpips"], lpips_pretrained=False)
+    preds, target = ImageModel().val_pairs()
+    with torch.no_grad():
+        expected = float(gate._lpips_model(preds * 2 - 1, target * 2 - 1).mean())
+    value = summary["quality_gate"]["metrics"]["lpips"]["value"]
+    assert value == pytest.approx(expected, rel=1e-5) and value > 0
+    assert summary["quality_gate"]["lpips"]["backbone"].startswith("random")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"metrics": ["psnr", "fid"]}, r"QualityGate\(metrics=\['psnr', 'fid'\]\).*psnr, ssim, l1, lpips"),
+        ({"action": "explode"}, r"QualityGate\(action='explode'\).*warn, fail, stop"),
+        ({"tolerance": -0.1}, r"QualityGate\(tolerance=-0.1\).*>= 0"),
+        ({"tolerance_mode": "percent"}, r"relative, absolute"),
+        ({"monitor": {"val/acc": "up"}}, r"'val/acc' -> 'max' or 'min'"),
+        ({"baseline": "/no/such/baseline.json"}, r"does not exist"),
+        ({"baseline": {"psnr": 26.0}}, r"lacks gated metric\(s\) ssim, l1, lpips; it has: psnr"),
+        ({"lpips_net": "resnet"}, r"alex, vgg, squeeze"),
+        ({"at_steps": [-1]}, r"QualityGate\(at_steps=\[-1\]\)"),
+        ({"data_range": 0}, r"QualityGate\(data_range=0\)"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        QualityGate(**kwargs)
+
+
+def test_baseline_file_that_is_not_json(tmp_path):
+    bad = tmp_path / "b.json"
+    bad.write_text("psnr: 26")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        QualityGate(baseline=str(bad))
+
+
+class WrongOutputs(ImageModel):
+    def validation_step(self, batch, batch_idx):
+        preds, target = batch
+        return {"prediction": preds, "target": target}
+
+
+class WrongShapes(ImageModel):
+    def validation_step(self, batch, batch_idx):
+        preds, target = batch
+        return preds[:, :, :16], target
+
+
+@pytest.mark.parametrize(
+    "model, match",
+    [(WrongOutputs(), r"has no 'preds'; it has keys \['prediction', 'target'\]"),
+     (WrongShapes(), r"differ in shape: \(4, 3, 16, 32\) vs \(4, 3, 32, 32\)")],
+)
+def test_bad_outputs_fail_at_the_sanity_check_before_training(tmp_path, model, match):
+    gate = QualityGate(metrics=IMAGE)
+    with pytest.raises(ValueError, match=match):
+        fit(tmp_path, [gate], model=model, max_epochs=1)
+    assert model.global_step == 0
+
+
+def test_a_monitored_name_that_was_not_logged(tmp_path):
+    with pytest.raises(ValueError, match=r"monitored metric 'val/acc' was not logged"):
+        fit(tmp_path, [QualityGate(metrics=[], monitor={"val/acc": "max"})], model=ImageModel(), max_epochs=1)
+
+
+@pytest.mark.slow
+def test_ddp_gives_the_numbers_of_one_process(tmp_path):
+    _, functional = reference_values()
+    fit(tmp_path, [QualityGate(metrics=IMAGE)], model=ImageModel(), strategy="ddp_spawn", devices=2, max_epochs=1)
+    metrics = find_summary(tmp_path)["quality_gate"]["metrics"]
+    for name in IMAGE:
+        assert metrics[name]["value"] == pytest.approx(functional[name], rel=1e-5), name
+
+
+def test_a_metric_the_baseline_run_could_not_measure_is_not_gated(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("offline")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    with pytest.warns(UserWarning, match="LPIPS is unavailable"):
+        gate_fit(tmp_path / "base", metrics=IMAGE + ["lpips"])
+    base = next((tmp_path / "base").rglob("perf_summary.json"))
+    monkeypatch.undo()
+    with pytest.warns(UserWarning, match="lpips is measured but not gated: the baseline run could not measure it"):
+        _, summary = gate_fit(tmp_path / "cand", metrics=IMAGE + ["lpips"], baseline=str(base), lpips_pretrained=False)
+    g = summary["quality_gate"]
+    assert g["passed"] is True and g["metrics"]["lpips"]["passed"] is None
+    assert "could not measure" in g["unavailable"]["lpips_verdict"]
