@@ -20,13 +20,14 @@ from lightning.pytorch import Trainer, seed_everything  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
 from denoise import DenoiseDataModule, DenoiseNet  # noqa: E402
-from lightning_perf import EvalNoGradGuard, IterationTimer, QualityGate, VRAMMonitor  # noqa: E402
+from lightning_perf import EvalNoGradGuard, IterationTimer, QualityGate, SectionProfiler, VRAMMonitor  # noqa: E402
 
 
 def suite(args: argparse.Namespace) -> list:
     """Every callback of the suite, as a user would attach them."""
     return [
         IterationTimer(warmup_steps=5, target_steps=30_000),
+        SectionProfiler(report_every_n_steps=100),
         VRAMMonitor(),
         EvalNoGradGuard(),
         # quality on the held-out photo at the last step, as seed 001 measured it at a fixed iteration
@@ -77,6 +78,9 @@ def main(argv: list = None) -> int:
           f" p95 {ms['p95']:.1f} ms, p99 {ms['p99']:.1f} ms ({timer['measured_iterations']} iterations measured)")
     print(f"  time       train {timer['train_time_s']:.1f} s, eval {timer['eval_time_s']:.1f} s;"
           f" 30,000 iterations would take {timer['projected_time_to_target_s'] / 3600:.2f} h")
+    profile = summary["section_profiler"]
+    shares = sorted(((r["share_pct"] or 0.0, n) for n, r in profile["sections"].items()), reverse=True)[:3]
+    print("  sections   " + ", ".join(f"{n} {pct:.0f}%" for pct, n in shares) + f"; {profile['insights'][0]}")
     vram = summary["vram"]
     peaks = {phase: values.get("peak_allocated_mb") or values.get("host_rss_peak_mb")
              for phase, values in vram["phases"].items()}

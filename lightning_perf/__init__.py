@@ -12,11 +12,13 @@ _LAZY = {
     "VRAMMonitor": "lightning_perf.callbacks.vram_monitor",
     "EvalNoGradGuard": "lightning_perf.callbacks.eval_no_grad_guard",
     "QualityGate": "lightning_perf.callbacks.quality_gate",
+    "SectionProfiler": "lightning_perf.callbacks.section_profiler",
+    "profile_section": "lightning_perf.measure.sections",
     "allow_grad_in_eval": "lightning_perf.measure.autograd",
 }
 
 #: The callbacks of the suite, in the order they appear in a summary.
-CALLBACKS = ("IterationTimer", "VRAMMonitor", "EvalNoGradGuard", "QualityGate")
+CALLBACKS = ("IterationTimer", "SectionProfiler", "VRAMMonitor", "EvalNoGradGuard", "QualityGate")
 
 __all__ = ["__version__", "CALLBACKS", *_LAZY]
 

@@ -3,7 +3,7 @@
 Each entry: class name -> (factory for a fast test instance, summary section name, YAML init_args).
 """
 
-from lightning_perf import EvalNoGradGuard, IterationTimer, QualityGate, VRAMMonitor
+from lightning_perf import EvalNoGradGuard, IterationTimer, QualityGate, SectionProfiler, VRAMMonitor
 
 SUITE = {
     "IterationTimer": (lambda: IterationTimer(warmup_steps=1), "iteration_timer", {"warmup_steps": 1}),
@@ -11,5 +11,7 @@ SUITE = {
     # TinyModel returns no images: the gate measures its logged val_loss (image metrics: test_quality_gate.py)
     "QualityGate": (lambda: QualityGate(metrics=[], monitor={"val_loss": "min"}), "quality_gate",
                     {"metrics": [], "monitor": {"val_loss": "min"}}),
+    "SectionProfiler": (lambda: SectionProfiler(warmup_steps=1, print_reports=False), "section_profiler",
+                        {"warmup_steps": 1}),
     "VRAMMonitor": (lambda: VRAMMonitor(nvml_interval_s=0.01), "vram", {"nvml_interval_s": 0.01}),
 }

@@ -36,48 +36,56 @@ class DeviceIntervalClock:
         self._factory = event_factory
         self._max_pending = max_pending
         self._pool: List[Any] = []
-        # Each entry: (event, whether the interval that ends at this event is counted).
-        self._pending: Deque[Tuple[Any, bool]] = deque()
+        # Each entry: (event, whether the interval that ends at this event is counted, its label).
+        self._pending: Deque[Tuple[Any, bool, Any]] = deque()
         self._chain_broken = True
         self.dropped = 0
 
     def _get_event(self) -> Any:
         return self._pool.pop() if self._pool else self._factory()
 
-    def mark(self, counted: bool = True) -> None:
-        """Records a boundary. ``counted=False`` leaves the interval that ends here out of the results."""
+    def mark(self, counted: bool = True, label: Any = None) -> None:
+        """Records a boundary. ``counted=False`` leaves the interval that ends here out of the results; ``label``
+        names it (a section), for :meth:`poll_labeled`."""
         if len(self._pending) >= self._max_pending:
             self.dropped += 1
             self._chain_broken = True
             return
         event = self._get_event()
         event.record()
-        self._pending.append((event, counted and not self._chain_broken))
+        self._pending.append((event, counted and not self._chain_broken, label))
         self._chain_broken = False
 
     def break_chain(self) -> None:
         """The next interval spans something that is not measured (validation, a new epoch): leave it out."""
         self._chain_broken = True
 
-    def poll(self) -> List[float]:
-        """Durations in ms of the intervals the device has finished, oldest first; never blocks."""
-        out: List[float] = []
+    def poll_labeled(self) -> List[Tuple[Any, float]]:
+        """(label, ms) of the intervals the device has finished, oldest first; never blocks."""
+        out: List[Tuple[Any, float]] = []
         pending = self._pending
         while len(pending) >= 2 and pending[1][0].query():
-            start, _ = pending.popleft()
-            end, counted = pending[0]
+            start = pending.popleft()[0]
+            end, counted, label = pending[0]
             if counted:
-                out.append(float(start.elapsed_time(end)))
+                out.append((label, float(start.elapsed_time(end))))
             self._pool.append(start)
+        return out
+
+    def poll(self) -> List[float]:
+        """Durations in ms of the intervals the device has finished, oldest first; never blocks."""
+        return [ms for _, ms in self.poll_labeled()]
+
+    def flush_labeled(self) -> List[Tuple[Any, float]]:
+        """Waits for the last recorded event (a phase end) and returns every remaining (label, ms)."""
+        if self._pending:
+            self._pending[-1][0].synchronize()
+        out = self.poll_labeled()
+        if self._pending:
+            self._pool.append(self._pending.popleft()[0])
+        self._chain_broken = True
         return out
 
     def flush(self) -> List[float]:
         """Waits for the last recorded event (a phase end) and returns every remaining duration."""
-        if self._pending:
-            self._pending[-1][0].synchronize()
-        out = self.poll()
-        if self._pending:
-            last, _ = self._pending.popleft()
-            self._pool.append(last)
-        self._chain_broken = True
-        return out
+        return [ms for _, ms in self.flush_labeled()]

@@ -1,0 +1,494 @@
+"""SectionProfiler: where each iteration's time goes (data loading, forward, backward, optimizer step,
+checkpointing, user-named sections), with shares and advice, at no device sync."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_perf.callbacks._common import (
+    PerfCallback,
+    check_positive_int,
+    gather_floats,
+    guarded,
+    log_scalars,
+    spread_across_ranks,
+)
+from lightning_perf.measure import sections as user_sections
+from lightning_perf.measure.clock import DeviceIntervalClock, now
+from lightning_perf.measure.stats import LogHistogram
+
+AUTO_SECTIONS = ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "other")
+MANUAL_SECTIONS = ("data_loading", "training_step", "checkpointing", "other")
+ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
+_FETCH_ACTION = "].train_dataloader_next"
+_MAX_CALLS_PER_ITERATION = 10_000
+
+# Insight thresholds (documented in docs/section_profiler.md).
+DATA_LOADING_PCT = 15.0
+BACKWARD_OVER_FORWARD = 3.0
+OPTIMIZER_PCT = 20.0
+CHECKPOINT_PCT = 10.0
+HOST_OVER_DEVICE = 1.5
+
+
+class _Section:
+    """Bounded statistics of one section: per-call host ms (histogram), device ms, calls left by exceptions."""
+
+    __slots__ = ("kind", "parent", "host", "device", "closed_by_exception", "window_s")
+
+    def __init__(self, kind: str, parent: Optional[str] = None) -> None:
+        self.kind, self.parent = kind, parent
+        self.host = LogHistogram()
+        self.device = LogHistogram()
+        self.closed_by_exception = 0
+        self.window_s = 0.0
+
+
+class SectionProfiler(PerfCallback):
+    r"""Splits every training iteration into sections and reports count, total, mean, min, max, p50, p95 and share.
+
+    Automatic sections, from Lightning's hooks: ``data_loading`` (from the end of one batch to the start of the
+    next: waiting for the dataloader, moving the batch to the device), ``forward`` (``training_step``), ``backward``,
+    ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (``trainer.save_checkpoint`` calls) and ``other``
+    (gradient clipping, callbacks' batch-end hooks, logging: the rest). They add up to the iteration. Validation runs
+    are timed on their own, outside the table. Under manual optimization the step is one ``training_step`` section.
+    User sections (:class:`~lightning_perf.profile_section`) are carved out of the automatic section they ran in and
+    reported with it as ``parent``; nested user sections name their user parent. On CUDA each section's device time
+    comes from CUDA events read once complete; host time from ``perf_counter``. The first ``warmup_steps`` iterations
+    are not counted.
+
+    Args:
+        enabled: profile at all; the environment variable ``LIGHTNING_PERF_PROFILE=0|1`` overrides it.
+        report_every_n_steps: iterations between periodic reports (printed on rank 0 and logged).
+        warmup_steps: iterations at the start of each fit left out.
+        device_timing: also time sections with CUDA events when training on CUDA.
+        print_reports: print the periodic and the final table (rank 0); logging happens either way.
+        summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
+
+    Logged metrics (every ``report_every_n_steps``, means over the window): ``time/<section>_ms`` and
+    ``time_share/<section>_pct`` for each section, e.g. ``time/forward_ms``, ``time_share/data_loading_pct``,
+    ``time/ema_ms``; ``time/iteration_ms``.
+
+    Raises:
+        ValueError: for ``report_every_n_steps`` below 1 or a negative ``warmup_steps``.
+
+    Example::
+
+        trainer = Trainer(callbacks=[SectionProfiler(report_every_n_steps=100)])
+
+        # in a LightningModule, a callback or a data module:
+        with profile_section("ema"):
+            self.ema.update(self.model)
+    """
+
+    section_name = "section_profiler"
+
+    def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
+                 device_timing: bool = True, print_reports: bool = True, summary_path: Optional[str] = None) -> None:
+        super().__init__(summary_path=summary_path)
+        check_positive_int("SectionProfiler", "report_every_n_steps", report_every_n_steps)
+        check_positive_int("SectionProfiler", "warmup_steps", warmup_steps, minimum=0)
+        self.enabled = enabled
+        self.report_every_n_steps = report_every_n_steps
+        self.warmup_steps = warmup_steps
+        self.device_timing = device_timing
+        self.print_reports = print_reports
+        self._reset()
+
+    # -- state ---------------------------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._active = False
+        self._sections: Dict[str, _Section] = {}
+        self._manual = False
+        self._current: Optional[str] = None
+        self._t0 = 0.0
+        self._carved = 0.0  # user and checkpoint time inside the current automatic piece
+        self._piece: Dict[str, float] = {}  # this iteration's automatic time per section
+        self._piece_user: Dict[str, float] = {}
+        self._iter_calls: List[Any] = []  # (name, seconds, failed) of user sections in this iteration
+        self._iteration = LogHistogram()
+        self._iterations = 0
+        self._counted = False
+        self._last_global_step = 0
+        self._validation_s = 0.0
+        self._validation_runs = 0
+        self._val_start: Optional[float] = None
+        self._overhead_s = 0.0
+        self._window_iter_s = 0.0
+        self._window_iters = 0
+        self._clock: Optional[DeviceIntervalClock] = None
+        self._ranks: Optional[Dict[str, Any]] = None
+        self._previous_sink: Any = None
+        self._disabled_reason: Optional[str] = None
+        self._trainer_save: Any = None
+        self._profiler: Any = None
+        self._profiler_start: Any = None
+
+    def _is_enabled(self) -> bool:
+        value = os.environ.get(ENV_SWITCH)
+        if value is None or value.strip() == "":
+            return self.enabled
+        if value.strip() in ("0", "1"):
+            return value.strip() == "1"
+        self._warn_once("env", f"{ENV_SWITCH}={value!r} is not 0 or 1; using enabled={self.enabled}.")
+        return self.enabled
+
+    def _section(self, name: str, kind: str = "auto", parent: Optional[str] = None) -> _Section:
+        sec = self._sections.get(name)
+        if sec is None:
+            sec = self._sections[name] = _Section(kind, parent)
+        return sec
+
+    # -- the state machine ---------------------------------------------------------------------------------------
+    def _switch(self, section: Optional[str], t: Optional[float] = None) -> None:
+        """Ends the current automatic piece (minus carved-out time) and starts ``section``."""
+        t = now() if t is None else t
+        if self._current is not None:
+            self._piece[self._current] = self._piece.get(self._current, 0.0) + (t - self._t0 - self._carved)
+        if self._clock is not None and section != self._current:
+            self._clock.mark(counted=self._current is not None, label=self._current)
+        self._current, self._t0, self._carved = section, t, 0.0
+
+    def section_started(self, name: str) -> Any:
+        """Sink for profile_section: nothing to return on the host side (device: an event pair)."""
+        if self._clock is None:
+            return None
+        import torch
+
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
+
+    def section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
+        if not self._active:
+            return
+        if parent is None:
+            self._carved += seconds
+            self._piece_user[name] = self._piece_user.get(name, 0.0) + seconds
+        self._section(name, "user", parent if parent is not None else self._current)
+        if len(self._iter_calls) < _MAX_CALLS_PER_ITERATION:  # joins the statistics with its iteration
+            self._iter_calls.append((name, seconds, failed))
+        if token is not None:  # device time of a user section, read later
+            import torch
+
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending_user.append((name, token, end, self._counted))
+
+    def _poll_device(self, flush: bool = False) -> None:
+        if self._clock is None:
+            return
+        for label, ms in (self._clock.flush_labeled() if flush else self._clock.poll_labeled()):
+            if label is not None and label in self._sections:
+                self._sections[label].device.add(ms)
+        pending = self._pending_user
+        while pending and (flush or pending[0][2].query()):
+            name, start, end, counted = pending.pop(0)
+            if flush:
+                end.synchronize()
+            if counted:
+                self._section(name, "user").device.add(float(start.elapsed_time(end)))
+
+    def _profiler_started(self, action_name: str) -> None:
+        if self._active and action_name.endswith(_FETCH_ACTION):
+            t = now()
+            self._switch("data_loading", t)  # until on_train_batch_start: the fetch and batch_to_device
+            self._overhead_s += now() - t
+        self._profiler_start(action_name)
+
+    def _timed_save_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        start = now()
+        try:
+            return self._trainer_save(*args, **kwargs)
+        finally:
+            seconds = now() - start
+            if self._active and self._current is not None:
+                self._carved += seconds
+                self._piece["checkpointing"] = self._piece.get("checkpointing", 0.0) + seconds
+
+    # -- Lightning hooks -----------------------------------------------------------------------------------------
+    @guarded
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._reset()
+        if stage != "fit":
+            return
+        self._start_run(trainer)
+        if not self._is_enabled():
+            self._disabled_reason = f"disabled (enabled={self.enabled}, {ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
+            return
+        self._active = True
+        self._previous_sink = user_sections.set_sink(self)
+        # Checkpoint saves and the dataloader fetch are timed by wrapping this trainer's own save_checkpoint and its
+        # profiler's start (Lightning announces every fetch there); both are restored at teardown.
+        self._trainer_save = trainer.save_checkpoint
+        trainer.save_checkpoint = self._timed_save_checkpoint  # type: ignore[method-assign]
+        self._profiler = trainer.profiler
+        self._profiler_start = trainer.profiler.start
+        trainer.profiler.start = self._profiler_started  # type: ignore[method-assign]
+
+    def _restore(self, trainer: Trainer) -> None:
+        if self._profiler_start is not None:
+            if self._profiler.__dict__.get("start") is not None:
+                del self._profiler.start
+            self._profiler_start = self._profiler = None
+        if self._trainer_save is not None:
+            if trainer.__dict__.get("save_checkpoint") is not None:
+                del trainer.save_checkpoint
+            self._trainer_save = None
+        if user_sections.current_sink() is self:
+            user_sections.set_sink(self._previous_sink)
+
+    @guarded
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._active:
+            return
+        self._manual = not pl_module.automatic_optimization
+        for name in (MANUAL_SECTIONS if self._manual else AUTO_SECTIONS):
+            self._section(name)
+        self._last_global_step = trainer.global_step
+        on_cuda = trainer.strategy.root_device.type == "cuda"
+        self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
+        self._pending_user: List[Any] = []
+        self._switch("other")
+
+    @guarded
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._active and self._current is None:
+            self._switch("other")
+
+    @guarded
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._active:
+            t = now()
+            self._switch("training_step" if self._manual else "forward", t)
+            self._overhead_s += now() - t
+
+    def _step_hook(self, section: str) -> None:
+        if self._active and not self._manual:
+            t = now()
+            self._switch(section, t)
+            self._overhead_s += now() - t
+
+    @guarded
+    def on_before_zero_grad(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._step_hook("optimizer_step")
+
+    @guarded
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
+        self._step_hook("backward")
+
+    @guarded
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._step_hook("other")
+
+    @guarded
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._step_hook("optimizer_step")
+
+    @guarded
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not self._active:
+            return
+        t = now()
+        if not self._manual:
+            step = trainer.global_step
+            if step == self._last_global_step:  # accumulating: the iteration goes on with the next batch
+                self._switch("other", t)
+                self._overhead_s += now() - t
+                return
+            self._last_global_step = step
+        self._switch("other", t)
+        self._end_iteration(trainer)
+        self._overhead_s += now() - t
+
+    def _end_iteration(self, trainer: Trainer) -> None:
+        """Closes the iteration: its pieces go into the statistics. The "other" piece now running (other callbacks'
+        batch-end hooks, logging, schedulers) belongs to the next iteration, up to its data fetch."""
+        counted = self._counted
+        total = sum(self._piece.values()) + sum(self._piece_user.values())
+        if counted and total > 0:
+            self._iteration.add(total * 1000.0)
+            self._window_iter_s += total
+            self._window_iters += 1
+            for name, seconds in self._piece.items():
+                sec = self._section(name)
+                sec.host.add(seconds * 1000.0)
+                sec.window_s += seconds
+            for name, seconds, failed in self._iter_calls:
+                sec = self._sections[name]
+                sec.host.add(seconds * 1000.0)
+                sec.window_s += seconds
+                sec.closed_by_exception += failed
+        self._piece, self._piece_user, self._iter_calls = {}, {}, []
+        self._iterations += 1
+        self._counted = self._iterations >= self.warmup_steps
+        self._poll_device()
+        if counted and self._window_iters and self._iterations % self.report_every_n_steps == 0:
+            self._report_window(trainer)
+
+    def _report_window(self, trainer: Trainer) -> None:
+        iters, seconds = self._window_iters, self._window_iter_s
+        metrics = {"time/iteration_ms": 1000.0 * seconds / iters}
+        rows = []
+        for name, sec in self._sections.items():
+            metrics[f"time/{name}_ms"] = 1000.0 * sec.window_s / iters
+            metrics[f"time_share/{name}_pct"] = 100.0 * sec.window_s / seconds if seconds > 0 else None
+            rows.append((name, 1000.0 * sec.window_s / iters, metrics[f"time_share/{name}_pct"]))
+            sec.window_s = 0.0
+        self._window_iter_s, self._window_iters = 0.0, 0
+        log_scalars(trainer, metrics)
+        if self.print_reports and trainer.is_global_zero:
+            body = "  ".join(f"{n} {ms:.2f}ms {pct:.0f}%" for n, ms, pct in rows if pct is not None and ms > 0)
+            rank_zero_info(f"SectionProfiler step {trainer.global_step}: iteration {metrics['time/iteration_ms']:.2f}"
+                           f" ms | {body}")
+
+    @guarded
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._active and not trainer.sanity_checking and self._current is not None:
+            t = now()
+            self._switch(None, t)  # the piece so far stays with its section; validation is off the table
+            self._val_start = t
+
+    @guarded
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._active and self._val_start is not None:
+            t = now()
+            self._validation_s += t - self._val_start
+            self._validation_runs += 1
+            self._val_start = None
+            self._switch("other", t)
+
+    @guarded
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._active:
+            gather_floats(trainer, [None] * len(AUTO_SECTIONS))  # every rank joins the same collective
+            return
+        self._switch(None)
+        self._poll_device(flush=True)
+        means = [self._sections[n].host.mean if n in self._sections else None for n in AUTO_SECTIONS]
+        rows = gather_floats(trainer, means)
+        if trainer.world_size > 1:
+            self._ranks = {name: spread_across_ranks([r[i] for r in rows]) for i, name in enumerate(AUTO_SECTIONS)
+                           if any(r[i] is not None for r in rows)}
+
+    @guarded
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._write_summary(trainer)
+        if self._active and self.print_reports and trainer.is_global_zero:
+            rank_zero_info(self.format_report())
+
+    @guarded
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore(trainer)
+
+    @guarded
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._restore(trainer)  # no teardown hook follows an exception
+        self._write_summary(trainer, exception)
+
+    # -- results -------------------------------------------------------------------------------------------------
+    def table(self) -> Dict[str, Dict[str, Any]]:
+        """Per section: kind, parent, count, total_s, mean/min/max/p50/p95 ms, share_pct, device_mean_ms."""
+        iteration_total = self._iteration.total
+        out: Dict[str, Dict[str, Any]] = {}
+        for name, sec in self._sections.items():
+            s = sec.host.summary()
+            out[name] = {
+                "kind": sec.kind,
+                "parent": sec.parent,
+                "count": sec.host.count,
+                "total_s": sec.host.total / 1000.0,
+                "mean_ms": s["mean"], "min_ms": s["min"], "max_ms": s["max"], "p50_ms": s["p50"], "p95_ms": s["p95"],
+                "share_pct": 100.0 * sec.host.total / iteration_total if iteration_total > 0 else None,
+                "device_mean_ms": sec.device.mean,
+                "closed_by_exception": sec.closed_by_exception,
+            }
+        return out
+
+    def insights(self) -> List[str]:
+        table = self.table()
+        share = {n: r["share_pct"] or 0.0 for n, r in table.items()}
+        out: List[str] = []
+        data = share.get("data_loading", 0.0)
+        if data > DATA_LOADING_PCT:
+            out.append(f"Data loading takes {data:.1f}% of each iteration (above {DATA_LOADING_PCT:g}%): the model"
+                       " waits for data. Raise DataLoader num_workers, set pin_memory=True and persistent_workers=True,"
+                       " or make preprocessing lighter.")
+        elif "data_loading" in table:
+            out.append(f"Data loading {data:.1f}%: efficient.")
+        fwd, bwd = (table.get(n, {}).get("mean_ms") for n in ("forward", "backward"))
+        if fwd and bwd and bwd > BACKWARD_OVER_FORWARD * fwd:
+            out.append(f"Backward takes {bwd / fwd:.1f}x the forward (usually about 2x): look for gradient"
+                       " checkpointing recomputation, ops with slow backward kernels, or parameters that need no grad.")
+        opt = share.get("optimizer_step", 0.0)
+        if opt > OPTIMIZER_PCT:
+            out.append(f"The optimizer step takes {opt:.1f}% (above {OPTIMIZER_PCT:g}%): try a fused or foreach"
+                       " optimizer (e.g. torch.optim.AdamW(..., fused=True)) or fewer parameter groups.")
+        ckpt = share.get("checkpointing", 0.0)
+        if ckpt > CHECKPOINT_PCT:
+            out.append(f"Checkpointing takes {ckpt:.1f}% (above {CHECKPOINT_PCT:g}%): save less often"
+                       " (every_n_train_steps) or asynchronously.")
+        host = sum(table[n]["total_s"] for n in ("forward", "backward", "optimizer_step") if n in table)
+        device = sum((table[n]["device_mean_ms"] or 0.0) * table[n]["count"] / 1000.0
+                     for n in ("forward", "backward", "optimizer_step") if n in table)
+        if device > 0 and host > HOST_OVER_DEVICE * device:
+            out.append(f"Host time is {host / device:.1f}x device time in the step: iterations are host-bound (the GPU"
+                       " waits for Python). Larger batches, torch.compile or CUDA graphs help.")
+        slowest = self.slowest_section()
+        if slowest:
+            out.append(f"Slowest component: {slowest} ({table[slowest]['mean_ms']:.2f} ms mean).")
+        return out
+
+    def slowest_section(self) -> Optional[str]:
+        table = self.table()
+        ranked = [(r["total_s"], n) for n, r in table.items() if r["parent"] is None or r["kind"] == "auto"]
+        ranked += [(r["total_s"], n) for n, r in table.items() if r["kind"] == "user" and r["parent"] in AUTO_SECTIONS
+                   + MANUAL_SECTIONS]
+        ranked = [x for x in ranked if x[0] > 0]
+        return max(ranked)[1] if ranked else None
+
+    def format_report(self) -> str:
+        table = self.table()
+        lines = [f"=== SectionProfiler: {self._iteration.count} iterations, {self._iteration.mean or 0:.2f} ms mean ===",
+                 f"{'section':<22}{'count':>8}{'total s':>10}{'mean ms':>10}{'p50 ms':>9}{'p95 ms':>9}{'share':>8}"]
+        for name, r in sorted(table.items(), key=lambda kv: -(kv[1]["total_s"] or 0)):
+            if not r["count"]:
+                continue
+            label = name if r["kind"] == "auto" else f"  {name} (in {r['parent']})"
+            lines.append(f"{label:<22}{r['count']:>8}{r['total_s']:>10.3f}{r['mean_ms']:>10.2f}{r['p50_ms']:>9.2f}"
+                         f"{r['p95_ms']:>9.2f}{(r['share_pct'] or 0):>7.1f}%")
+        lines += ["Insights:"] + [f"- {i}" for i in self.insights()]
+        return "\n".join(lines)
+
+    def _summary_section(self) -> Dict[str, Any]:
+        unavailable: Dict[str, str] = {}
+        if self._disabled_reason:
+            unavailable["sections"] = self._disabled_reason
+        if self._manual:
+            unavailable["forward"] = unavailable["backward"] = unavailable["optimizer_step"] = (
+                "manual optimization: the step is one training_step section")
+        if self._clock is None:
+            unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
+        return {
+            "enabled": self._active,
+            "manual_optimization": self._manual,
+            "warmup_steps": self.warmup_steps,
+            "iterations": self._iteration.count,
+            "iteration_ms": self._iteration.summary(),
+            "sections": self.table(),
+            "slowest_section": self.slowest_section(),
+            "insights": self.insights(),
+            "validation": {"runs": self._validation_runs, "total_s": self._validation_s},
+            "overhead_us_per_step": 1e6 * self._overhead_s / max(1, self._iterations) if self._active else None,
+            "report_every_n_steps": self.report_every_n_steps,
+            "ranks": self._ranks,
+            "unavailable": unavailable,
+            "thresholds": {"data_loading_pct": DATA_LOADING_PCT, "backward_over_forward": BACKWARD_OVER_FORWARD,
+                           "optimizer_pct": OPTIMIZER_PCT, "checkpointing_pct": CHECKPOINT_PCT,
+                           "host_over_device": HOST_OVER_DEVICE},
+        }

@@ -1,0 +1,212 @@
+import time
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, Dataset
+
+from helpers import TinyModel, find_summary, fit, make_loader, read_scalars
+from lightning_perf import IterationTimer, SectionProfiler, profile_section
+from lightning_perf.measure import sections as sections_module
+
+AUTO = ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "other")
+
+
+def profiler(**kwargs):
+    kwargs.setdefault("print_reports", False)
+    kwargs.setdefault("warmup_steps", 2)
+    return SectionProfiler(**kwargs)
+
+
+class EmaModel(TinyModel):
+    def training_step(self, batch, batch_idx):
+        with profile_section("ema"):
+            time.sleep(0.02)
+        return super().training_step(batch, batch_idx)
+
+
+def test_sections_add_up_to_the_iteration_time_that_iteration_timer_measures(tmp_path):
+    fit(tmp_path, [IterationTimer(warmup_steps=2), profiler()], model=EmaModel(), max_epochs=1)
+    s = find_summary(tmp_path)
+    table = s["section_profiler"]["sections"]
+    top = [r for r in table.values() if r["kind"] == "auto" or r["parent"] in AUTO]
+    total_ms = 1000.0 * sum(r["total_s"] for r in top)
+    per_iter = total_ms / s["section_profiler"]["iterations"]
+    assert s["section_profiler"]["iterations"] == s["iteration_timer"]["measured_iterations"] == 6
+    assert per_iter == pytest.approx(s["iteration_timer"]["ms_per_iter"]["mean"], rel=0.05)
+    assert sum(r["share_pct"] for r in top) == pytest.approx(100.0, abs=0.5)
+
+
+def test_a_20ms_user_section_shows_its_time_parent_and_share(tmp_path):
+    fit(tmp_path, [profiler()], model=EmaModel(), max_epochs=1)
+    sp = find_summary(tmp_path)["section_profiler"]
+    ema = sp["sections"]["ema"]
+    assert ema["kind"] == "user" and ema["parent"] == "forward" and ema["count"] == 6
+    assert ema["mean_ms"] >= 20.0 and ema["p50_ms"] >= 19.9
+    iteration_total_ms = sp["iteration_ms"]["mean"] * sp["iterations"]
+    assert ema["share_pct"] == pytest.approx(100.0 * ema["total_s"] * 1000.0 / iteration_total_ms, rel=1e-6)
+    assert sp["slowest_section"] == "ema"
+    # forward is the rest of training_step: the 20 ms were carved out of it
+    assert sp["sections"]["forward"]["mean_ms"] < ema["mean_ms"]
+
+
+class SlowDataset(Dataset):
+    def __init__(self):
+        self.x = torch.randn(64, 16)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return self.x[i], self.x[i].sum(dim=0, keepdim=True)
+
+
+class SlowDataModel(TinyModel):
+    def train_dataloader(self):
+        return DataLoader(SlowDataset(), batch_size=8)
+
+
+def test_a_sleeping_dataloader_is_the_top_section_with_advice(tmp_path):
+    fit(tmp_path, [profiler()], model=SlowDataModel(), max_epochs=1)
+    sp = find_summary(tmp_path)["section_profiler"]
+    assert sp["slowest_section"] == "data_loading"
+    assert sp["sections"]["data_loading"]["mean_ms"] >= 16.0  # 8 samples x 2 ms
+    assert sp["sections"]["data_loading"]["share_pct"] > 15.0
+    assert any("Data loading takes" in i and "num_workers" in i for i in sp["insights"])
+
+
+def test_gradient_accumulation_keeps_sections_per_batch(tmp_path):
+    fit(tmp_path, [IterationTimer(warmup_steps=1), profiler(warmup_steps=1)], max_epochs=2,
+        accumulate_grad_batches=2)
+    s = find_summary(tmp_path)
+    sp = s["section_profiler"]
+    assert sp["iterations"] == 7  # 8 optimizer steps, 1 warm-up
+    # automatic sections are per-iteration totals: the two micro-batches' forwards make one iteration's forward
+    assert sp["sections"]["forward"]["count"] == sp["sections"]["backward"]["count"] == sp["iterations"]
+    assert sp["iteration_ms"]["mean"] == pytest.approx(
+        1000.0 * sum(r["total_s"] for r in sp["sections"].values()) / sp["iterations"], rel=1e-6)
+
+
+class ManualModel(TinyModel):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+def test_manual_optimization_reports_training_step_and_says_why(tmp_path):
+    fit(tmp_path, [profiler()], model=ManualModel(), max_epochs=1)
+    sp = find_summary(tmp_path)["section_profiler"]
+    assert sp["manual_optimization"] is True
+    assert sp["sections"]["training_step"]["count"] == 6
+    assert "forward" not in sp["sections"] and "manual optimization" in sp["unavailable"]["forward"]
+
+
+def test_checkpoint_saves_are_their_own_section(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    fit(tmp_path, [profiler(), ckpt], max_epochs=1)
+    sp = find_summary(tmp_path)["section_profiler"]
+    assert sp["sections"]["checkpointing"]["count"] >= 3
+    assert sp["sections"]["checkpointing"]["total_s"] > 0
+
+
+def test_validation_is_timed_outside_the_table(tmp_path):
+    fit(tmp_path, [profiler()], max_epochs=2, val_check_interval=4)
+    sp = find_summary(tmp_path)["section_profiler"]
+    assert sp["validation"]["runs"] == 4 and sp["validation"]["total_s"] > 0
+
+
+def test_periodic_reports_are_logged_and_printed(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        fit(tmp_path, [SectionProfiler(warmup_steps=0, report_every_n_steps=4)], model=EmaModel(), max_epochs=1)
+    scalars = read_scalars(tmp_path)
+    for key in ("time/forward_ms", "time_share/forward_pct", "time/data_loading_ms", "time_share/data_loading_pct",
+                "time/ema_ms", "time_share/ema_pct", "time/iteration_ms"):
+        assert len(scalars[key]) == 2, key
+    assert "SectionProfiler step 4: iteration" in caplog.text
+    assert "=== SectionProfiler:" in caplog.text and "Insights:" in caplog.text
+
+
+def test_nested_sections_decorator_and_exceptions(tmp_path):
+    @profile_section("sampling")
+    def sample():
+        with profile_section("decode"):
+            time.sleep(0.001)
+
+    class Sampler(TinyModel):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            sample()
+            try:
+                with profile_section("flaky"):
+                    raise KeyError("x")
+            except KeyError:
+                pass
+
+    fit(tmp_path, [profiler()], model=Sampler(), max_epochs=1)
+    table = find_summary(tmp_path)["section_profiler"]["sections"]
+    assert table["sampling"]["parent"] == "other" and table["decode"]["parent"] == "sampling"
+    assert table["decode"]["count"] == 6 and table["sampling"]["mean_ms"] >= table["decode"]["mean_ms"]
+    assert table["flaky"]["closed_by_exception"] == 6
+    assert sections_module._frames() == []  # nothing left open
+
+
+def test_profile_section_without_a_profiler_does_nothing():
+    assert sections_module.current_sink() is None
+    with profile_section("idle"):
+        pass
+
+
+@pytest.mark.parametrize("bad", ["", "   ", None, 3])
+def test_bad_section_names_fail_at_the_call(bad):
+    with pytest.raises(ValueError, match="profile_section\\(name="):
+        profile_section(bad)
+
+
+@pytest.mark.parametrize("env, enabled, expected", [("0", True, False), ("1", False, True), (None, False, False)])
+def test_environment_switch_overrides_enabled(tmp_path, monkeypatch, env, enabled, expected):
+    if env is None:
+        monkeypatch.delenv("LIGHTNING_PERF_PROFILE", raising=False)
+    else:
+        monkeypatch.setenv("LIGHTNING_PERF_PROFILE", env)
+    fit(tmp_path, [profiler(enabled=enabled)], max_epochs=1)
+    sp = find_summary(tmp_path)["section_profiler"]
+    assert sp["enabled"] is expected
+    assert (sp["iterations"] > 0) is expected
+
+
+def test_trainer_methods_are_restored_after_fit(tmp_path):
+    from helpers import trainer_kwargs
+    from lightning.pytorch import Trainer
+
+    trainer = Trainer(callbacks=[profiler()], **trainer_kwargs(tmp_path, max_epochs=1))
+    trainer.fit(TinyModel())
+    assert "save_checkpoint" not in trainer.__dict__ and "start" not in trainer.profiler.__dict__
+    assert sections_module.current_sink() is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"report_every_n_steps": 0}, r"SectionProfiler\(report_every_n_steps=0\)"),
+     ({"warmup_steps": -2}, r"SectionProfiler\(warmup_steps=-2\)")],
+)
+def test_bad_arguments_fail_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SectionProfiler(**kwargs)
+
+
+@pytest.mark.gpu
+def test_cuda_sections_have_device_time(tmp_path):
+    fit(tmp_path, [profiler()], model=EmaModel(), accelerator="gpu", max_epochs=1)
+    table = find_summary(tmp_path)["section_profiler"]["sections"]
+    assert table["forward"]["device_mean_ms"] is not None and table["forward"]["device_mean_ms"] > 0
+    assert table["ema"]["device_mean_ms"] is not None
