@@ -97,12 +97,13 @@ def time_hooks(callbacks: List[Callback], spent: List[float]) -> None:
             setattr(cb, hook, wrapped)
 
 
-def hook_cost(steps: int, rounds: int, root: str) -> float:
-    """Median µs per step spent inside the suite's own hooks (a direct measure, free of run-to-run noise)."""
+def hook_cost(make: Callable[[], List[Callback]], steps: int, rounds: int, root: str) -> float:
+    """Median µs per step spent inside the given callbacks' step hooks (a direct measure, free of run-to-run
+    noise; wrappers a callback installs on the trainer, such as SectionProfiler's, are not included)."""
     costs = []
     for _ in range(rounds):
         spent = [0.0]
-        callbacks = suite()
+        callbacks = make()
         time_hooks(callbacks, spent)
         run(callbacks, steps=steps, skip=1, root=root)
         costs.append(1e6 * spent[0] / steps)
@@ -150,11 +151,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         configs[f"  {name} alone"] = lambda name=name: {"callbacks": [getattr(lightning_perf, name)()]}
     results: Dict[str, List[float]] = {k: [] for k in configs}
     with tempfile.TemporaryDirectory() as root:
+        names = list(configs)
+        run(steps=args.steps // 4, skip=1, root=root, callbacks=[])  # warm the process up before measuring
         for r in range(args.rounds):
-            for name, make in configs.items():
-                results[name].append(run(steps=args.steps, skip=args.steps // 5, root=root, **make()))
+            # rotate the order each round, so that no configuration always runs first or last
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                results[name].append(run(steps=args.steps, skip=args.steps // 5, root=root, **configs[name]()))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-        inside = hook_cost(args.steps, 3, root)
+        inside = hook_cost(suite, args.steps, 3, root)
+        inside_each = {type(cb).__name__: hook_cost(lambda cb=cb: [getattr(lightning_perf, type(cb).__name__)()],
+                                                    args.steps, 3, root) for cb in suite()}
     median = {k: statistics.median(v) for k, v in results.items()}
     bare = median["bare"]
     print(f"\n{'configuration':<32}{'µs/step':>10}{'overhead µs/step':>18}{'x bare':>8}")
@@ -167,6 +173,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     floor = max(noop, 1.0)
     print(f"suite overhead / no-op floor:           {ours / floor:.2f}x   (goal <= 1.25x; floor {noop:.1f} µs/step)")
     print(f"time inside lightning_perf hooks:        {inside:.1f} µs/step (measured directly)")
+    for name, value in inside_each.items():
+        print(f"  {name + ':':<38}{value:.1f} µs/step inside its hooks")
     print(f"suite overhead / Lightning monitors:    {ours / theirs:.2f}x   (goal < 0.5x)" if theirs > 0 else
           "Lightning monitors showed no overhead")
     return 0

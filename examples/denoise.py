@@ -95,7 +95,8 @@ class DenoiseDataModule(LightningDataModule):
 class DenoiseNet(LightningModule):
     """A small residual CNN (DnCNN-style): predicts the noise and subtracts it."""
 
-    def __init__(self, channels: int = 32, depth: int = 4, lr: float = 2e-3) -> None:
+    def __init__(self, channels: int = 32, depth: int = 4, lr: float = 2e-3, channels_last: bool = False,
+                 compile: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         layers: List[nn.Module] = [nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(inplace=True)]
@@ -103,8 +104,16 @@ class DenoiseNet(LightningModule):
             layers += [nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(inplace=True)]
         layers.append(nn.Conv2d(channels, 3, 3, padding=1))
         self.body = nn.Sequential(*layers)
+        if channels_last:
+            self.body = self.body.to(memory_format=torch.channels_last)
+
+    def configure_model(self) -> None:
+        if self.hparams.compile and not isinstance(self.body, torch._dynamo.eval_frame.OptimizedModule):
+            self.body = torch.compile(self.body)
 
     def forward(self, noisy: torch.Tensor) -> torch.Tensor:
+        if self.hparams.channels_last:
+            noisy = noisy.contiguous(memory_format=torch.channels_last)
         return (noisy - self.body(noisy)).clamp(0.0, 1.0)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -123,3 +132,8 @@ class DenoiseNet(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+def make_net() -> DenoiseNet:
+    """Factory for `lightning-perf bench --model denoise:make_net` (run from examples/)."""
+    return DenoiseNet()

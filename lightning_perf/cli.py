@@ -1,4 +1,4 @@
-"""The ``lightning-perf`` command: a thin argparse layer over compare and report."""
+"""The ``lightning-perf`` command: a thin argparse layer over compare, report, bench and matrix."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lightning-perf", description="Compare and tabulate lightning_perf summary files.")
+    parser = _Parser(prog="lightning-perf",
+                     description="Compare and tabulate lightning_perf summary files; sweep models and variants.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("compare", help="compare two runs: speedup with a 95%% CI, time saved, memory, quality")
@@ -58,6 +59,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="perf_summary.json files, the first is the reference row")
     p.add_argument("--names", nargs="+", help="a name per run (default: each run's folder)")
     p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    p.add_argument("--plot", metavar="PNG", help="also draw it/s, peak memory and quality per run")
+
+    p = sub.add_parser("bench", help="sweep a model over input sizes x batch sizes: time, throughput, memory")
+    p.add_argument("--model", required=True, metavar="PKG.MODULE:FACTORY",
+                   help="a callable returning an nn.Module or LightningModule")
+    p.add_argument("--inputs", metavar="PKG.MODULE:BUILDER",
+                   help="builder(batch_size, size, device) -> model input; default images (batch, 3, size, size)")
+    p.add_argument("--input-sizes", type=_positive_int, nargs="+", default=[256, 384], metavar="N")
+    p.add_argument("--batch-sizes", type=_positive_int, nargs="+", default=[1, 2, 4], metavar="N")
+    p.add_argument("--mode", choices=("inference", "train"), default="inference")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda when available")
+    p.add_argument("--precision", choices=("32", "16", "bf16"), default="32")
+    p.add_argument("--warmup", type=int, default=None, help="default 10 (inference) / 5 (train)")
+    p.add_argument("--iters", type=_positive_int, default=None, help="default 50 (inference) / 20 (train)")
+    p.add_argument("--csv", help="append rows to this CSV (header only when new)")
+    p.add_argument("--plot", metavar="PNG", help="draw the four panels")
+    p.add_argument("--no-progress", action="store_true")
+
+    p = sub.add_parser("matrix", help="run one LightningCLI training under named variants and report them")
+    p.add_argument("--script", required=True, help="a LightningCLI script (run as: python SCRIPT fit ...)")
+    p.add_argument("--config", help="its YAML config")
+    p.add_argument("--variant", action="append", required=True, metavar="NAME[=OVERRIDES]",
+                   help="a preset name, or name='--trainer.precision=bf16-mixed ...'; the first is the baseline")
+    p.add_argument("--out", default="runs/matrix", help="one folder per variant (runs/matrix)")
+    p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    p.add_argument("--report", help="also write the report to this file (markdown)")
+    p.add_argument("--csv", help="also write the rows to this CSV")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per variant")
     return parser
 
 
@@ -87,11 +116,78 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise SummaryError(f"--names got {len(args.names)} names for {len(args.runs)} runs")
     summaries = [load_summary(path) for path in args.runs]
     names = args.names or [run_name(path) for path in args.runs]
-    print(format_report(report_rows(summaries, names), args.format))
+    rows = report_rows(summaries, names)
+    print(format_report(rows, args.format))
+    if args.plot:
+        from lightning_perf.bench.plots import plot_report
+
+        plot_report(rows, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return EXIT_OK
 
 
-COMMANDS = {"compare": _cmd_compare, "report": _cmd_report}
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from lightning_perf.bench.sweep import BenchError, format_table, load_callable, run_sweep
+
+    try:
+        factory = load_callable(args.model, "--model")
+        builder = load_callable(args.inputs, "--inputs") if args.inputs else None
+        if args.device is None:
+            import torch
+
+            args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if args.plot:
+            from lightning_perf.bench.plots import _pyplot
+
+            _pyplot()  # fail before the sweep, not after it
+        rows = run_sweep(factory, args.input_sizes, args.batch_sizes, mode=args.mode, device=args.device,
+                         precision=args.precision, warmup=args.warmup, iters=args.iters, input_builder=builder,
+                         csv_path=args.csv, progress=not args.no_progress)
+    except (BenchError, ValueError) as err:
+        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("lightning-perf: interrupted; finished rows are in the CSV", file=sys.stderr)
+        return 130
+    print(format_table(rows))
+    if args.csv:
+        print(f"rows appended to {args.csv}", file=sys.stderr)
+    if args.plot:
+        from lightning_perf.bench.plots import plot_sweep
+
+        plot_sweep(rows, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    failed = [r for r in rows if r["error"] and r["error"] != "OOM"]
+    return 1 if failed else EXIT_OK
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from lightning_perf.bench.matrix import format_matrix, matrix_rows, parse_variants, run_matrix
+
+    try:
+        variants = parse_variants(args.variant)
+    except ValueError as err:
+        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    for path, what in ((args.script, "--script"), (args.config, "--config")):
+        if path and not __import__("os").path.isfile(path):
+            print(f"lightning-perf: error: {what} {path!r}: no such file", file=sys.stderr)
+            return EXIT_ERROR
+    results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
+                         log=lambda m: print(m, file=sys.stderr))
+    rows = matrix_rows(results)
+    text = format_matrix(rows, args.format)
+    print(text)
+    if args.report:
+        with open(args.report, "w") as fh:
+            fh.write(format_matrix(rows, "markdown") + "\n")
+    if args.csv:
+        with open(args.csv, "w") as fh:
+            fh.write(format_matrix(rows, "csv") + "\n")
+    return EXIT_OK if all(r["status"] == "completed" for r in rows) else 1
+
+
+COMMANDS = {"compare": _cmd_compare, "report": _cmd_report, "bench": _cmd_bench, "matrix": _cmd_matrix}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -124,3 +124,21 @@ class ImageModel(LightningModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(TensorDataset(*self.val_pairs()), batch_size=4)
+
+
+class ManualModel(TinyModel):
+    """Manual optimization: an optimizer step every ``step_every`` batches."""
+
+    def __init__(self, step_every: int = 1) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.step_every = step_every
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        if (batch_idx + 1) % self.step_every == 0:
+            opt.step()
+        return loss

@@ -5,7 +5,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from helpers import TinyModel, find_summary, fit, read_scalars, trainer_kwargs
+from helpers import ManualModel, TinyModel, find_summary, fit, read_scalars, trainer_kwargs
 from lightning_perf import IterationTimer
 
 
@@ -61,23 +61,8 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
     assert t["batches_per_s"] == pytest.approx(4 * t["it_per_s"], rel=1e-6)
 
 
-class ManualModel(TinyModel):
-    def __init__(self):
-        super().__init__()
-        self.automatic_optimization = False
-
-    def training_step(self, batch, batch_idx):
-        opt = self.optimizers()
-        loss = super().training_step(batch, batch_idx)
-        opt.zero_grad()
-        self.manual_backward(loss)
-        if batch_idx % 2 == 1:  # steps every other batch: iterations are still batches
-            opt.step()
-        return loss
-
-
 def test_manual_optimization_counts_batches(tmp_path):
-    fit(tmp_path, [IterationTimer(warmup_steps=1)], model=ManualModel(), max_epochs=1)
+    fit(tmp_path, [IterationTimer(warmup_steps=1)], model=ManualModel(step_every=2), max_epochs=1)
     t = find_summary(tmp_path)["iteration_timer"]
     assert t["manual_optimization"] is True
     assert t["iterations"] == 8 and t["measured_iterations"] == 7

@@ -5,7 +5,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset
 
-from helpers import TinyModel, find_summary, fit, make_loader, read_scalars
+from helpers import ManualModel, TinyModel, find_summary, fit, read_scalars
 from lightning_perf import IterationTimer, SectionProfiler, profile_section
 from lightning_perf.measure import sections as sections_module
 
@@ -86,20 +86,6 @@ def test_gradient_accumulation_keeps_sections_per_batch(tmp_path):
     assert sp["sections"]["forward"]["count"] == sp["sections"]["backward"]["count"] == sp["iterations"]
     assert sp["iteration_ms"]["mean"] == pytest.approx(
         1000.0 * sum(r["total_s"] for r in sp["sections"].values()) / sp["iterations"], rel=1e-6)
-
-
-class ManualModel(TinyModel):
-    def __init__(self):
-        super().__init__()
-        self.automatic_optimization = False
-
-    def training_step(self, batch, batch_idx):
-        opt = self.optimizers()
-        loss = super().training_step(batch, batch_idx)
-        opt.zero_grad()
-        self.manual_backward(loss)
-        opt.step()
-        return loss
 
 
 def test_manual_optimization_reports_training_step_and_says_why(tmp_path):

@@ -20,6 +20,9 @@ from lightning_perf.summary.schema import SCHEMA_VERSION, SUMMARY_FILENAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: Environment variable naming the summary file (used by `lightning-perf matrix` for each variant's process).
+SUMMARY_PATH_ENV = "LIGHTNING_PERF_SUMMARY_PATH"
+
 
 class PerfCheckFailed(RuntimeError):
     """A check the user asked to fail on has failed. The only error a lightning_perf hook lets through."""
@@ -186,9 +189,12 @@ class SummaryBook:
             self.started_at = iso_now()
 
     def paths(self, trainer: Trainer) -> List[str]:
+        """Explicit ``summary_path`` arguments, else $LIGHTNING_PERF_SUMMARY_PATH, else <log_dir>/perf_summary.json."""
         explicit = [cb.summary_path for cb in self.callbacks if cb.summary_path]
         if explicit:
             return list(dict.fromkeys(str(p) for p in explicit))
+        if os.environ.get(SUMMARY_PATH_ENV):
+            return [os.environ[SUMMARY_PATH_ENV]]
         return [os.path.join(self.log_dir or trainer.default_root_dir, SUMMARY_FILENAME)]
 
     def build(self, trainer: Trainer, exception: Optional[BaseException] = None) -> Dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Sweeps and variant matrices: `lightning-perf bench` and `lightning-perf matrix`."""

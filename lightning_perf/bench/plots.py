@@ -1,0 +1,96 @@
+"""PNG plots for `bench --plot` (the four panels of seed 003) and `report --plot` (it/s and peak memory per run)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict, List
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise ValueError(f"--plot needs matplotlib (pip install matplotlib): {err}") from None
+    return plt
+
+
+def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
+    """Memory vs size, throughput vs size (one line per batch size), time breakdown, memory-throughput frontier."""
+    plt = _pyplot()
+    ok = [r for r in rows if not r["error"]]
+    by_batch: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
+    for r in ok:
+        by_batch[r["batch_size"]].append(r)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    (ax_mem, ax_thr), (ax_time, ax_front) = axes
+    for batch, rs in sorted(by_batch.items()):
+        rs = sorted(rs, key=lambda r: r["tile_size"])
+        sizes = [r["tile_size"] for r in rs]
+        ax_mem.plot(sizes, [r["memory_peak_mb"] or 0 for r in rs], marker="o", label=f"batch {batch}")
+        ax_thr.plot(sizes, [r["throughput_samples_per_sec"] for r in rs], marker="o", label=f"batch {batch}")
+    device = ok[0]["device"] if ok else ""
+    mem_label = "peak memory (MB, allocator)" if device.startswith("cuda") else "peak memory (MB, RSS growth)"
+    ax_mem.set(title="GPU memory vs input size" if device.startswith("cuda") else "Memory vs input size",
+               xlabel="input size (pixels per side)", ylabel=mem_label)
+    ax_thr.set(title="Throughput vs input size", xlabel="input size (pixels per side)", ylabel="samples / s")
+    for ax in (ax_mem, ax_thr):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    labels = [f"{r['tile_size']}/b{r['batch_size']}" for r in ok]
+    if ok and ok[0]["forward_time_ms"] is not None:
+        bottom = [0.0] * len(ok)
+        for key, name in (("forward_time_ms", "forward"), ("backward_time_ms", "backward"),
+                          ("optimizer_time_ms", "optimizer")):
+            values = [r[key] or 0.0 for r in ok]
+            ax_time.bar(labels, values, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax_time.legend()
+    else:
+        ax_time.bar(labels, [r["avg_time_ms"] for r in ok], yerr=[r["std_time_ms"] for r in ok], label="forward")
+    ax_time.set(title="Time per iteration", xlabel="input size / batch size", ylabel="ms per iteration")
+    ax_time.tick_params(axis="x", rotation=45)
+    ax_front.scatter([r["memory_peak_mb"] or 0 for r in ok], [r["pixels_per_sec"] / 1e6 for r in ok])
+    for r, label in zip(ok, labels):
+        ax_front.annotate(label, (r["memory_peak_mb"] or 0, r["pixels_per_sec"] / 1e6), fontsize=8,
+                          xytext=(3, 3), textcoords="offset points")
+    ax_front.set(title="Memory vs throughput (up and left is better)", xlabel=mem_label,
+                 ylabel="throughput (Mpixels / s)")
+    ax_front.grid(alpha=0.3)
+    failed = [r for r in rows if r["error"]]
+    note = f"  ({len(failed)} configuration(s) failed: " + ", ".join(
+        f"{r['tile_size']}/b{r['batch_size']} {r['error'][:20]}" for r in failed[:4]) + ")" if failed else ""
+    fig.suptitle((title or f"{ok[0]['mode'] if ok else ''} sweep on {device}") + note)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_report(rows: List[Dict[str, Any]], path: str) -> None:
+    """it/s, peak train and eval memory, and quality (PSNR when present) per run."""
+    plt = _pyplot()
+    names = [r["run"] for r in rows]
+    has_quality = any(r.get("psnr") is not None for r in rows)
+    fig, axes = plt.subplots(1, 3 if has_quality else 2, figsize=(5 * (3 if has_quality else 2), 4.5))
+    axes[0].bar(names, [r["it_per_s"] or 0 for r in rows], color="tab:blue")
+    axes[0].set(title="Speed", ylabel="iterations / s")
+    width = 0.4
+    xs = range(len(rows))
+    axes[1].bar([x - width / 2 for x in xs], [r["train_peak_mb"] or 0 for r in rows], width, label="train")
+    axes[1].bar([x + width / 2 for x in xs], [r["eval_peak_mb"] or 0 for r in rows], width, label="eval")
+    axes[1].set_xticks(list(xs), names)
+    axes[1].set(title="Peak memory", ylabel="MB")
+    axes[1].legend()
+    if has_quality:
+        axes[2].bar(names, [r.get("psnr") or 0 for r in rows], color="tab:green")
+        axes[2].set(title="Quality", ylabel="PSNR (dB)")
+        low = min(r["psnr"] for r in rows if r.get("psnr") is not None)
+        axes[2].set_ylim(bottom=max(0.0, low - 2.0))
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=30)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,311 @@
+"""A memory/throughput sweep of one model over input sizes x batch sizes, in inference or training mode."""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import gc
+import importlib
+import math
+import os
+import statistics
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from lightning_perf.measure.clock import now
+
+CSV_COLUMNS = [
+    "timestamp", "mode", "tile_size", "batch_size", "device", "precision", "model_params", "model_size_mb",
+    "avg_time_ms", "std_time_ms", "throughput_samples_per_sec", "pixels_per_sec", "memory_allocated_mb",
+    "memory_reserved_mb", "memory_peak_mb", "efficiency_pixels_per_sec_per_mb", "forward_time_ms",
+    "backward_time_ms", "optimizer_time_ms", "total_time_ms", "error",
+]
+PRECISIONS = {"32": "float32", "16": "float16", "bf16": "bfloat16"}
+DEFAULT_WARMUP = {"inference": 10, "train": 5}
+DEFAULT_ITERS = {"inference": 50, "train": 20}
+
+
+class BenchError(ValueError):
+    """Bad input to a sweep (model path, factory, sizes, CSV header): a one-line message, exit code 2."""
+
+
+def load_callable(spec: str, what: str = "--model") -> Callable[..., Any]:
+    """``pkg.module:name`` -> the object; a one-line BenchError when it does not import or is not callable."""
+    if ":" not in spec:
+        raise BenchError(f"{what} {spec!r}: expected 'package.module:callable'")
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001
+        raise BenchError(f"{what} {spec!r}: cannot import {module_name!r}: {type(err).__name__}: {err}") from None
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise BenchError(f"{what} {spec!r}: {module_name!r} has no {attr!r}")
+    if not callable(obj):
+        raise BenchError(f"{what} {spec!r}: {attr!r} is not callable")
+    return obj
+
+
+def default_inputs(batch_size: int, size: int, device: Any, channels: int = 3) -> Any:
+    """An image batch: (batch, channels, size, size) from a normal distribution."""
+    import torch
+
+    return torch.randn(batch_size, channels, size, size, device=device)
+
+
+def is_oom(err: BaseException) -> bool:
+    import torch
+
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(err, oom_type):
+        return True
+    return isinstance(err, (RuntimeError, MemoryError)) and (
+        isinstance(err, MemoryError) or "out of memory" in str(err).lower())
+
+
+def check_csv(path: str) -> bool:
+    """True when ``path`` exists with our header (rows will be appended); BenchError when its header differs."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return False
+    with open(path, newline="", encoding="utf-8") as fh:
+        header = next(csv.reader(fh), [])
+    if header != CSV_COLUMNS:
+        raise BenchError(f"--csv {path!r}: its header does not match this version's columns"
+                         f" ({len(header)} vs {len(CSV_COLUMNS)} columns; first difference at"
+                         f" {next((i for i, (a, b) in enumerate(zip(header, CSV_COLUMNS)) if a != b), min(len(header), len(CSV_COLUMNS)))});"
+                         " write to a new file")
+    return True
+
+
+def _release_free_heap() -> None:
+    """Hands memory that glibc keeps after frees back to the OS, so each CPU configuration's RSS growth is its own."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _sync(device: Any) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def _loss(output: Any) -> Any:
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output.float().mean()
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        return sum(_loss(o) for o in output if isinstance(o, torch.Tensor) and o.is_floating_point())
+    raise TypeError(f"cannot make a loss from a {type(output).__name__} output")
+
+
+def run_config(factory: Callable[[], Any], size: int, batch_size: int, mode: str, device: Any, precision: str,
+               warmup: int, iters: int, input_builder: Callable[..., Any]) -> Dict[str, Any]:
+    """One configuration: a fresh model, a clean allocator, warm-up, then ``iters`` timed iterations."""
+    import torch
+    from torch import nn
+
+    from lightning_perf.measure.memory import PeakSampler, RssReader
+
+    row: Dict[str, Any] = {k: None for k in CSV_COLUMNS}
+    row.update(timestamp=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), mode=mode,
+               tile_size=size, batch_size=batch_size, device=str(device), precision=precision, error="")
+    gc.collect()
+    _release_free_heap()
+    rss = RssReader()
+    sampler = None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        sampler = PeakSampler(lambda: {"rss": rss()}, 0.005)
+        sampler.set_phase("config")
+        sampler.start()
+    base_rss = rss()
+    model = opt = x = None
+    try:
+        model = factory()
+        if not isinstance(model, nn.Module):
+            raise BenchError(f"the factory returned a {type(model).__name__}, not a torch.nn.Module")
+        model = model.to(device)
+        params = sum(p.numel() for p in model.parameters())
+        row["model_params"] = params
+        row["model_size_mb"] = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+        dtype = getattr(torch, PRECISIONS[precision])
+        autocast = torch.autocast(device.type, dtype=dtype, enabled=precision != "32")
+        x = input_builder(batch_size, size, device)
+        fwd, bwd, step, total = [], [], [], []
+        if mode == "train":
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+            for i in range(warmup + iters):
+                _sync(device)
+                t0 = now()
+                with autocast:
+                    loss = _loss(model(x))
+                _sync(device)
+                t1 = now()
+                loss.backward()
+                _sync(device)
+                t2 = now()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                _sync(device)
+                t3 = now()
+                if i >= warmup:
+                    fwd.append(t1 - t0), bwd.append(t2 - t1), step.append(t3 - t2), total.append(t3 - t0)
+        else:
+            model.eval()
+            with torch.inference_mode():
+                for i in range(warmup + iters):
+                    _sync(device)
+                    t0 = now()
+                    with autocast:
+                        model(x)
+                    _sync(device)
+                    if i >= warmup:
+                        total.append(now() - t0)
+        mean = statistics.fmean(total)
+        row["avg_time_ms"] = 1000 * mean
+        row["std_time_ms"] = 1000 * statistics.stdev(total) if len(total) > 1 else 0.0
+        row["total_time_ms"] = 1000 * mean
+        if fwd:
+            row["forward_time_ms"] = 1000 * statistics.fmean(fwd)
+            row["backward_time_ms"] = 1000 * statistics.fmean(bwd)
+            row["optimizer_time_ms"] = 1000 * statistics.fmean(step)
+        row["throughput_samples_per_sec"] = batch_size / mean
+        row["pixels_per_sec"] = batch_size * size * size / mean
+        if device.type == "cuda":
+            row["memory_allocated_mb"] = torch.cuda.memory_allocated(device) / 2**20
+            row["memory_reserved_mb"] = torch.cuda.memory_reserved(device) / 2**20
+            row["memory_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        else:
+            sampler.set_phase(None)
+            row["memory_peak_mb"] = max(0.0, (sampler.peak("config", "rss") or base_rss) - base_rss)
+        if row["memory_peak_mb"]:
+            row["efficiency_pixels_per_sec_per_mb"] = row["pixels_per_sec"] / row["memory_peak_mb"]
+    except BenchError:
+        raise
+    except Exception as err:  # noqa: BLE001 - one configuration's failure is its row, the sweep goes on
+        row["error"] = "OOM" if is_oom(err) else f"{type(err).__name__}: {err}"[:300]
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        rss.close()
+        del model, opt, x
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def run_sweep(
+    factory: Callable[[], Any],
+    input_sizes: Iterable[int],
+    batch_sizes: Iterable[int],
+    mode: str = "inference",
+    device: str = "cpu",
+    precision: str = "32",
+    warmup: Optional[int] = None,
+    iters: Optional[int] = None,
+    input_builder: Optional[Callable[..., Any]] = None,
+    csv_path: Optional[str] = None,
+    progress: bool = True,
+) -> List[Dict[str, Any]]:
+    """Runs every (input size, batch size) configuration and returns one row per configuration.
+
+    Rows are appended to ``csv_path`` as each finishes (a header only when the file is new), so an interruption
+    keeps every finished row. Raises BenchError for bad arguments before anything runs.
+    """
+    import torch
+
+    sizes, batches = list(input_sizes), list(batch_sizes)
+    for name, values in (("input size", sizes), ("batch size", batches)):
+        if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            raise BenchError(f"every {name} must be a positive integer, got {values}")
+    if mode not in DEFAULT_WARMUP:
+        raise BenchError(f"mode {mode!r}: expected inference or train")
+    if precision not in PRECISIONS:
+        raise BenchError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BenchError("device cuda: no CUDA device is available here")
+    warmup = DEFAULT_WARMUP[mode] if warmup is None else warmup
+    iters = DEFAULT_ITERS[mode] if iters is None else iters
+    if warmup < 0 or iters < 1:
+        raise BenchError(f"warmup must be >= 0 and iters >= 1, got {warmup} and {iters}")
+    builder = input_builder or default_inputs
+    appending = check_csv(csv_path) if csv_path else False
+    configs = [(s, b) for s in sizes for b in batches]
+    rows: List[Dict[str, Any]] = []
+    fh = writer = None
+    if csv_path:
+        os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
+        fh = open(csv_path, "a", newline="", encoding="utf-8")
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        if not appending:
+            writer.writeheader()
+            fh.flush()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(configs), desc="bench", unit="config", file=sys.stderr)
+    # one discarded configuration first: libraries load their kernels and threads lazily, once per process,
+    # and that memory and time must not land on the first row
+    run_config(factory, configs[0][0], configs[0][1], mode, dev, precision, 1, 1, builder)
+    try:
+        for size, batch in configs:
+            if bar is not None:
+                bar.set_postfix_str(f"size {size} batch {batch}")
+            row = run_config(factory, size, batch, mode, dev, precision, warmup, iters, builder)
+            rows.append(row)
+            if writer is not None:
+                writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+                fh.flush()
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        if fh is not None:
+            fh.close()
+    return rows
+
+
+def format_table(rows: List[Dict[str, Any]]) -> str:
+    """The printed table, with the best throughput and the best efficiency named."""
+    lines = [f"{'size':>6} {'batch':>6} {'time ms':>10} {'± std':>8} {'samples/s':>11} {'Mpx/s':>8} {'peak MB':>9}"
+             f" {'px/s/MB':>10}  error"]
+    for r in rows:
+        def f(key: str, fmt: str) -> str:
+            v = r.get(key)
+            return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+        mpx = None if r["pixels_per_sec"] is None else r["pixels_per_sec"] / 1e6
+        lines.append(f"{r['tile_size']:>6} {r['batch_size']:>6} {f('avg_time_ms', '.2f'):>10}"
+                     f" {f('std_time_ms', '.2f'):>8} {f('throughput_samples_per_sec', '.1f'):>11}"
+                     f" {'-' if mpx is None else format(mpx, '.2f'):>8} {f('memory_peak_mb', '.0f'):>9}"
+                     f" {f('efficiency_pixels_per_sec_per_mb', '.0f'):>10}  {r['error'] or ''}")
+    ok = [r for r in rows if not r["error"]]
+    if ok:
+        best = max(ok, key=lambda r: r["throughput_samples_per_sec"])
+        lines.append(f"best throughput: size {best['tile_size']} batch {best['batch_size']}"
+                     f" ({best['throughput_samples_per_sec']:.1f} samples/s)")
+        eff = [r for r in ok if r["efficiency_pixels_per_sec_per_mb"]]
+        if eff:
+            best = max(eff, key=lambda r: r["efficiency_pixels_per_sec_per_mb"])
+            lines.append(f"best efficiency: size {best['tile_size']} batch {best['batch_size']}"
+                         f" ({best['efficiency_pixels_per_sec_per_mb']:.0f} pixels/s per MB)")
+    return "\n".join(lines)

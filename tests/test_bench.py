@@ -1,0 +1,152 @@
+"""`lightning-perf bench`, `matrix` and `report --plot`, run as a user runs them."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+QUICK = ["--warmup", "1", "--iters", "2", "--no-progress"]
+
+
+def cli(*args, cwd=TESTS, timeout=300):
+    return subprocess.run([sys.executable, "-m", "lightning_perf.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def is_png(path):
+    with open(path, "rb") as fh:
+        return fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_writes_csv_plot_and_table_then_appends(tmp_path):
+    out_csv, out_png = tmp_path / "bench.csv", tmp_path / "bench.png"
+    proc = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "16", "24", "32", "--batch-sizes",
+               "1", "2", "4", "--mode", "train", "--device", "cpu", "--csv", str(out_csv), "--plot", str(out_png),
+               *QUICK)
+    assert proc.returncode == 0, proc.stderr
+    rows = read_csv(out_csv)
+    assert len(rows) == 9 and [(r["tile_size"], r["batch_size"]) for r in rows][:2] == [("16", "1"), ("16", "2")]
+    for r in rows:
+        assert r["error"] == "" and float(r["avg_time_ms"]) > 0 and float(r["forward_time_ms"]) > 0
+        assert float(r["pixels_per_sec"]) == pytest.approx(float(r["throughput_samples_per_sec"]) *
+                                                         int(r["tile_size"]) ** 2, rel=1e-6)
+        assert r["mode"] == "train" and r["device"] == "cpu" and int(r["model_params"]) > 0
+    assert is_png(out_png)
+    assert "best throughput: size" in proc.stdout and "best efficiency: size" in proc.stdout
+    proc = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "16", "--batch-sizes", "1",
+               "--csv", str(out_csv), "--device", "cpu", *QUICK)
+    assert proc.returncode == 0
+    with open(out_csv) as fh:
+        assert fh.read().count("timestamp,mode") == 1  # appended, one header
+    assert len(read_csv(out_csv)) == 10
+
+
+def test_out_of_memory_is_a_row_and_the_sweep_goes_on(tmp_path):
+    out_csv = tmp_path / "b.csv"
+    proc = cli("bench", "--model", "bench_models:oom_above_32", "--input-sizes", "16", "32", "48", "--batch-sizes",
+               "1", "2", "--csv", str(out_csv), "--device", "cpu", *QUICK)
+    assert proc.returncode == 0, proc.stderr
+    rows = read_csv(out_csv)
+    assert [r["error"] for r in rows] == ["", "", "", "", "OOM", "OOM"]
+    assert "OOM" in proc.stdout
+
+
+def test_another_error_is_recorded_and_the_exit_code_says_so(tmp_path):
+    out_csv = tmp_path / "b.csv"
+    proc = cli("bench", "--model", "bench_models:broken_above_32", "--input-sizes", "16", "48", "--batch-sizes", "1",
+               "--csv", str(out_csv), "--device", "cpu", *QUICK)
+    assert proc.returncode == 1
+    rows = read_csv(out_csv)
+    assert rows[0]["error"] == "" and rows[1]["error"] == "ValueError: shape mismatch in block 3"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "no_such_module:f"], "cannot import 'no_such_module'"),
+        (["--model", "bench_models:missing"], "has no 'missing'"),
+        (["--model", "bench_models"], "expected 'package.module:callable'"),
+        (["--model", "bench_models:not_a_module"], "not a torch.nn.Module"),
+        (["--model", "bench_models:small_conv", "--batch-sizes", "0"], "expected a positive integer, got '0'"),
+        (["--model", "bench_models:small_conv", "--input-sizes", "x"], "expected a positive integer, got 'x'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    out_csv = tmp_path / "b.csv"
+    proc = cli("bench", *args, "--csv", str(out_csv), "--device", "cpu", *QUICK)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+    if "not a torch" not in message:
+        assert not out_csv.exists()
+
+
+def test_a_csv_with_another_header_is_refused_untouched(tmp_path):
+    out_csv = tmp_path / "b.csv"
+    out_csv.write_text("time,size\n1,2\n")
+    proc = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "16", "--batch-sizes", "1",
+               "--csv", str(out_csv), "--device", "cpu", *QUICK)
+    assert proc.returncode == 2 and "header does not match" in proc.stderr
+    assert out_csv.read_text() == "time,size\n1,2\n"
+
+
+def test_sweep_as_a_python_function():
+    from bench_models import small_conv
+
+    from lightning_perf.bench.sweep import run_sweep
+
+    rows = run_sweep(small_conv, [16], [1, 2], mode="inference", warmup=1, iters=2, progress=False)
+    assert [r["batch_size"] for r in rows] == [1, 2] and all(r["forward_time_ms"] is None for r in rows)
+
+
+@pytest.mark.slow
+def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
+    report, out_csv = tmp_path / "matrix.md", tmp_path / "matrix.csv"
+    proc = cli("matrix", "--script", os.path.join(ROOT, "examples", "denoise_cli.py"), "--config",
+               os.path.join(ROOT, "examples", "denoise_matrix.yaml"),
+               "--variant", "baseline",
+               "--variant", "bs4=--data.batch_size=4",
+               "--variant", "typo=--model.lr=fast",
+               "--out", str(tmp_path / "runs"), "--report", str(report), "--csv", str(out_csv), cwd=ROOT, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]  # one variant crashed
+    text = report.read_text()
+    assert "| baseline |" in text and "| bs4 |" in text and "crashed (exit 2)" in text
+    assert "**Best:**" in text
+    rows = {r["variant"]: r for r in read_csv(out_csv)}
+    assert float(rows["baseline"]["speedup"]) == pytest.approx(1.0)
+    assert float(rows["bs4"]["speedup"]) > 1.0  # half the batch: faster iterations
+    assert rows["bs4"]["psnr"] != "" and rows["typo"]["status"].startswith("crashed")
+    summary = json.loads((tmp_path / "runs" / "bs4" / "perf_summary.json").read_text())
+    for section in ("iteration_timer", "section_profiler", "vram", "eval_no_grad_guard", "quality_gate"):
+        assert section in summary
+
+
+def test_matrix_bad_variants_exit_2(tmp_path):
+    proc = cli("matrix", "--script", "x.py", "--variant", "turbo", cwd=ROOT)
+    assert proc.returncode == 2 and "no preset" in proc.stderr
+    proc = cli("matrix", "--script", "missing.py", "--variant", "baseline", cwd=ROOT)
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_report_plot(tmp_path):
+    from helpers import fit, TinyModel
+    from lightning_perf import IterationTimer
+
+    paths = []
+    for name in ("a", "b"):
+        path = tmp_path / name / "perf_summary.json"
+        fit(tmp_path / name, [IterationTimer(summary_path=str(path))], model=TinyModel(), max_epochs=1)
+        paths.append(str(path))
+    png = tmp_path / "report.png"
+    proc = cli("report", *paths, "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert is_png(png)
