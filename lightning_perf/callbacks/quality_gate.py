@@ -184,6 +184,7 @@ class QualityGate(PerfCallback):
         self._outputs_checked = False
         self._active = False
         self._results: Dict[str, Dict[str, Any]] = {}
+        self._pending: Dict[str, float] = {}  # image metrics of this validation, gated at its end
         self._checks = 0
         self._failed: List[Dict[str, Any]] = []
         self._failed_count = 0
@@ -285,8 +286,7 @@ class QualityGate(PerfCallback):
         if not self._active:
             return
         self._active = False
-        values = dict(getattr(self, "_pending", {}))
-        self._pending = {}
+        values, self._pending = self._pending, {}
         for name in self.monitor:
             if name not in trainer.callback_metrics:
                 raise PerfConfigError(
