@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -170,7 +171,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         print(f"lightning-perf: error: {err}", file=sys.stderr)
         return EXIT_ERROR
     for path, what in ((args.script, "--script"), (args.config, "--config")):
-        if path and not __import__("os").path.isfile(path):
+        if path and not os.path.isfile(path):
             print(f"lightning-perf: error: {what} {path!r}: no such file", file=sys.stderr)
             return EXIT_ERROR
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,

@@ -3,8 +3,6 @@ report them like seed 002: total time, speedup with a CI, peak memory, per-epoch
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import shlex
 import subprocess
@@ -13,7 +11,15 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lightning_perf.summary.compare import compare_summaries
-from lightning_perf.summary.fields import dig, fmt_duration, fmt_mb, fmt_num, markdown_table, train_peak_mb
+from lightning_perf.summary.fields import (
+    csv_text,
+    dig,
+    fmt_duration,
+    fmt_mb,
+    fmt_num,
+    markdown_table,
+    train_peak_mb,
+)
 from lightning_perf.summary.io import load_summary
 from lightning_perf.summary.schema import SummaryError
 
@@ -148,15 +154,7 @@ def best_variant(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
     if fmt == "csv":
-        keys: List[str] = []
-        for row in rows:
-            keys += [k for k in row if k not in keys]
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in keys})
-        return buf.getvalue().rstrip("\n")
+        return csv_text(rows)
     table = []
     for r in rows:
         if r.get("speedup"):

@@ -74,10 +74,10 @@ def check_csv(path: str) -> bool:
     with open(path, newline="", encoding="utf-8") as fh:
         header = next(csv.reader(fh), [])
     if header != CSV_COLUMNS:
-        raise BenchError(f"--csv {path!r}: its header does not match this version's columns"
-                         f" ({len(header)} vs {len(CSV_COLUMNS)} columns; first difference at"
-                         f" {next((i for i, (a, b) in enumerate(zip(header, CSV_COLUMNS)) if a != b), min(len(header), len(CSV_COLUMNS)))});"
-                         " write to a new file")
+        pairs = list(zip(header, CSV_COLUMNS))
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))
+        raise BenchError(f"--csv {path!r}: its header does not match this version's columns ({len(header)} vs"
+                         f" {len(CSV_COLUMNS)} columns; first difference at column {first}); write to a new file")
     return True
 
 

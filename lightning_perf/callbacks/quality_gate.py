@@ -31,6 +31,8 @@ from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
 ACTIONS = ("warn", "fail", "stop")
 MODES = ("max", "min")
 TOLERANCE_MODES = ("relative", "absolute")
+DEFAULT_TOLERANCE = 0.005  # seed 001's +-0.5%
+DEFAULT_TOLERANCE_MODE = "relative"
 _MAX_FAILED_RECORDS = 100
 
 
@@ -87,8 +89,8 @@ class QualityGate(PerfCallback):
         metrics: Sequence[str] = ("psnr", "ssim", "l1", "lpips"),
         monitor: Optional[Dict[str, str]] = None,
         baseline: Optional[Union[str, Dict[str, float]]] = None,
-        tolerance: Union[float, Dict[str, float]] = 0.005,
-        tolerance_mode: Union[str, Dict[str, str]] = "relative",
+        tolerance: Union[float, Dict[str, float]] = DEFAULT_TOLERANCE,
+        tolerance_mode: Union[str, Dict[str, str]] = DEFAULT_TOLERANCE_MODE,
         action: str = "warn",
         at_steps: Optional[Sequence[int]] = None,
         every_n_steps: Optional[int] = None,
@@ -124,8 +126,9 @@ class QualityGate(PerfCallback):
         self.monitor = monitor
         self.gated = self.metrics + [m for m in monitor if m not in self.metrics]
         self.modes = {**{m: IMAGE_METRIC_DIRECTIONS[m] for m in self.metrics}, **monitor}
-        self.tolerance = self._per_metric(owner, "tolerance", tolerance, self._check_tolerance)
-        self.tolerance_mode = self._per_metric(owner, "tolerance_mode", tolerance_mode, self._check_tolerance_mode)
+        self.tolerance = self._per_metric(owner, "tolerance", tolerance, self._check_tolerance, DEFAULT_TOLERANCE)
+        self.tolerance_mode = self._per_metric(owner, "tolerance_mode", tolerance_mode, self._check_tolerance_mode,
+                                               DEFAULT_TOLERANCE_MODE)
         self.baseline_source = baseline if isinstance(baseline, str) else ("dict" if baseline is not None else None)
         self.baseline: Optional[Dict[str, float]] = None
         self._baseline_gaps: Dict[str, str] = {}
@@ -156,13 +159,13 @@ class QualityGate(PerfCallback):
         self._reset()
 
     # -- construction helpers ------------------------------------------------------------------------------------
-    def _per_metric(self, owner: str, name: str, value: Any, check: Any) -> Dict[str, Any]:
+    def _per_metric(self, owner: str, name: str, value: Any, check: Any, default: Any) -> Dict[str, Any]:
+        """One value for every gated metric: a single value for all, or a dict (unnamed metrics get ``default``)."""
         if isinstance(value, dict):
             unknown = [k for k in value if k not in self.gated]
             if unknown:
                 raise bad_argument(owner, name, value, f"Unknown metric(s) {', '.join(unknown)}; gated metrics are:"
                                    f" {', '.join(self.gated)}.")
-            default = check(owner, name, 0.005 if name == "tolerance" else "relative")
             return {m: check(owner, name, value.get(m, default)) for m in self.gated}
         checked = check(owner, name, value)
         return {m: checked for m in self.gated}

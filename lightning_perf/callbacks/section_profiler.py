@@ -4,7 +4,8 @@ checkpointing, user-named sections), with shares and advice, at no device sync."
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
@@ -108,7 +109,8 @@ class SectionProfiler(PerfCallback):
         self._t0 = 0.0
         self._carved = 0.0  # user and checkpoint time inside the current automatic piece
         self._piece: Dict[str, float] = {}  # this iteration's automatic time per section
-        self._piece_user: Dict[str, float] = {}
+        self._user_s = 0.0  # this iteration's top-level user-section time
+        self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
         self._iter_calls: List[Any] = []  # (name, seconds, failed) of user sections in this iteration
         self._iteration = LogHistogram()
         self._iterations = 0
@@ -168,7 +170,7 @@ class SectionProfiler(PerfCallback):
             return
         if parent is None:
             self._carved += seconds
-            self._piece_user[name] = self._piece_user.get(name, 0.0) + seconds
+            self._user_s += seconds
         self._section(name, "user", parent if parent is not None else self._current)
         if len(self._iter_calls) < _MAX_CALLS_PER_ITERATION:  # joins the statistics with its iteration
             self._iter_calls.append((name, seconds, failed))
@@ -187,7 +189,7 @@ class SectionProfiler(PerfCallback):
                 self._sections[label].device.add(ms)
         pending = self._pending_user
         while pending and (flush or pending[0][2].query()):
-            name, start, end, counted = pending.pop(0)
+            name, start, end, counted = pending.popleft()
             if flush:
                 end.synchronize()
             if counted:
@@ -252,7 +254,6 @@ class SectionProfiler(PerfCallback):
         self._last_global_step = trainer.global_step
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
-        self._pending_user: List[Any] = []
         self._switch("other")
 
     @guarded
@@ -310,7 +311,7 @@ class SectionProfiler(PerfCallback):
         """Closes the iteration: its pieces go into the statistics. The "other" piece now running (other callbacks'
         batch-end hooks, logging, schedulers) belongs to the next iteration, up to its data fetch."""
         counted = self._counted
-        total = sum(self._piece.values()) + sum(self._piece_user.values())
+        total = sum(self._piece.values()) + self._user_s
         if counted and total > 0:
             self._iteration.add(total * 1000.0)
             self._window_iter_s += total
@@ -324,7 +325,7 @@ class SectionProfiler(PerfCallback):
                 sec.host.add(seconds * 1000.0)
                 sec.window_s += seconds
                 sec.closed_by_exception += failed
-        self._piece, self._piece_user, self._iter_calls = {}, {}, []
+        self._piece, self._user_s, self._iter_calls = {}, 0.0, []
         self._iterations += 1
         self._counted = self._iterations >= self.warmup_steps
         self._poll_device()
@@ -410,8 +411,8 @@ class SectionProfiler(PerfCallback):
             }
         return out
 
-    def insights(self) -> List[str]:
-        table = self.table()
+    def insights(self, table: Optional[Dict[str, Dict[str, Any]]] = None) -> List[str]:
+        table = self.table() if table is None else table
         share = {n: r["share_pct"] or 0.0 for n, r in table.items()}
         out: List[str] = []
         data = share.get("data_loading", 0.0)
@@ -439,17 +440,17 @@ class SectionProfiler(PerfCallback):
         if device > 0 and host > HOST_OVER_DEVICE * device:
             out.append(f"Host time is {host / device:.1f}x device time in the step: iterations are host-bound (the GPU"
                        " waits for Python). Larger batches, torch.compile or CUDA graphs help.")
-        slowest = self.slowest_section()
+        slowest = self.slowest_section(table)
         if slowest:
             out.append(f"Slowest component: {slowest} ({table[slowest]['mean_ms']:.2f} ms mean).")
         return out
 
-    def slowest_section(self) -> Optional[str]:
-        table = self.table()
-        ranked = [(r["total_s"], n) for n, r in table.items() if r["parent"] is None or r["kind"] == "auto"]
-        ranked += [(r["total_s"], n) for n, r in table.items() if r["kind"] == "user" and r["parent"] in AUTO_SECTIONS
-                   + MANUAL_SECTIONS]
-        ranked = [x for x in ranked if x[0] > 0]
+    def slowest_section(self, table: Optional[Dict[str, Dict[str, Any]]] = None) -> Optional[str]:
+        """The automatic or top-level user section with the largest total (nested user sections are inside theirs)."""
+        table = self.table() if table is None else table
+        top_level = AUTO_SECTIONS + MANUAL_SECTIONS
+        ranked = [(r["total_s"], n) for n, r in table.items()
+                  if (r["kind"] == "auto" or r["parent"] is None or r["parent"] in top_level) and r["total_s"] > 0]
         return max(ranked)[1] if ranked else None
 
     def format_report(self) -> str:
@@ -462,10 +463,11 @@ class SectionProfiler(PerfCallback):
             label = name if r["kind"] == "auto" else f"  {name} (in {r['parent']})"
             lines.append(f"{label:<22}{r['count']:>8}{r['total_s']:>10.3f}{r['mean_ms']:>10.2f}{r['p50_ms']:>9.2f}"
                          f"{r['p95_ms']:>9.2f}{(r['share_pct'] or 0):>7.1f}%")
-        lines += ["Insights:"] + [f"- {i}" for i in self.insights()]
+        lines += ["Insights:"] + [f"- {i}" for i in self.insights(table)]
         return "\n".join(lines)
 
     def _summary_section(self) -> Dict[str, Any]:
+        table = self.table()
         unavailable: Dict[str, str] = {}
         if self._disabled_reason:
             unavailable["sections"] = self._disabled_reason
@@ -480,9 +482,9 @@ class SectionProfiler(PerfCallback):
             "warmup_steps": self.warmup_steps,
             "iterations": self._iteration.count,
             "iteration_ms": self._iteration.summary(),
-            "sections": self.table(),
-            "slowest_section": self.slowest_section(),
-            "insights": self.insights(),
+            "sections": table,
+            "slowest_section": self.slowest_section(table),
+            "insights": self.insights(table),
             "validation": {"runs": self._validation_runs, "total_s": self._validation_s},
             "overhead_us_per_step": 1e6 * self._overhead_s / max(1, self._iterations) if self._active else None,
             "report_every_n_steps": self.report_every_n_steps,

@@ -34,6 +34,13 @@ _SAMPLED = {"nvml_used_mb": "nvml_peak_used_mb", "nvml_process_mb": "nvml_proces
             "host_rss_mb": "host_rss_peak_mb"}
 
 
+def _hold_max(held: Dict[str, Optional[float]], values: Dict[str, Optional[float]]) -> None:
+    """Peak-hold: each known value raises its entry in ``held``."""
+    for key, value in values.items():
+        if value is not None:
+            held[key] = max(value, held.get(key) or 0.0)
+
+
 def cuda_backend() -> Any:
     """The allocator module (``torch.cuda``); a function so tests can simulate a GPU's allocator."""
     import torch
@@ -224,19 +231,20 @@ class VRAMMonitor(PerfCallback):
         self._phase = None
         held = self._phases.setdefault(phase, {})
         if self._allocator is not None:
-            for key, value in self._allocator.end_phase().items():
-                held[key] = max(value, held.get(key) or 0.0)
-            for key, value in (("peak_allocated_mb", self._allocator.lifetime_peak_allocated_mb),
-                               ("peak_reserved_mb", self._allocator.lifetime_peak_reserved_mb)):
-                self._lifetime[key] = max(value, self._lifetime[key] or 0.0)
+            _hold_max(held, self._allocator.end_phase())
+            _hold_max(self._lifetime, {"peak_allocated_mb": self._allocator.lifetime_peak_allocated_mb,
+                                       "peak_reserved_mb": self._allocator.lifetime_peak_reserved_mb})
         if self._sampler is not None:
             self._sampler.set_phase(None)
-            for key, name in _SAMPLED.items():
-                value = self._sampler.peak(phase, key)
-                if value is not None:
-                    held[name] = max(value, held.get(name) or 0.0)
+        _hold_max(held, self._sampled_peaks(phase))
         self._check_headroom(phase, held)
         log_scalars(trainer, self._phase_metrics(phase))
+
+    def _sampled_peaks(self, phase: str) -> Dict[str, Optional[float]]:
+        """The sampler's peak-held values of ``phase``, under their summary names."""
+        if self._sampler is None:
+            return {}
+        return {name: self._sampler.peak(phase, key) for key, name in _SAMPLED.items()}
 
     def _check_headroom(self, phase: str, held: Dict[str, Optional[float]]) -> None:
         pct = self._headroom_pct(held)
@@ -259,13 +267,8 @@ class VRAMMonitor(PerfCallback):
         held = dict(self._phases.get(phase, {}))
         if live:  # during the phase: what the probes hold so far, no sync
             if self._allocator is not None:
-                for key, value in self._allocator.current_peaks().items():
-                    held[key] = max(value, held.get(key) or 0.0)
-            if self._sampler is not None:
-                for key, name in _SAMPLED.items():
-                    value = self._sampler.peak(phase, key)
-                    if value is not None:
-                        held[name] = max(value, held.get(name) or 0.0)
+                _hold_max(held, self._allocator.current_peaks())
+            _hold_max(held, self._sampled_peaks(phase))
         prefix = f"vram/{_EVAL_KEY[phase]}_"
         metrics: Dict[str, Optional[float]] = {}
         if self._allocator is not None:
@@ -445,11 +448,6 @@ class VRAMMonitor(PerfCallback):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         for phase, values in state_dict.get("phases", {}).items():
-            held = self._phases.setdefault(phase, {})
-            for key, value in values.items():
-                if value is not None:
-                    held[key] = max(value, held.get(key) or 0.0)
+            _hold_max(self._phases.setdefault(phase, {}), values)
         lifetime = state_dict.get("lifetime", {})
-        for key in self._lifetime:
-            if lifetime.get(key) is not None:
-                self._lifetime[key] = max(lifetime[key], self._lifetime[key] or 0.0)
+        _hold_max(self._lifetime, {key: lifetime.get(key) for key in self._lifetime})

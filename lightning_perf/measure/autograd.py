@@ -54,8 +54,6 @@ def calling_site() -> Tuple[str, Optional[str]]:
             hook = frame.f_locals.get("hook_name")
             owner_key = _DISPATCHERS[name]
             owner = frame.f_locals.get(owner_key) if owner_key else None
-            if owner is None and name == "_call_lightning_module_hook":
-                owner = frame.f_locals.get("pl_module")
             if owner is None and name == "_call_lightning_datamodule_hook":
                 owner = getattr(frame.f_locals.get("trainer"), "datamodule", None)
             prefix = f"{type(owner).__name__}." if owner is not None else ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 from typing import Any, Dict, List, Optional
 
@@ -120,3 +122,16 @@ def markdown_table(headers: List[str], rows: List[List[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def csv_text(rows: List[Dict[str, Any]]) -> str:
+    """Rows as CSV text: columns in first-seen order across rows, None as an empty cell."""
+    keys: List[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in keys})
+    return buf.getvalue().rstrip("\n")

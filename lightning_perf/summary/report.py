@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any, Dict, List, Optional
 
 from lightning_perf.summary.fields import (
+    csv_text,
     eval_peak_mb,
     fmt_mb,
     fmt_num,
@@ -55,12 +54,7 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
     if not rows:
         return ""
     if fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0].keys()), lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-        return buf.getvalue().rstrip("\n")
+        return csv_text(rows)
     fixed = {"run", "status", "it_per_s", "ms_per_iter_median", "change_pct", "train_peak_mb", "eval_peak_mb",
              "quality_gate"}
     metrics = [k for k in rows[0] if k not in fixed]
