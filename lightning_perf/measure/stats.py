@@ -1,4 +1,4 @@
-"""Streaming statistics in bounded memory: a log-bucket histogram and a bootstrap CI for a ratio of medians.
+"""Streaming statistics in bounded memory: a log-bucket histogram, a block series and a block-bootstrap CI.
 
 Pure Python on purpose: the summary layer uses these to compare two files on a machine without torch.
 """
@@ -9,7 +9,7 @@ import math
 import random
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-__all__ = ["LogHistogram", "bootstrap_median_ratio_ci"]
+__all__ = ["BlockSeries", "LogHistogram", "block_bootstrap_mean_ratio_ci"]
 
 
 class LogHistogram:
@@ -83,23 +83,36 @@ class LogHistogram:
     def _bucket_value(self, key: int) -> float:
         return 2.0 * self._gamma**key / (self._gamma + 1.0)
 
+    def _value_at_rank(self, rank: int) -> float:
+        """The value of the ``rank``-th smallest sample (0-based), within the relative accuracy."""
+        seen = self.zero_count
+        if rank < seen:
+            return max(self.min, min(0.0, self.max))
+        for key in sorted(self.bins):
+            seen += self.bins[key]
+            if seen > rank:
+                return self._bucket_value(key)
+        return self.max
+
     def quantile(self, q: float) -> Optional[float]:
-        """The ``q``-quantile (0 <= q <= 1) within the relative accuracy, clamped to the exact min and max."""
+        """The ``q``-quantile (0 <= q <= 1), interpolated linearly between the two order statistics around rank
+        ``q * (n - 1)`` (numpy's default), each within the relative accuracy, and clamped to the exact min and max.
+        So a p95 of a handful of values lies between the two largest, never below the mean of a skewed few."""
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantile q must be in [0, 1], got {q!r}")
         if self.count == 0:
             return None
         rank = q * (self.count - 1)
-        seen = self.zero_count
-        if rank < seen:
-            return max(self.min, min(0.0, self.max))
-        value = self.max
-        for key in sorted(self.bins):
-            seen += self.bins[key]
-            if seen > rank:
-                value = self._bucket_value(key)
-                break
-        return min(max(value, self.min), self.max)
+        low_rank = int(math.floor(rank))
+        low = min(max(self._value_at_rank(low_rank), self.min), self.max)
+        if low_rank >= self.count - 1:
+            return self.max
+        high = min(max(self._value_at_rank(low_rank + 1), self.min), self.max)
+        if low_rank == 0:
+            low = self.min
+        if low_rank + 1 == self.count - 1:
+            high = self.max
+        return low + (rank - low_rank) * (high - low)
 
     def summary(self) -> Dict[str, Optional[float]]:
         """mean, median, min, max, p50, p95, p99 and std, or Nones when empty."""
@@ -154,76 +167,119 @@ class LogHistogram:
             raise ValueError(f"malformed histogram: {err}") from err
         return hist
 
-    def bucket_edges(self) -> Tuple[List[Tuple[float, float]], List[int]]:
-        """(low, high) value range of each used bucket, clamped to the exact min and max, and their counts."""
-        edges: List[Tuple[float, float]] = []
-        counts: List[int] = []
-        if self.zero_count:
-            edges.append((min(self.min, 0.0), 0.0))
-            counts.append(self.zero_count)
-        for key in sorted(self.bins):
-            low = max(self._gamma ** (key - 1), self.min)
-            high = min(self._gamma**key, self.max)
-            edges.append((low, max(low, high)))
-            counts.append(self.bins[key])
-        return edges, counts
+
+class BlockSeries:
+    """Consecutive values kept as sums of fixed-length blocks, in bounded memory, for a block bootstrap.
+
+    Values arrive in order (one iteration time each). They are summed into blocks of ``block_len`` consecutive
+    values; when ``max_blocks`` blocks are full, neighbours are merged in pairs and ``block_len`` doubles. So the
+    series holds between ``max_blocks / 2`` and ``max_blocks`` blocks once it is long, whatever the run's length, and
+    each block keeps the order information a block bootstrap needs (stalls that come in bursts stay together).
+
+    Args:
+        max_blocks: an even number >= 4 of blocks kept at most.
+    """
+
+    def __init__(self, max_blocks: int = 256) -> None:
+        if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 4 or max_blocks % 2:
+            raise ValueError(
+                f"Unsupported parameter value `BlockSeries(max_blocks={max_blocks!r})`. Expected an even integer >= 4."
+            )
+        self.max_blocks = max_blocks
+        self.block_len = 1
+        self.sums: List[float] = []
+        self._open_sum = 0.0
+        self._open_count = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.sums) * self.block_len + self._open_count
+
+    def add(self, value: float) -> None:
+        self._open_sum += value
+        self._open_count += 1
+        if self._open_count == self.block_len:
+            self.sums.append(self._open_sum)
+            self._open_sum, self._open_count = 0.0, 0
+            if len(self.sums) == self.max_blocks:
+                self.sums = [self.sums[i] + self.sums[i + 1] for i in range(0, len(self.sums), 2)]
+                self.block_len *= 2
+
+    def blocks(self) -> List[Tuple[float, int]]:
+        """(sum, count) per block, the partly filled last block included."""
+        out = [(s, self.block_len) for s in self.sums]
+        if self._open_count:
+            out.append((self._open_sum, self._open_count))
+        return out
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"block_len": self.block_len, "sums": list(self.sums), "open_sum": self._open_sum,
+                "open_count": self._open_count, "max_blocks": self.max_blocks}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "BlockSeries":
+        """Restores a series written by :meth:`to_dict`; raises ``ValueError`` on a malformed one."""
+        try:
+            series = cls(int(data.get("max_blocks", 256)))
+            series.block_len = int(data["block_len"])
+            series.sums = [float(v) for v in data["sums"]]
+            series._open_sum = float(data.get("open_sum", 0.0))
+            series._open_count = int(data.get("open_count", 0))
+        except (TypeError, KeyError, AttributeError) as err:
+            raise ValueError(f"malformed block series: {err}") from err
+        if series.block_len < 1 or not 0 <= series._open_count < series.block_len + 1:
+            raise ValueError("malformed block series: bad block_len or open_count")
+        return series
 
 
-def _interpolated_quantile(edges: List[Tuple[float, float]], cumulative: List[int], u: float) -> float:
-    """Empirical quantile at ``u`` in [0, 1], interpolated log-linearly inside the bucket that holds it."""
-    total = cumulative[-1]
-    target = u * total
-    lo, hi = 0, len(cumulative) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if cumulative[mid] < target:
-            lo = mid + 1
-        else:
-            hi = mid
-    below = cumulative[lo - 1] if lo else 0
-    count = cumulative[lo] - below
-    frac = (target - below) / count if count else 0.0
-    low_edge, high_edge = edges[lo]
-    if low_edge <= 0.0:
-        return low_edge + frac * (high_edge - low_edge)
-    return low_edge * (high_edge / low_edge) ** frac
+def _bootstrap_blocks(series: BlockSeries, min_blocks: int) -> List[Tuple[float, int]]:
+    """The series cut into about sqrt(n) blocks of consecutive values (at least ``min_blocks`` when it can be).
+
+    Blocks of length ~sqrt(n) are long enough that bursts of slow iterations and slow drifts inside a run stay
+    within a block, so resampling blocks gives an interval that is honest about autocorrelation.
+    """
+    stored = series.blocks()
+    n = series.count
+    want = max(min_blocks, int(math.sqrt(n)))
+    group = max(1, len(stored) // want)
+    merged = []
+    for i in range(0, len(stored), group):
+        part = stored[i : i + group]
+        merged.append((sum(s for s, _ in part), sum(c for _, c in part)))
+    return merged
 
 
-def bootstrap_median_ratio_ci(
-    numerator: LogHistogram,
-    denominator: LogHistogram,
+def block_bootstrap_mean_ratio_ci(
+    numerator: BlockSeries,
+    denominator: BlockSeries,
     confidence: float = 0.95,
     resamples: int = 2000,
     seed: int = 0,
+    min_blocks: int = 8,
 ) -> Optional[Tuple[float, float]]:
-    """Percentile-bootstrap CI of ``median(numerator) / median(denominator)`` from two stored histograms.
+    """Percentile block-bootstrap CI of ``mean(numerator) / mean(denominator)``.
 
-    Resampling ``n`` values with replacement from an empirical distribution and taking their median is the
-    same, in distribution, as taking the empirical quantile at ``U``, where ``U ~ Beta(k, n + 1 - k)`` is the
-    k-th order statistic of ``n`` uniforms. So each resample costs one beta draw and one binary search,
-    whatever ``n`` is. Iteration times are autocorrelated, so the interval describes within-run noise only.
+    Each series is cut into about sqrt(n) blocks of consecutive iterations; a resample draws that many blocks with
+    replacement and takes total time / total count, so a run whose slow iterations come in bursts, or every k-th
+    step, gets the wide interval it deserves. Pure Python; 2,000 resamples of a few hundred blocks take well under
+    a second.
 
     Returns:
-        (low, high), or None when either histogram has fewer than two values.
+        (low, high), or None when either series has fewer than ``min_blocks`` values.
     """
-    if numerator.count < 2 or denominator.count < 2:
+    if numerator.count < min_blocks or denominator.count < min_blocks:
         return None
     rng = random.Random(seed)
-    prepared = []
-    for hist in (numerator, denominator):
-        edges, counts = hist.bucket_edges()
-        cumulative: List[int] = []
-        running = 0
-        for c in counts:
-            running += c
-            cumulative.append(running)
-        k = (hist.count + 1) // 2
-        prepared.append((edges, cumulative, k, hist.count + 1 - k))
+    prepared = [_bootstrap_blocks(s, min_blocks) for s in (numerator, denominator)]
     ratios = []
     for _ in range(resamples):
-        medians = [_interpolated_quantile(e, cum, rng.betavariate(a, b)) for e, cum, a, b in prepared]
-        if medians[1] > 0:
-            ratios.append(medians[0] / medians[1])
+        means = []
+        for blocks in prepared:
+            picked = rng.choices(blocks, k=len(blocks))
+            total = sum(c for _, c in picked)
+            means.append(sum(s for s, _ in picked) / total)
+        if means[1] > 0:
+            ratios.append(means[0] / means[1])
     if not ratios:
         return None
     ratios.sort()
