@@ -74,10 +74,12 @@ def main(argv: list = None) -> int:
     ms = timer["ms_per_iter"]
     print()
     print(f"run {args.name!r}: status {summary['status']}")
-    print(f"  speed      {ms['median']:.1f} ms/iter median, {timer['it_per_s']:.1f} it/s,"
+    print(f"  speed      {ms['mean']:.1f} ms/iter mean ({timer['it_per_s']:.1f} it/s), median {ms['median']:.1f},"
           f" p95 {ms['p95']:.1f} ms, p99 {ms['p99']:.1f} ms ({timer['measured_iterations']} iterations measured)")
+    with_eval = timer["projected_time_to_target_with_eval_s"]
     print(f"  time       train {timer['train_time_s']:.1f} s, eval {timer['eval_time_s']:.1f} s;"
-          f" 30,000 iterations would take {timer['projected_time_to_target_s'] / 3600:.2f} h")
+          f" 30,000 iterations would take {timer['projected_time_to_target_s'] / 3600:.2f} h training,"
+          f" {with_eval / 3600:.2f} h with evaluation")
     profile = summary["section_profiler"]
     shares = sorted(((r["share_pct"] or 0.0, n) for n, r in profile["sections"].items()), reverse=True)[:3]
     print("  sections   " + ", ".join(f"{n} {pct:.0f}%" for pct, n in shares) + f"; {profile['insights'][0]}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import List, Optional
@@ -23,8 +24,8 @@ def _non_negative_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 
@@ -49,11 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=_positive_int, default=30000, help="N for time to N iterations (30000)")
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     p.add_argument("--names", nargs=2, metavar=("BASE", "CANDIDATE"), help="names to show for the two runs")
+    p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
+                   help="a change smaller than PCT percent is called within noise even when the CI excludes 1 (2)")
     p.add_argument(
         "--fail-if-slower",
         type=_non_negative_float,
         metavar="PCT",
-        help="exit 1 when the candidate's median ms/iter is more than PCT percent above the base's",
+        help="exit 1 when the candidate is more than PCT percent slower than the base (the headline speed), or when"
+        " that cannot be decided (no measured iterations, no iteration_timer section, a run that did not complete)",
     )
 
     p = sub.add_parser("report", help="one row per run: it/s, change vs the first, peak memory, quality")
@@ -95,14 +99,24 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from lightning_perf.summary.compare import FORMATTERS, compare_summaries, default_names
 
     base, candidate = load_summary(args.base), load_summary(args.candidate)
-    names = args.names or default_names(args.base, args.candidate)
+    names = args.names or default_names(args.base, args.candidate, [base, candidate])
     result = compare_summaries(base, candidate, iterations=args.iterations, base_name=names[0],
-                               candidate_name=names[1])
+                               candidate_name=names[1], min_effect_pct=args.min_effect)
     print(FORMATTERS[args.format](result))
+    if args.fail_if_slower is None:
+        return EXIT_OK
+    undecided = [f"{name} run status is {run.get('status')!r}" for name, run in
+                 ((names[0], base), (names[1], candidate)) if run.get("status") != "completed"]
     slower = result["candidate_slower_pct"]
-    if args.fail_if_slower is not None and slower is not None and slower > args.fail_if_slower:
+    if slower is None:
+        undecided.append(next((n for n in result["notes"] if n.startswith("speedup unavailable")), "no speedup"))
+    if undecided:
+        print(f"lightning-perf: --fail-if-slower cannot decide: {'; '.join(undecided)}", file=sys.stderr)
+        return EXIT_SLOWER
+    if slower > args.fail_if_slower:
         print(
-            f"lightning-perf: candidate is {slower:.1f}% slower than base (limit {args.fail_if_slower:g}%)",
+            f"lightning-perf: candidate is {slower:.1f}% slower than base ({result['speedup_basis']};"
+            f" limit {args.fail_if_slower:g}%)",
             file=sys.stderr,
         )
         return EXIT_SLOWER
@@ -110,13 +124,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from lightning_perf.summary.fields import run_name
+    from lightning_perf.summary.fields import run_names
     from lightning_perf.summary.report import format_report, report_rows
 
     if args.names and len(args.names) != len(args.runs):
         raise SummaryError(f"--names got {len(args.names)} names for {len(args.runs)} runs")
     summaries = [load_summary(path) for path in args.runs]
-    names = args.names or [run_name(path) for path in args.runs]
+    names = args.names or run_names(args.runs, summaries)
     rows = report_rows(summaries, names)
     print(format_report(rows, args.format))
     if args.plot:

@@ -123,7 +123,13 @@ def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
     assert "**Best:**" in text
     rows = {r["variant"]: r for r in read_csv(out_csv)}
     assert float(rows["baseline"]["speedup"]) == pytest.approx(1.0)
-    assert float(rows["bs4"]["speedup"]) > 1.0  # half the batch: faster iterations
+    # half the batch: faster iterations but not the same work, so the headline is samples/s, as in compare
+    assert rows["bs4"]["speedup_basis"] == "samples/s"
+    bs4 = json.loads((tmp_path / "runs" / "bs4" / "perf_summary.json").read_text())["iteration_timer"]
+    base = json.loads((tmp_path / "runs" / "baseline" / "perf_summary.json").read_text())["iteration_timer"]
+    assert float(rows["bs4"]["speedup"]) == pytest.approx(bs4["samples_per_s"] / base["samples_per_s"], rel=1e-6)
+    best = "bs4" if float(rows["bs4"]["speedup"]) > 1.0 else "baseline"
+    assert f"**Best:** {best}," in text
     assert rows["bs4"]["psnr"] != "" and rows["typo"]["status"].startswith("crashed")
     summary = json.loads((tmp_path / "runs" / "bs4" / "perf_summary.json").read_text())
     for section in ("iteration_timer", "section_profiler", "vram", "eval_no_grad_guard", "quality_gate"):

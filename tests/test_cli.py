@@ -51,18 +51,23 @@ def test_compare_json_is_consistent_with_the_files(runs):
         slow = json.load(fh)["iteration_timer"]
     with open(runs["fast"]) as fh:
         fast = json.load(fh)["iteration_timer"]
-    speedup = slow["ms_per_iter"]["median"] / fast["ms_per_iter"]["median"]
+    # the headline: wall time per measured iteration, total over count, straight from the files
+    speedup = (slow["histogram_ms"]["sum"] / slow["measured_iterations"]) / (
+        fast["histogram_ms"]["sum"] / fast["measured_iterations"])
     assert result["speedup"] == pytest.approx(speedup)
+    assert result["speedup_basis"] == "it/s"
     assert speedup > 1.0  # 4 ms of sleep per step is the difference
     lo, hi = result["speedup_ci95"]
     assert lo <= result["speedup"] <= hi
-    assert result["time_to_iterations_s"]["base"] == pytest.approx(30000 * slow["ms_per_iter"]["median"] / 1000)
+    warmup_extra = slow["warmup_time_s"] - slow["excluded"]["warmup"] * slow["ms_per_iter"]["mean"] / 1000
+    assert result["time_to_iterations_s"]["base"] == pytest.approx(
+        30000 * slow["ms_per_iter"]["mean"] / 1000 + max(0.0, warmup_extra))
     assert result["time_saved_s"] > 0
 
 
 def test_compare_markdown(runs):
     out = cli("compare", runs["fast"], runs["slow"], "--format", "markdown", "--names", "A", "B", check_rc=0).stdout
-    assert out.startswith("| run | ms/iter (median)")
+    assert out.startswith("| run | ms/iter (mean) | it/s | samples/s | min ms | median ms | p95 ms | p99 ms | max ms")
     assert "| A |" in out and "| B |" in out and "**Speedup:**" in out
 
 
@@ -100,7 +105,8 @@ def test_report_markdown_and_csv(runs):
     out = cli("report", runs["slow"], runs["fast"], check_rc=0).stdout.splitlines()
     assert out[0].startswith("| Run | Speed (it/s) |")
     assert out[2].startswith("| slow |") and out[3].startswith("| fast |")
-    assert "%" in out[3].split("|")[4]  # change vs the first row
+    assert out[2].split("|")[6].strip() == "baseline"
+    assert "%" in out[3].split("|")[6]  # change vs the first row
     csv_out = cli("report", runs["slow"], runs["fast"], "--format", "csv", "--names", "base", "opt",
                   check_rc=0).stdout.splitlines()
     assert csv_out[0].startswith("run,status,it_per_s")

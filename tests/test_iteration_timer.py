@@ -9,6 +9,34 @@ from helpers import ManualModel, TinyModel, find_summary, fit, read_scalars, tra
 from lightning_perf import IterationTimer
 
 
+class TwoOptimizerModel(TinyModel):
+    """Manual optimization with two optimizers: global_step advances twice per batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        for opt in self.optimizers():
+            opt.zero_grad()
+        self.manual_backward(loss)
+        for opt in self.optimizers():
+            opt.step()
+        return loss
+
+    def configure_optimizers(self):
+        half = len(list(self.net.parameters())) // 2
+        params = list(self.net.parameters())
+        return torch.optim.SGD(params[:half], lr=0.01), torch.optim.SGD(params[half:], lr=0.01)
+
+
+class StepSleepModel(TinyModel):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.005)
+        return super().training_step(batch, batch_idx)
+
+
 class SleepyModel(TinyModel):
     """Training steps of at least 5 ms, validation runs of at least 0.3 s: sleep gives lower bounds only."""
 
@@ -24,12 +52,13 @@ class SleepyModel(TinyModel):
 def test_summary_figures_of_a_real_fit(tmp_path):
     fit(tmp_path, [IterationTimer(warmup_steps=2)], max_epochs=3)
     s = find_summary(tmp_path)
-    assert s["status"] == "completed" and s["schema_version"] == 1
+    assert s["status"] == "completed" and s["schema_version"] == 2
     t = s["iteration_timer"]
     assert t["iterations"] == 24 and t["batches"] == 24 and t["samples"] == 192  # 8 batches of 8, 3 epochs
-    # warm-up 2, then the first iteration of epochs 2 and 3; after-eval ones coincide with epoch starts here
-    assert t["excluded"] == {"warmup": 2, "epoch_start": 2, "after_eval": 0}
-    assert t["measured_iterations"] == 24 - 4
+    # only the warm-up is left out: epoch starts and iterations after validation are real training time
+    assert t["excluded"] == {"warmup": 2}
+    assert t["measured_iterations"] == 24 - 2
+    assert t["validation_runs"] == 3
     ms = t["ms_per_iter"]
     assert ms["min"] <= ms["p50"] <= ms["p95"] <= ms["p99"] <= ms["max"]
     assert t["it_per_s"] == pytest.approx(1000.0 / ms["mean"])
@@ -41,6 +70,15 @@ def test_summary_figures_of_a_real_fit(tmp_path):
     assert run["precision"] == "32-true" and run["world_size"] == 1 and run["accumulate_grad_batches"] == 1
 
 
+def test_measured_iterations_and_warmup_add_up_to_the_training_wall_time(tmp_path):
+    """What the headline predicts: nothing between iterations (epoch ends, checkpoint saves, a validation's
+    neighbours) falls outside them; only the last epoch's end hooks after the last iteration do."""
+    fit(tmp_path, [IterationTimer(warmup_steps=2)], model=StepSleepModel(), max_epochs=3)
+    t = find_summary(tmp_path)["iteration_timer"]
+    measured_s = t["histogram_ms"]["sum"] / 1000.0
+    assert measured_s + t["warmup_time_s"] == pytest.approx(t["train_time_s"], rel=0.03)
+
+
 def test_validation_and_sanity_time_are_eval_time_not_iteration_time(tmp_path):
     model = SleepyModel()
     fit(tmp_path, [IterationTimer(warmup_steps=0)], model=model, max_epochs=1, val_check_interval=4,
@@ -50,7 +88,9 @@ def test_validation_and_sanity_time_are_eval_time_not_iteration_time(tmp_path):
     # two validation runs of >= 0.3 s each: counted as eval, none of it inside an iteration
     assert t["eval_time_s"] >= 0.6
     assert t["ms_per_iter"]["max"] < 300.0
-    assert t["excluded"]["after_eval"] == 1  # the mid-epoch validation; the epoch-end one closes the fit
+    assert t["validation_runs"] == 2 and t["eval_time_per_validation_s"] >= 0.3
+    # the iteration that a validation interrupted is measured without the validation inside it
+    assert t["measured_iterations"] == 8
     assert t["sanity_check_time_s"] > 0.0
 
 
@@ -66,6 +106,8 @@ def test_manual_optimization_counts_batches(tmp_path):
     t = find_summary(tmp_path)["iteration_timer"]
     assert t["manual_optimization"] is True
     assert t["iterations"] == 8 and t["measured_iterations"] == 7
+    # max_steps counts optimizer steps (4 here, one every 2 batches); N of time to N is in batches
+    assert t["target_steps"] is None
 
 
 def test_tensorboard_scalars_are_written(tmp_path):
@@ -86,8 +128,27 @@ def test_target_steps_defaults_to_max_steps(tmp_path):
     fit(tmp_path, [IterationTimer(warmup_steps=0)], max_epochs=None, max_steps=12)
     t = find_summary(tmp_path)["iteration_timer"]
     assert t["target_steps"] == 12
-    assert t["projected_time_to_target_s"] == pytest.approx(12 * t["ms_per_iter"]["median"] / 1000.0)
+    assert t["projected_time_to_target_s"] == pytest.approx(12 * t["ms_per_iter"]["mean"] / 1000.0)
+    assert t["projected_remaining_s"] == 0.0 and t["projected_remaining_with_eval_s"] == 0.0
+
+
+def test_manual_optimization_target_from_max_steps_is_converted_to_batches(tmp_path):
+    """Two optimizer steps per batch would otherwise leave a finished run with half its time "remaining"."""
+    fit(tmp_path, [IterationTimer(warmup_steps=1)], model=TwoOptimizerModel(), max_epochs=None, max_steps=16)
+    t = find_summary(tmp_path)["iteration_timer"]
+    assert t["iterations"] == 8 and t["target_steps"] == 8
     assert t["projected_remaining_s"] == 0.0
+
+
+def test_a_fit_that_fails_in_its_sanity_check_still_names_its_target(tmp_path):
+    class BadValidation(TinyModel):
+        def validation_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(tmp_path, [IterationTimer()], model=BadValidation(), max_epochs=None, max_steps=50)
+    t = find_summary(tmp_path)["iteration_timer"]
+    assert t["target_steps"] == 50 and "projected_time_to_target_s" not in t["unavailable"]
 
 
 def test_resume_covers_the_whole_run_and_rates_do_not_spike(tmp_path):

@@ -134,8 +134,10 @@ def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             row.update(
                 train_time_s=dig(s, "iteration_timer", "train_time_s"),
                 eval_time_s=dig(s, "iteration_timer", "eval_time_s"),
-                ms_per_iter=dig(s, "iteration_timer", "ms_per_iter", "median"),
+                ms_per_iter=dig(s, "iteration_timer", "ms_per_iter", "mean"),
+                samples_per_s=dig(s, "iteration_timer", "samples_per_s"),
                 speedup=cmp.get("speedup"),
+                speedup_basis=cmp.get("speedup_basis"),
                 speedup_ci_low=(cmp.get("speedup_ci95") or [None, None])[0],
                 speedup_ci_high=(cmp.get("speedup_ci95") or [None, None])[1],
                 peak_memory_mb=train_peak_mb(s),
@@ -148,6 +150,7 @@ def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def best_variant(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The fastest completed variant whose gate did not fail, by the headline (samples/s where batch sizes differ)."""
     ok = [r for r in rows if r["status"] == "completed" and r.get("speedup") and r.get("quality_gate") is not False]
     return max(ok, key=lambda r: r["speedup"]) if ok else None
 
@@ -163,13 +166,17 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
         else:
             speed = "-"
         gate = {True: "passed", False: "FAILED", None: "-"}[r.get("quality_gate")]
-        table.append([r["variant"], fmt_duration(r.get("train_time_s")), fmt_num(r.get("ms_per_iter")), speed,
+        if r.get("speedup") and r.get("speedup_basis") == "samples/s":
+            speed += " samples/s"
+        table.append([r["variant"], fmt_duration(r.get("train_time_s")), fmt_num(r.get("ms_per_iter")),
+                      fmt_num(r.get("samples_per_s"), 1), speed,
                       fmt_mb(r.get("peak_memory_mb")), r.get("epoch_times_s") or "-", fmt_num(r.get("psnr")), gate,
                       r["status"]])
-    text = markdown_table(["Variant", "Train time", "ms/iter", "Speedup (95% CI)", "Peak memory", "Epoch times (s)",
+    text = markdown_table(["Variant", "Train time", "ms/iter (mean)", "Samples/s", "Speedup (95% CI)", "Peak memory", "Epoch times (s)",
                            "PSNR", "Quality gate", "Status"], table)
     best = best_variant(rows)
     if best is not None:
-        text += (f"\n\n**Best:** {best['variant']}, {best['speedup']:.2f}x the speed of the first variant"
+        basis = "samples/s" if best.get("speedup_basis") == "samples/s" else "it/s"
+        text += (f"\n\n**Best:** {best['variant']}, {best['speedup']:.2f}x the {basis} of the first variant"
                  f" ({rows[0]['variant']}), quality gate not failed.")
     return text

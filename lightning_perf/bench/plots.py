@@ -69,13 +69,16 @@ def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
 
 
 def plot_report(rows: List[Dict[str, Any]], path: str) -> None:
-    """it/s, peak train and eval memory, and quality (PSNR when present) per run."""
+    """Speed against the first run (the report's Change), peak train and eval memory, and quality per run."""
     plt = _pyplot()
     names = [r["run"] for r in rows]
     has_quality = any(r.get("psnr") is not None for r in rows)
     fig, axes = plt.subplots(1, 3 if has_quality else 2, figsize=(5 * (3 if has_quality else 2), 4.5))
-    axes[0].bar(names, [r["it_per_s"] or 0 for r in rows], color="tab:blue")
-    axes[0].set(title="Speed", ylabel="iterations / s")
+    axes[0].bar(names, [r["speedup"] or 0 for r in rows], color="tab:blue")
+    axes[0].axhline(1.0, color="grey", linewidth=1)
+    samples = any(r["speedup_basis"] == "samples/s" for r in rows[1:])
+    axes[0].set(title="Speed vs " + names[0], ylabel="x " + ("(samples/s where batch sizes differ)" if samples
+                                                             else "(iterations / s)"))
     width = 0.4
     xs = range(len(rows))
     axes[1].bar([x - width / 2 for x in xs], [r["train_peak_mb"] or 0 for r in rows], width, label="train")

@@ -18,7 +18,8 @@ from lightning_perf.callbacks._common import (
     spread_across_ranks,
 )
 from lightning_perf.measure.clock import DeviceIntervalClock, now
-from lightning_perf.measure.stats import LogHistogram
+from lightning_perf.measure.stats import BlockSeries, LogHistogram
+from lightning_perf.summary.projection import project_time
 
 _MAX_EPOCH_RECORDS = 10_000
 
@@ -47,18 +48,20 @@ class IterationTimer(PerfCallback):
     r"""Times every training iteration (one optimizer step) and reports how fast training really runs.
 
     An iteration's time is the round trip from the end of one optimizer step to the end of the next: waiting for
-    data, the forward and backward passes, callbacks and checkpoint saves are inside it; validation and sanity
-    checking are not (they are eval time, reported on their own). With ``accumulate_grad_batches=k`` an iteration
-    is k batches; under manual optimization it is one batch. The first ``warmup_steps`` iterations of each fit and
-    the first iteration of each epoch and after each validation are left out of the distribution and counted under
-    ``excluded``. On CUDA the device's own interval between iteration ends is read from CUDA events once they are
-    complete, so nothing in the step path waits for the GPU.
+    data, the forward and backward passes, callbacks, checkpoint saves and epoch boundaries (a DataLoader starting
+    its workers) are inside it; validation and sanity checking are not (they are eval time, reported on their own,
+    and cut out of the iteration they interrupt). So the measured iterations add up to the training wall time, and
+    the headline (mean ms/iter, it/s = 1000 / mean) predicts it. With ``accumulate_grad_batches=k`` an iteration is
+    k batches; under manual optimization it is one batch. The first ``warmup_steps`` iterations of each fit are left
+    out of the distribution; their extra cost goes into the time to N. On CUDA the device's own interval between
+    iteration ends is read from CUDA events once they are complete, so nothing in the step path waits for the GPU.
 
     Args:
         warmup_steps: iterations at the start of each fit left out of the distribution.
         log_every_n_steps: how often the windowed rates go to the loggers; default the trainer's
             ``log_every_n_steps``.
-        target_steps: N of "time to N iterations"; default the trainer's ``max_steps`` when set, else none.
+        target_steps: N of "time to N iterations"; default the trainer's ``max_steps`` when set (under manual
+            optimization converted from optimizer steps to batches at the run's observed ratio), else none.
         batch_size_fn: ``batch -> int`` for samples/s; by default the leading dimension of a tensor batch, or of
             the first tensor in nested tuples, lists and dicts.
         device_timing: also time iterations with CUDA events when training on CUDA.
@@ -118,9 +121,13 @@ class IterationTimer(PerfCallback):
         self._prior_eval_time_s = 0.0
         self._host = LogHistogram()
         self._device = LogHistogram()
+        self._blocks = BlockSeries()
         self._counted_samples = 0
         self._counted_batches = 0
-        self._excluded: Dict[str, int] = {"warmup": 0, "epoch_start": 0, "after_eval": 0}
+        self._excluded: Dict[str, int] = {"warmup": 0}
+        self._warmup_time_s = 0.0
+        self._validation_runs = 0
+        self._fits = 0
         self._epochs: List[Dict[str, Any]] = []
         self._resumed_at: Optional[int] = None
         self._samples_unknown: Optional[str] = None
@@ -133,8 +140,10 @@ class IterationTimer(PerfCallback):
         self._sanity_time_s = 0.0
         self._eval_start: Optional[float] = None
         self._last_mark: Optional[float] = None
-        self._skip_reason: Optional[str] = None
         self._last_global_step = 0
+        self._first_global_step = 0
+        self._target: Optional[int] = self.target_steps
+        self._target_from_max_steps = False
         self._manual = False
         self._iter_samples = 0
         self._iter_batches = 0
@@ -164,6 +173,9 @@ class IterationTimer(PerfCallback):
         self._reset()
         self._start_run(trainer)
         self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+        # Known before anything runs, so a fit that fails in its sanity check still names its target.
+        if self.target_steps is None and trainer.max_steps is not None and trainer.max_steps > 0:
+            self._target, self._target_from_max_steps = trainer.max_steps, True
 
     @guarded
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -178,23 +190,19 @@ class IterationTimer(PerfCallback):
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._manual = not pl_module.automatic_optimization
-        self._last_global_step = trainer.global_step
+        self._last_global_step = self._first_global_step = trainer.global_step
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
-        if self.target_steps is None and trainer.max_steps is not None and trainer.max_steps > 0:
-            self._target = trainer.max_steps
-        else:
-            self._target = self.target_steps
-        self._train_start = now()
+        self._fits += 1
+        self._train_start = self._last_mark = now()
 
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        t = now()
-        self._epoch_start = t
+        # The round trip goes on across the epoch boundary: epoch-end hooks and a DataLoader starting its workers
+        # are real training time, paid again every epoch, and belong to the first iteration of the next epoch.
+        self._epoch_start = now()
         self._epoch_eval_start = self._eval_time_fit
         self._epoch_iter_start = self.iterations
-        self._last_mark = t
-        self._skip_reason = "epoch_start"
 
     @guarded
     def on_train_batch_end(
@@ -207,21 +215,22 @@ class IterationTimer(PerfCallback):
             if size is not None:
                 self.samples += size
                 self._iter_samples += size
+        step = trainer.global_step
         if not self._manual:
-            step = trainer.global_step
             if step == self._last_global_step:
                 return  # still accumulating: the iteration ends with the optimizer step
-            self._last_global_step = step
+        self._last_global_step = step
         self._end_iteration(trainer)
 
     def _end_iteration(self, trainer: Trainer) -> None:
         t = now()
         self.iterations += 1
         self._fit_iterations += 1
-        reason = "warmup" if self._fit_iterations <= self.warmup_steps else self._skip_reason
-        if self._last_mark is not None and reason is None:
-            seconds = t - self._last_mark
+        reason = "warmup" if self._fit_iterations <= self.warmup_steps else None
+        seconds = t - self._last_mark if self._last_mark is not None else 0.0
+        if reason is None:
             self._host.add(seconds * 1000.0)
+            self._blocks.add(seconds * 1000.0)
             self._counted_batches += self._iter_batches
             self._counted_samples += self._iter_samples
             w = self._window
@@ -229,14 +238,14 @@ class IterationTimer(PerfCallback):
             w[1] += 1
             w[2] += self._iter_batches
             w[3] += self._iter_samples
-        elif reason is not None:
+        else:
             self._excluded[reason] = self._excluded.get(reason, 0) + 1
+            self._warmup_time_s += seconds
         if self._clock is not None:
             self._clock.mark(counted=reason is None)
             for ms in self._clock.poll():
                 self._device.add(ms)
         self._last_mark = t
-        self._skip_reason = None
         self._iter_batches = 0
         self._iter_samples = 0
         if self._fit_iterations % self._log_every == 0:
@@ -281,9 +290,12 @@ class IterationTimer(PerfCallback):
         if trainer.sanity_checking or self._eval_start is None:
             return
         self._sync_device()
-        self._eval_time_fit += now() - self._eval_start
+        seconds = now() - self._eval_start
+        self._eval_time_fit += seconds
+        self._validation_runs += 1
         self._eval_start = None
-        self._skip_reason = "after_eval"
+        if self._last_mark is not None:  # cut the validation out of the iteration it interrupted
+            self._last_mark += seconds
 
     def _sync_device(self) -> None:
         # Phase boundaries only: attributing queued GPU work to the right phase costs nothing here.
@@ -346,13 +358,24 @@ class IterationTimer(PerfCallback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._write_summary(trainer)
         if self.verbose and trainer.is_global_zero:
-            s = self._host.summary()
-            if s["median"] is not None:
-                rank_zero_info(
-                    f"IterationTimer: {s['median']:.2f} ms/iter median ({1000.0 / s['mean']:.2f} it/s mean),"
-                    f" p95 {s['p95']:.2f} ms, over {self._host.count} of {self.iterations} iterations;"
-                    f" train {self._train_time_s():.1f} s, eval {self._eval_time_s():.1f} s"
-                )
+            rank_zero_info(self.verdict())
+
+    def verdict(self) -> str:
+        """One line for the console: the headline (mean), the typical iteration (median), the tail, the totals."""
+        s = self._host.summary()
+        if s["mean"] is None:
+            return f"IterationTimer: no iteration measured ({self.iterations} ran, {self.warmup_steps} warm-up per fit)"
+        line = (f"IterationTimer: {s['mean']:.2f} ms/iter mean ({1000.0 / s['mean']:.2f} it/s), median {s['median']:.2f},"
+                f" p95 {s['p95']:.2f} ms, over {self._host.count} of {self.iterations} iterations;"
+                f" train {self._train_time_s():.1f} s, eval {self._eval_time_s():.1f} s")
+        target = self._target_iterations()
+        if target is not None:
+            p = self._projection(target)
+            if p["train_s"] is not None:
+                line += f"; {target:,} iterations: {p['train_s']:.1f} s training"
+                if p["with_eval_s"] is not None and p["with_eval_s"] != p["train_s"]:
+                    line += f", {p['with_eval_s']:.1f} s with evaluation"
+        return line
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -372,28 +395,24 @@ class IterationTimer(PerfCallback):
         if self._host.count == 0:
             unavailable["ms_per_iter"] = (
                 f"no iteration was measured: {self.iterations} iterations ran and the first"
-                f" {self.warmup_steps} of each fit (plus epoch starts and post-validation ones) are excluded"
+                f" {self.warmup_steps} of each fit are warm-up"
             )
         if self._clock is None:
             unavailable["device_ms_per_iter"] = "device timing needs CUDA" if self.device_timing else "switched off"
         elif self._device.count == 0:
             unavailable["device_ms_per_iter"] = "no CUDA event interval completed"
-        target = getattr(self, "_target", self.target_steps)
-        median = s["median"]
-        projected = None
-        remaining = None
-        if target is not None and median is not None:
-            projected = target * median / 1000.0
-            remaining = max(0, target - self.iterations) * median / 1000.0
-        elif target is None:
+        target = self._target_iterations()
+        if target is None:
             unavailable["projected_time_to_target_s"] = "no target: set `target_steps` or the trainer's `max_steps`"
-        return {
+        section: Dict[str, Any] = {
             "iterations": self.iterations,
             "batches": self.batches,
             "samples": self.samples if self._samples_unknown is None else None,
             "measured_iterations": self._host.count,
             "warmup_steps": self.warmup_steps,
             "excluded": dict(self._excluded),
+            "warmup_time_s": self._warmup_time_s,
+            "fits": self._fits,
             "manual_optimization": self._manual,
             "resumed_at_iteration": self._resumed_at,
             "ms_per_iter": s,
@@ -405,14 +424,43 @@ class IterationTimer(PerfCallback):
             "train_time_s": self._train_time_s(),
             "eval_time_s": self._eval_time_s(),
             "sanity_check_time_s": self._sanity_time_s,
+            "validation_runs": self._validation_runs,
+            "eval_time_per_validation_s": (
+                self._eval_time_s() / self._validation_runs if self._validation_runs else None),
             "epochs": list(self._epochs),
-            "target_steps": target,
-            "projected_time_to_target_s": projected,
-            "projected_remaining_s": remaining,
             "ranks": self._ranks,
             "histogram_ms": self._host.to_dict(),
+            "blocks_ms": self._blocks.to_dict(),
             "unavailable": unavailable,
         }
+        section["target_steps"] = target
+        total = self._projection(target, section) if target is not None else {"train_s": None, "with_eval_s": None}
+        left = (self._projection(target, section, done=self.iterations) if target is not None
+                else {"train_s": None, "with_eval_s": None})
+        section["projected_time_to_target_s"] = total["train_s"]
+        section["projected_time_to_target_with_eval_s"] = total["with_eval_s"]
+        section["projected_remaining_s"] = left["train_s"]
+        section["projected_remaining_with_eval_s"] = left["with_eval_s"]
+        return section
+
+    def _target_iterations(self) -> Optional[int]:
+        """N in iterations. A target taken from ``max_steps`` counts optimizer steps: under manual optimization
+        (an iteration is a batch) it is converted at the ratio of batches to optimizer steps seen so far."""
+        target = self._target
+        if target is None or not (self._manual and self._target_from_max_steps):
+            return target
+        steps = self._last_global_step - self._first_global_step
+        fit_iters = self._fit_iterations
+        if steps <= 0 or fit_iters <= 0:
+            return target
+        return int(round(target * fit_iters / steps))
+
+    def _projection(self, n: int, section: Optional[Dict[str, Any]] = None, done: int = 0) -> Dict[str, Any]:
+        if section is None:
+            section = {"ms_per_iter": {"mean": self._host.mean}, "warmup_time_s": self._warmup_time_s,
+                       "excluded": self._excluded, "fits": self._fits, "validation_runs": self._validation_runs,
+                       "iterations": self.iterations, "eval_time_s": self._eval_time_s()}
+        return project_time(section, n, done=done)
 
     # -- checkpointing -------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -425,8 +473,12 @@ class IterationTimer(PerfCallback):
             "counted_samples": self._counted_samples,
             "counted_batches": self._counted_batches,
             "excluded": dict(self._excluded),
+            "warmup_time_s": self._warmup_time_s,
+            "validation_runs": self._validation_runs,
+            "fits": self._fits,
             "epochs": list(self._epochs),
             "histogram_ms": self._host.to_dict(),
+            "blocks_ms": self._blocks.to_dict(),
             "device_histogram_ms": self._device.to_dict(),
         }
 
@@ -438,10 +490,15 @@ class IterationTimer(PerfCallback):
         self._prior_eval_time_s = float(state_dict.get("eval_time_s", 0.0))
         self._counted_samples = int(state_dict.get("counted_samples", 0))
         self._counted_batches = int(state_dict.get("counted_batches", 0))
-        self._excluded.update(state_dict.get("excluded", {}))
+        self._excluded["warmup"] = int(state_dict.get("excluded", {}).get("warmup", 0))
+        self._warmup_time_s = float(state_dict.get("warmup_time_s", 0.0))
+        self._validation_runs = int(state_dict.get("validation_runs", 0))
+        self._fits = int(state_dict.get("fits", 0))
         self._epochs = list(state_dict.get("epochs", []))
         if "histogram_ms" in state_dict:
             self._host = LogHistogram.from_dict(state_dict["histogram_ms"])
+        if "blocks_ms" in state_dict:
+            self._blocks = BlockSeries.from_dict(state_dict["blocks_ms"])
         if "device_histogram_ms" in state_dict:
             self._device = LogHistogram.from_dict(state_dict["device_histogram_ms"])
         self._resumed_at = self.iterations

@@ -31,6 +31,7 @@ _MAX_CALLS_PER_ITERATION = 10_000
 # Insight thresholds (documented in docs/section_profiler.md).
 DATA_LOADING_PCT = 15.0
 BACKWARD_OVER_FORWARD = 3.0
+FORWARD_PCT = 60.0
 OPTIMIZER_PCT = 20.0
 CHECKPOINT_PCT = 10.0
 HOST_OVER_DEVICE = 1.5
@@ -394,11 +395,20 @@ class SectionProfiler(PerfCallback):
 
     # -- results -------------------------------------------------------------------------------------------------
     def table(self) -> Dict[str, Dict[str, Any]]:
-        """Per section: kind, parent, count, total_s, mean/min/max/p50/p95 ms, share_pct, device_mean_ms."""
+        """Per section: kind, parent, count, total_s, mean/min/max/p50/p95 ms, share_pct, device_mean_ms; automatic
+        sections also ``inclusive_total_s``, ``inclusive_mean_ms`` and ``inclusive_share_pct``: with the user sections
+        that ran inside them put back (what the insights compare)."""
         iteration_total = self._iteration.total
         out: Dict[str, Dict[str, Any]] = {}
+        inside: Dict[str, float] = {}
+        for sec in self._sections.values():
+            if sec.kind == "user" and sec.parent is not None:
+                inside[sec.parent] = inside.get(sec.parent, 0.0) + sec.host.total / 1000.0
         for name, sec in self._sections.items():
             s = sec.host.summary()
+            inclusive = None
+            if sec.kind == "auto":
+                inclusive = sec.host.total / 1000.0 + inside.get(name, 0.0)
             out[name] = {
                 "kind": sec.kind,
                 "parent": sec.parent,
@@ -409,11 +419,18 @@ class SectionProfiler(PerfCallback):
                 "device_mean_ms": sec.device.mean,
                 "closed_by_exception": sec.closed_by_exception,
             }
+            if inclusive is not None:
+                out[name]["inclusive_total_s"] = inclusive
+                out[name]["inclusive_mean_ms"] = 1000.0 * inclusive / sec.host.count if sec.host.count else None
+                out[name]["inclusive_share_pct"] = (100.0 * inclusive * 1000.0 / iteration_total
+                                                    if iteration_total > 0 else None)
         return out
 
     def insights(self, table: Optional[Dict[str, Dict[str, Any]]] = None) -> List[str]:
+        """Plain-language findings. Automatic sections are compared on inclusive times: a user section inside the
+        forward (an EMA, a sampler) is still forward time when weighing backward against forward."""
         table = self.table() if table is None else table
-        share = {n: r["share_pct"] or 0.0 for n, r in table.items()}
+        share = {n: r.get("inclusive_share_pct", r["share_pct"]) or 0.0 for n, r in table.items()}
         out: List[str] = []
         data = share.get("data_loading", 0.0)
         if data > DATA_LOADING_PCT:
@@ -422,10 +439,15 @@ class SectionProfiler(PerfCallback):
                        " or make preprocessing lighter.")
         elif "data_loading" in table:
             out.append(f"Data loading {data:.1f}%: efficient.")
-        fwd, bwd = (table.get(n, {}).get("mean_ms") for n in ("forward", "backward"))
+        fwd, bwd = (table.get(n, {}).get("inclusive_mean_ms") for n in ("forward", "backward"))
         if fwd and bwd and bwd > BACKWARD_OVER_FORWARD * fwd:
             out.append(f"Backward takes {bwd / fwd:.1f}x the forward (usually about 2x): look for gradient"
                        " checkpointing recomputation, ops with slow backward kernels, or parameters that need no grad.")
+        forward = share.get("forward", 0.0)
+        if forward > FORWARD_PCT:
+            out.append(f"The forward pass takes {forward:.1f}% of each iteration (above {FORWARD_PCT:g}%): mixed"
+                       " precision (Trainer(precision='bf16-mixed')), torch.compile, a smaller model or distillation"
+                       " cut it; profile_section shows which part of it is slow.")
         opt = share.get("optimizer_step", 0.0)
         if opt > OPTIMIZER_PCT:
             out.append(f"The optimizer step takes {opt:.1f}% (above {OPTIMIZER_PCT:g}%): try a fused or foreach"
@@ -491,6 +513,6 @@ class SectionProfiler(PerfCallback):
             "ranks": self._ranks,
             "unavailable": unavailable,
             "thresholds": {"data_loading_pct": DATA_LOADING_PCT, "backward_over_forward": BACKWARD_OVER_FORWARD,
-                           "optimizer_pct": OPTIMIZER_PCT, "checkpointing_pct": CHECKPOINT_PCT,
+                           "optimizer_pct": OPTIMIZER_PCT, "forward_pct": FORWARD_PCT, "checkpointing_pct": CHECKPOINT_PCT,
                            "host_over_device": HOST_OVER_DEVICE},
         }

@@ -5,21 +5,22 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional
 
-from lightning_perf.measure.stats import bootstrap_median_ratio_ci
+from lightning_perf.measure.stats import block_bootstrap_mean_ratio_ci
 from lightning_perf.summary.fields import (
     IMAGE_METRIC_DIRECTIONS,
+    blocks,
     dig,
     fmt_duration,
     fmt_mb,
     fmt_num,
     fmt_pct,
-    histogram,
     markdown_table,
     memory,
     quality,
-    run_name,
+    run_names,
     speed,
 )
+from lightning_perf.summary.projection import project_time
 
 
 def _delta(base: Optional[float], cand: Optional[float]) -> Dict[str, Optional[float]]:
@@ -28,14 +29,64 @@ def _delta(base: Optional[float], cand: Optional[float]) -> Dict[str, Optional[f
     return {"base": base, "candidate": cand, "delta": delta, "delta_pct": pct}
 
 
+#: Changes smaller than this are "within noise" even when the interval excludes 1: a within-run interval cannot see
+#: what moves between two runs of one configuration (clock boost, neighbours, a warmer cache).
+MIN_EFFECT_PCT = 2.0
+
+
+def headline(base: Dict[str, Any], candidate: Dict[str, Any], with_ci: bool = True,
+             min_effect_pct: float = MIN_EFFECT_PCT) -> Dict[str, Any]:
+    """The one speed change that `compare`, `report`, `matrix` and the plot all show for a pair of runs.
+
+    Speed is wall-time throughput over the measured iterations: it/s = 1000 / mean ms/iter. When the runs process
+    different samples per iteration (a batch size changed), iterations are not the same work and the headline is
+    the samples/s ratio instead. The 95% CI is a block bootstrap of the ratio of mean ms/iter (blocks of consecutive
+    iterations, so bursts of slow steps are resampled together), scaled by the samples-per-iteration ratio where
+    samples/s is the basis. ``speedup`` > 1 means the candidate is faster. ``significant`` needs both: the interval
+    excludes 1 and the change is at least ``min_effect_pct``.
+    """
+    b, c = speed(base), speed(candidate)
+    out: Dict[str, Any] = {"speedup": None, "basis": "it/s", "ci95": None, "significant": None,
+                           "typical_speedup": None, "reason": None}
+    if not b["ms_per_iter_mean"] or not c["ms_per_iter_mean"]:
+        out["reason"] = " and ".join(
+            f"{name} has no measured iterations" if isinstance(run.get("iteration_timer"), dict)
+            else f"{name} has no iteration_timer section"
+            for name, run, figures in (("base", base, b), ("candidate", candidate, c))
+            if not figures["ms_per_iter_mean"])
+        return out
+    scale = 1.0
+    spi_b, spi_c = b["samples_per_iter"], c["samples_per_iter"]
+    if spi_b and spi_c and abs(spi_b - spi_c) > 0.01 * spi_b:
+        out["basis"] = "samples/s"
+        scale = spi_c / spi_b
+    out["speedup"] = scale * b["ms_per_iter_mean"] / c["ms_per_iter_mean"]
+    if b["ms_per_iter_median"] and c["ms_per_iter_median"]:
+        out["typical_speedup"] = scale * b["ms_per_iter_median"] / c["ms_per_iter_median"]
+    if with_ci:
+        sb, sc = blocks(base), blocks(candidate)
+        if sb is None or sc is None:
+            out["reason"] = "no CI: a run has no iteration blocks (a schema 1 summary)"
+        else:
+            ci = block_bootstrap_mean_ratio_ci(sb, sc)
+            if ci is None:
+                out["reason"] = "no CI: a run has fewer than 8 measured iterations"
+            else:
+                out["ci95"] = [scale * ci[0], scale * ci[1]]
+                excludes_one = out["ci95"][0] > 1.0 or out["ci95"][1] < 1.0
+                out["significant"] = excludes_one and abs(out["speedup"] - 1.0) * 100.0 >= min_effect_pct
+    return out
+
+
 def compare_summaries(
     base: Dict[str, Any],
     candidate: Dict[str, Any],
     iterations: int = 30000,
     base_name: str = "base",
     candidate_name: str = "candidate",
+    min_effect_pct: float = MIN_EFFECT_PCT,
 ) -> Dict[str, Any]:
-    """The comparison as a dict (what ``--format json`` prints). Speedup is base median / candidate median."""
+    """The comparison as a dict (what ``--format json`` prints). ``speedup`` is the :func:`headline`."""
     b, c = speed(base), speed(candidate)
     notes: List[str] = []
     for name, run in ((base_name, base), (candidate_name, candidate)):
@@ -44,34 +95,31 @@ def compare_summaries(
     devices = (dig(base, "run", "device"), dig(candidate, "run", "device"))
     if devices[0] != devices[1]:
         notes.append(f"runs used different devices ({devices[0]} vs {devices[1]}): speed is not comparable")
-
-    speedup = ci = slower_pct = None
-    if b["ms_per_iter_median"] and c["ms_per_iter_median"]:
-        speedup = b["ms_per_iter_median"] / c["ms_per_iter_median"]
-        slower_pct = 100.0 * (c["ms_per_iter_median"] / b["ms_per_iter_median"] - 1.0)
-        hb, hc = histogram(base), histogram(candidate)
-        if hb is not None and hc is not None:
-            ci = bootstrap_median_ratio_ci(hb, hc)
-    else:
-        notes.append("speedup unavailable: a run has no measured iterations")
-
+    head = headline(base, candidate, min_effect_pct=min_effect_pct)
+    speedup = head["speedup"]
+    if speedup is None:
+        notes.append(f"speedup unavailable: {head['reason']}")
+    elif head["reason"]:
+        notes.append(head["reason"])
+    if head["basis"] == "samples/s":
+        notes.append(
+            f"the runs process different samples per iteration ({b['samples_per_iter']:.1f} vs"
+            f" {c['samples_per_iter']:.1f}): the speedup is the samples/s ratio; it/s and time to N iterations"
+            " are not like for like"
+        )
     sample_speedup = None
     if b["samples_per_s"] and c["samples_per_s"]:
         sample_speedup = c["samples_per_s"] / b["samples_per_s"]
-        per_iter = [
-            run["samples_per_s"] / run["it_per_s"] if run["it_per_s"] else None for run in (b, c)
-        ]
-        if None not in per_iter and abs(per_iter[0] - per_iter[1]) > 0.01 * per_iter[0]:
-            notes.append(
-                f"the runs process different samples per iteration ({per_iter[0]:.1f} vs {per_iter[1]:.1f}):"
-                " it/s and time to N iterations are not like for like; compare samples/s"
-            )
 
-    def time_to_n(s: Dict[str, Optional[float]]) -> Optional[float]:
-        return iterations * s["ms_per_iter_median"] / 1000.0 if s["ms_per_iter_median"] else None
+    times = {key: project_time(dig(run, "iteration_timer") or {}, iterations)
+             for key, run in (("base", base), ("candidate", candidate))}
 
-    t_base, t_cand = time_to_n(b), time_to_n(c)
-    saved = None if t_base is None or t_cand is None else t_base - t_cand
+    def saved(field: str) -> Dict[str, Optional[float]]:
+        t_b, t_c = times["base"][field], times["candidate"][field]
+        s = None if t_b is None or t_c is None else t_b - t_c
+        return {"base": t_b, "candidate": t_c, "saved_s": s, "saved_pct": None if s is None or not t_b else 100.0 * s / t_b}
+
+    train_times, eval_times = saved("train_s"), saved("with_eval_s")
     mem_b, mem_c = memory(base), memory(candidate)
     mem = {k: _delta(mem_b[k], mem_c[k]) for k in mem_b if mem_b[k] is not None and mem_c[k] is not None}
     q_b, q_c = quality(base), quality(candidate)
@@ -82,22 +130,24 @@ def compare_summaries(
             entry["mode"] = dig(q_c, name, "mode") or IMAGE_METRIC_DIRECTIONS.get(name)
             entry["candidate_passed"] = dig(q_c, name, "passed")
             qual[name] = entry
-    significant = None
-    if ci is not None:
-        significant = ci[0] > 1.0 or ci[1] < 1.0
     return {
         "base": {"name": base_name, "status": base.get("status"), "device": devices[0], **b},
         "candidate": {"name": candidate_name, "status": candidate.get("status"), "device": devices[1], **c},
         "speedup": speedup,
-        "speedup_ci95": list(ci) if ci else None,
-        "speedup_significant": significant,
+        "speedup_basis": head["basis"],
+        "speedup_ci95": head["ci95"],
+        "speedup_significant": head["significant"],
+        "min_effect_pct": min_effect_pct,
         "change_pct": None if speedup is None else 100.0 * (speedup - 1.0),
+        "typical_iteration_speedup": head["typical_speedup"],
         "samples_per_s_speedup": sample_speedup,
-        "candidate_slower_pct": slower_pct,
+        "candidate_slower_pct": None if not speedup else 100.0 * (1.0 / speedup - 1.0),
         "iterations": iterations,
-        "time_to_iterations_s": {"base": t_base, "candidate": t_cand},
-        "time_saved_s": saved,
-        "time_saved_pct": None if saved is None or not t_base else 100.0 * saved / t_base,
+        "time_to_iterations_s": {"base": train_times["base"], "candidate": train_times["candidate"]},
+        "time_saved_s": train_times["saved_s"],
+        "time_saved_pct": train_times["saved_pct"],
+        "time_to_iterations_with_eval_s": {"base": eval_times["base"], "candidate": eval_times["candidate"]},
+        "time_saved_with_eval_s": eval_times["saved_s"],
         "memory_mb": mem,
         "quality": qual,
         "quality_gate_passed": {
@@ -110,19 +160,28 @@ def compare_summaries(
 
 def _speed_line(run: Dict[str, Any]) -> str:
     return (
-        f"{fmt_num(run['ms_per_iter_median'])} ms/iter median, {fmt_num(run['ms_per_iter_mean'])} mean"
-        f" ({fmt_num(run['it_per_s'])} it/s), p95 {fmt_num(run['ms_per_iter_p95'])} ms,"
+        f"{fmt_num(run['ms_per_iter_mean'])} ms/iter mean ({fmt_num(run['it_per_s'])} it/s),"
         f" {fmt_num(run['samples_per_s'], 1)} samples/s"
+    )
+
+
+def _spread_line(run: Dict[str, Any]) -> str:
+    return (
+        f"min {fmt_num(run['ms_per_iter_min'])}, median {fmt_num(run['ms_per_iter_median'])},"
+        f" mean {fmt_num(run['ms_per_iter_mean'])}, p95 {fmt_num(run['ms_per_iter_p95'])},"
+        f" p99 {fmt_num(run['ms_per_iter_p99'])}, max {fmt_num(run['ms_per_iter_max'])} ms"
     )
 
 
 def _speedup_text(result: Dict[str, Any]) -> str:
     if result["speedup"] is None:
         return "n/a"
-    text = f"{result['speedup']:.2f}x ({fmt_pct(result['change_pct'])})"
+    text = f"{result['speedup']:.2f}x ({fmt_pct(result['change_pct'])}, {result['speedup_basis']})"
     if result["speedup_ci95"]:
         lo, hi = result["speedup_ci95"]
         verdict = "significant" if result["speedup_significant"] else "not significant: within noise"
+        if not result["speedup_significant"] and (lo > 1.0 or hi < 1.0):
+            verdict = f"within noise: below the {result['min_effect_pct']:g}% a second run of the same setup can move"
         text += f", 95% CI {lo:.3f}x to {hi:.3f}x, {verdict}"
     return text
 
@@ -131,20 +190,25 @@ def format_text(result: Dict[str, Any]) -> str:
     b, c = result["base"], result["candidate"]
     n = result["iterations"]
     width = max(len(b["name"]), len(c["name"]), len("Time saved")) + 2
+    typical = result["typical_iteration_speedup"]
     lines = [
         "TRAINING TIME COMPARISON",
         "=" * 70,
         "",
-        "Training performance:",
+        "Training performance (wall time over the measured iterations):",
         f"  {b['name'] + ':':<{width}}{_speed_line(b)}",
         f"  {c['name'] + ':':<{width}}{_speed_line(c)}",
         f"  {'Speedup:':<{width}}{_speedup_text(result)}",
-        f"  {'Samples/s:':<{width}}"
-        + ("n/a" if result["samples_per_s_speedup"] is None else f"{result['samples_per_s_speedup']:.2f}x"),
+        f"  {'Typical:':<{width}}"
+        + ("n/a" if typical is None else f"{typical:.2f}x the median iteration (stalls and slow steps left out)"),
         "",
-        f"Estimated time to {n:,} iterations (from the median):",
-        f"  {b['name'] + ':':<{width}}{fmt_duration(result['time_to_iterations_s']['base'])}",
-        f"  {c['name'] + ':':<{width}}{fmt_duration(result['time_to_iterations_s']['candidate'])}",
+        "Iteration time distribution:",
+        f"  {b['name'] + ':':<{width}}{_spread_line(b)}",
+        f"  {c['name'] + ':':<{width}}{_spread_line(c)}",
+        "",
+        f"Estimated time to {n:,} iterations (from the mean, warm-up included):",
+        f"  {b['name'] + ':':<{width}}{_time_text(result, 'base')}",
+        f"  {c['name'] + ':':<{width}}{_time_text(result, 'candidate')}",
         f"  {'Time saved:':<{width}}{fmt_duration(result['time_saved_s'])}"
         f" ({fmt_pct(result['time_saved_pct'])})",
     ]
@@ -167,21 +231,35 @@ def format_text(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _time_text(result: Dict[str, Any], key: str) -> str:
+    text = fmt_duration(result["time_to_iterations_s"][key])
+    with_eval = result["time_to_iterations_with_eval_s"][key]
+    if with_eval is not None and with_eval != result["time_to_iterations_s"][key]:
+        text += f" training, {fmt_duration(with_eval)} with evaluation"
+    return text
+
+
 def format_markdown(result: Dict[str, Any]) -> str:
     b, c = result["base"], result["candidate"]
     rows = [
         [
             run["name"],
-            fmt_num(run["ms_per_iter_median"]),
             fmt_num(run["ms_per_iter_mean"]),
             fmt_num(run["it_per_s"]),
-            fmt_num(run["ms_per_iter_p95"]),
             fmt_num(run["samples_per_s"], 1),
+            fmt_num(run["ms_per_iter_min"]),
+            fmt_num(run["ms_per_iter_median"]),
+            fmt_num(run["ms_per_iter_p95"]),
+            fmt_num(run["ms_per_iter_p99"]),
+            fmt_num(run["ms_per_iter_max"]),
             fmt_duration(result["time_to_iterations_s"][key]),
+            fmt_duration(result["time_to_iterations_with_eval_s"][key]),
         ]
         for run, key in ((b, "base"), (c, "candidate"))
     ]
-    headers = ["run", "ms/iter (median)", "ms/iter (mean)", "it/s", "p95 ms", "samples/s", f"time to {result['iterations']:,}"]
+    n = f"{result['iterations']:,}"
+    headers = ["run", "ms/iter (mean)", "it/s", "samples/s", "min ms", "median ms", "p95 ms", "p99 ms", "max ms",
+               f"time to {n}", f"time to {n} with eval"]
     parts = [
         markdown_table(headers, rows),
         "",
@@ -212,6 +290,7 @@ def format_json(result: Dict[str, Any]) -> str:
 FORMATTERS = {"text": format_text, "markdown": format_markdown, "json": format_json}
 
 
-def default_names(base_path: str, candidate_path: str) -> tuple:
-    names = (run_name(base_path), run_name(candidate_path))
-    return names if names[0] != names[1] else ("base", "candidate")
+def default_names(base_path: str, candidate_path: str, summaries: Optional[List[Dict[str, Any]]] = None) -> tuple:
+    """Each run's ``run.name``, else the part of its path that differs from the other's."""
+    names = run_names([base_path, candidate_path], summaries)
+    return tuple(names) if names[0] != names[1] else ("base", "candidate")

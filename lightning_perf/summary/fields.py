@@ -7,7 +7,7 @@ import io
 import os
 from typing import Any, Dict, List, Optional
 
-from lightning_perf.measure.stats import LogHistogram
+from lightning_perf.measure.stats import BlockSeries
 
 #: Image metrics and whether higher is better.
 IMAGE_METRIC_DIRECTIONS = {"psnr": "max", "ssim": "max", "lpips": "min", "l1": "min"}
@@ -40,26 +40,61 @@ def run_name(path: str) -> str:
     return folder or os.path.basename(path)
 
 
-def histogram(summary: Dict[str, Any]) -> Optional[LogHistogram]:
-    data = dig(summary, "iteration_timer", "histogram_ms")
+def run_names(paths: List[str], summaries: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+    """A name per run: ``run.name`` when the run was given one (``run_name=``), else the folders of its path that
+    differ from the others' (``runs/amp/lightning_logs/version_0`` beside ``runs/base/...`` is ``amp``), else the
+    folder holding the file; numbered where two would still be the same."""
+    folders = [os.path.dirname(os.path.abspath(p)).split(os.sep) for p in paths]
+    names: List[str] = []
+    for i, parts in enumerate(folders):
+        given = dig(summaries[i], "run", "name") if summaries else None
+        if isinstance(given, str) and given:
+            names.append(given)
+            continue
+        others = [f for j, f in enumerate(folders) if j != i]
+        head = 0
+        while others and head < len(parts) and all(head < len(o) and o[head] == parts[head] for o in others):
+            head += 1
+        tail = 0
+        while (others and tail < len(parts) - head
+               and all(tail < len(o) and o[len(o) - 1 - tail] == parts[len(parts) - 1 - tail] for o in others)):
+            tail += 1
+        differing = parts[head:len(parts) - tail]
+        names.append("/".join(differing) if differing else run_name(paths[i]))
+    seen: Dict[str, int] = {}
+    for i, name in enumerate(names):
+        if names.count(name) > 1:
+            seen[name] = seen.get(name, 0) + 1
+            names[i] = f"{name} ({seen[name]})"
+    return names
+
+
+def blocks(summary: Dict[str, Any]) -> Optional[BlockSeries]:
+    """The run's iteration times as a block series (schema 2), or None (schema 1 or malformed)."""
+    data = dig(summary, "iteration_timer", "blocks_ms")
     if not isinstance(data, dict):
         return None
     try:
-        return LogHistogram.from_dict(data)
+        return BlockSeries.from_dict(data)
     except ValueError:
         return None
 
 
 def speed(summary: Dict[str, Any]) -> Dict[str, Optional[float]]:
-    """ms/iter (median, mean, p95, p99) and it/s of a run, None where not measured."""
+    """ms/iter (mean, median, min, max, p95, p99), it/s and samples/s of a run, None where not measured."""
     stats = dig(summary, "iteration_timer", "ms_per_iter") or {}
+    it_per_s = dig(summary, "iteration_timer", "it_per_s")
+    samples_per_s = dig(summary, "iteration_timer", "samples_per_s")
     return {
-        "ms_per_iter_median": stats.get("median"),
         "ms_per_iter_mean": stats.get("mean"),
+        "ms_per_iter_median": stats.get("median"),
+        "ms_per_iter_min": stats.get("min"),
+        "ms_per_iter_max": stats.get("max"),
         "ms_per_iter_p95": stats.get("p95"),
         "ms_per_iter_p99": stats.get("p99"),
-        "it_per_s": dig(summary, "iteration_timer", "it_per_s"),
-        "samples_per_s": dig(summary, "iteration_timer", "samples_per_s"),
+        "it_per_s": it_per_s,
+        "samples_per_s": samples_per_s,
+        "samples_per_iter": samples_per_s / it_per_s if samples_per_s and it_per_s else None,
         "measured_iterations": dig(summary, "iteration_timer", "measured_iterations"),
     }
 

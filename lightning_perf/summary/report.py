@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
+from lightning_perf.summary.compare import headline
 from lightning_perf.summary.fields import (
     csv_text,
     eval_peak_mb,
@@ -18,9 +19,9 @@ from lightning_perf.summary.fields import (
 
 
 def report_rows(summaries: List[Dict[str, Any]], names: List[str]) -> List[Dict[str, Any]]:
-    """One dict per run; ``change_pct`` is it/s relative to the first run."""
+    """One dict per run. ``speedup`` and ``change_pct`` are the :func:`~lightning_perf.summary.compare.headline`
+    against the first run: the same figure `compare` prints for that pair (samples/s where batch sizes differ)."""
     rows: List[Dict[str, Any]] = []
-    first_its: Optional[float] = None
     metric_names: List[str] = []
     for summary in summaries:
         for name in quality(summary):
@@ -28,18 +29,20 @@ def report_rows(summaries: List[Dict[str, Any]], names: List[str]) -> List[Dict[
                 metric_names.append(name)
     for i, (summary, name) in enumerate(zip(summaries, names)):
         s = speed(summary)
-        its = s["it_per_s"]
-        if i == 0:
-            first_its = its
-        change = None if i == 0 or not its or not first_its else 100.0 * (its / first_its - 1.0)
+        head = headline(summaries[0], summary, with_ci=False)
+        speedup = head["speedup"]
         q = quality(summary)
         gate = summary.get("quality_gate", {}).get("passed") if isinstance(summary.get("quality_gate"), dict) else None
         row: Dict[str, Any] = {
             "run": name,
             "status": summary.get("status"),
-            "it_per_s": its,
+            "it_per_s": s["it_per_s"],
+            "samples_per_s": s["samples_per_s"],
+            "ms_per_iter_mean": s["ms_per_iter_mean"],
             "ms_per_iter_median": s["ms_per_iter_median"],
-            "change_pct": change,
+            "speedup": speedup,
+            "speedup_basis": head["basis"] if speedup is not None else None,
+            "change_pct": None if i == 0 or speedup is None else 100.0 * (speedup - 1.0),
             "train_peak_mb": train_peak_mb(summary),
             "eval_peak_mb": eval_peak_mb(summary),
         }
@@ -50,29 +53,41 @@ def report_rows(summaries: List[Dict[str, Any]], names: List[str]) -> List[Dict[
     return rows
 
 
+_FIXED = ("run", "status", "it_per_s", "samples_per_s", "ms_per_iter_mean", "ms_per_iter_median", "speedup",
+          "speedup_basis", "change_pct", "train_peak_mb", "eval_peak_mb", "quality_gate")
+
+
 def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
     if not rows:
         return ""
     if fmt == "csv":
         return csv_text(rows)
-    fixed = {"run", "status", "it_per_s", "ms_per_iter_median", "change_pct", "train_peak_mb", "eval_peak_mb",
-             "quality_gate"}
-    metrics = [k for k in rows[0] if k not in fixed]
-    headers = ["Run", "Speed (it/s)", "ms/iter (median)", "Change", "Train peak", "Eval peak"]
+    metrics = [k for k in rows[0] if k not in _FIXED]
+    headers = ["Run", "Speed (it/s)", "Samples/s", "ms/iter (mean)", "ms/iter (median)", "Change", "Train peak",
+               "Eval peak"]
     headers += [m.upper() if m in ("psnr", "ssim", "lpips", "l1") else m for m in metrics] + ["Quality", "Status"]
     table = []
-    for row in rows:
+    for i, row in enumerate(rows):
         gate = {True: "passed", False: "FAILED", None: "-"}[row["quality_gate"]]
+        change = "baseline" if i == 0 else ("n/a" if row["change_pct"] is None else fmt_pct(row["change_pct"]))
+        if i and row["speedup_basis"] == "samples/s":
+            change += " (samples/s)"
         table.append(
             [
                 row["run"],
                 fmt_num(row["it_per_s"]),
+                fmt_num(row["samples_per_s"], 1),
+                fmt_num(row["ms_per_iter_mean"]),
                 fmt_num(row["ms_per_iter_median"]),
-                "-" if row["change_pct"] is None else fmt_pct(row["change_pct"]),
+                change,
                 fmt_mb(row["train_peak_mb"]),
                 fmt_mb(row["eval_peak_mb"]),
             ]
             + [fmt_num(row[m], 4) for m in metrics]
             + [gate, str(row["status"])]
         )
-    return markdown_table(headers, table)
+    text = markdown_table(headers, table)
+    if any(r["speedup_basis"] == "samples/s" for r in rows[1:]):
+        text += ("\n\nChange is the samples/s ratio where a run processes a different number of samples per"
+                 " iteration than the first (its batch size differs); elsewhere it is the it/s ratio.")
+    return text

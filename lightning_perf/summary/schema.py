@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SUMMARY_FILENAME = "perf_summary.json"
 STATUSES = ("running", "completed", "failed", "interrupted")
 
