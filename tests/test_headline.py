@@ -210,3 +210,18 @@ def test_backward_insight_fires_for_a_truly_slow_backward_only(tmp_path):
     assert fwd["inclusive_mean_ms"] >= 4.0 > fwd["mean_ms"]  # the user section is forward time again
     assert any(i.startswith("The forward pass takes") for i in carved["insights"])
     assert not any(i.startswith("The forward pass takes") for i in slow["insights"])
+
+
+def test_runs_are_named_by_the_part_of_their_paths_that_differs():
+    from lightning_perf.summary.fields import run_names
+
+    paths = ["runs/base/lightning_logs/version_0/perf_summary.json",
+             "runs/amp/lightning_logs/version_0/perf_summary.json",
+             "runs/amp/lightning_logs/version_1/perf_summary.json"]
+    assert run_names(paths[:2]) == ["base", "amp"]
+    assert run_names(paths[1:]) == ["version_0", "version_1"]
+    assert run_names(paths) == ["base/lightning_logs/version_0", "amp/lightning_logs/version_0",
+                                "amp/lightning_logs/version_1"]
+    named = [{"run": {"name": "phase 2d"}}, {"run": {}}]
+    assert run_names(paths[:2], named) == ["phase 2d", "amp"]
+    assert run_names([paths[0], paths[0]]) == ["version_0 (1)", "version_0 (2)"]

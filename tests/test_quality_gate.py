@@ -230,3 +230,65 @@ def test_a_metric_the_baseline_run_could_not_measure_is_not_gated(tmp_path, monk
     g = summary["quality_gate"]
     assert g["passed"] is True and g["metrics"]["lpips"]["passed"] is None
     assert "could not measure" in g["unavailable"]["lpips_verdict"]
+
+
+class DivergedModel(ImageModel):
+    """Validation predictions are NaN: what a diverged model produces."""
+
+    def validation_step(self, batch, batch_idx):
+        out = super().validation_step(batch, batch_idx)
+        return {"preds": torch.full_like(out["preds"], float("nan")), "target": out["target"]}
+
+
+def test_a_diverged_model_fails_the_gate_and_records_no_baseline(tmp_path):
+    from lightning_perf.callbacks._common import PerfCheckFailed
+
+    _, functional = reference_values()
+    gate = QualityGate(metrics=["psnr", "l1"], baseline={"psnr": functional["psnr"], "l1": functional["l1"]},
+                       action="fail", record_baseline=str(tmp_path / "base.json"))
+    with pytest.raises(PerfCheckFailed, match="checks failed"):
+        fit(tmp_path, [gate], model=DivergedModel(), max_epochs=1)
+    q = find_summary(tmp_path)["quality_gate"]
+    assert q["passed"] is False and q["failed_check_count"] == 1
+    assert q["metrics"]["psnr"]["passed"] is False and "nan" in q["metrics"]["psnr"]["reason"]
+    assert not (tmp_path / "base.json").exists() and "no finite value" in q["unavailable"]["recorded_baseline"]
+
+
+def test_nan_without_a_baseline_is_still_said(tmp_path):
+    with pytest.warns(UserWarning, match="psnr is nan"):
+        fit(tmp_path, [QualityGate(metrics=["psnr"])], model=DivergedModel(), max_epochs=1)
+
+
+def test_one_validation_logs_all_its_quality_keys_at_one_step_and_no_key_twice(tmp_path):
+    _, functional = reference_values()
+    gate_fit(tmp_path, baseline={n: functional[n] for n in IMAGE})
+    scalars = read_scalars(tmp_path)
+    steps = {tag: [s for s, _ in scalars[tag]] for tag in ("quality/psnr", "quality/ssim", "quality/l1",
+                                                           "quality/gate_passed")}
+    assert len(set(map(tuple, steps.values()))) == 1 and len(steps["quality/psnr"]) == 2, steps
+    for tag, points in scalars.items():
+        assert len({s for s, _ in points}) == len(points), f"{tag} logged twice at one step: {points}"
+
+
+def test_a_baseline_that_scored_a_different_number_of_images_is_warned_about(tmp_path):
+    base = tmp_path / "base.json"
+    gate_fit(tmp_path / "a", record_baseline=str(base))
+    assert json.loads(base.read_text())["images"] == 16
+    gate = QualityGate(metrics=IMAGE, baseline=str(base))
+    with pytest.warns(UserWarning, match="scored 8 images, the baseline scored 16"):
+        fit(tmp_path / "b", [gate], model=ImageModel(n_val=8), max_epochs=1)
+    assert find_summary(tmp_path / "b")["quality_gate"]["images_scored"] == 8
+
+
+def test_lpips_is_not_loaded_without_a_validation_loop(tmp_path):
+    gate = QualityGate(metrics=["psnr", "lpips"], lpips_pretrained=False)
+    fit(tmp_path, [gate], model=ImageModel(), max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0)
+    assert gate._lpips_model is None and gate._lpips_reason is None
+
+
+def test_fit_end_prints_every_failed_check_and_the_verdict(tmp_path, caplog):
+    _, functional = reference_values()
+    with caplog.at_level("INFO"):
+        gate_fit(tmp_path, baseline={**{n: functional[n] for n in IMAGE}, "psnr": functional["psnr"] + 1.0})
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("QualityGate:"))
+    assert "FAILED 2 of 2 checks (step 4: psnr; step 8: psnr)" in line, line

@@ -46,7 +46,7 @@ def test_eval_peak_above_train_peak_when_validation_allocates(tmp_path):
     assert v["source"] == "host RSS" and v["phases"]["train"]["peak_allocated_mb"] is None
     assert "no CUDA allocator" in v["unavailable"]["peak_allocated_mb"]
     assert "NVML applies to CUDA" in v["unavailable"]["nvml_peak_used_mb"]
-    assert 0 < v["phases"]["validation"]["headroom_pct"] < 100
+    assert 0 < v["phases"]["validation"]["usage_pct"] < 100
     scalars = read_scalars(tmp_path)
     assert "vram/host_rss_peak_mb" in scalars and "vram/eval_host_rss_peak_mb" in scalars
 
@@ -231,7 +231,7 @@ def test_simulated_allocator_gives_phase_peaks_and_keeps_the_lifetime_peak(tmp_p
     assert v["phases"]["train"]["nvml_peak_used_mb"] == pytest.approx(2048)
     assert v["phases"]["train"]["nvml_process_peak_mb"] == pytest.approx(1500)
     assert v["device_total_mb"] == pytest.approx(16 * 1024)
-    assert v["phases"]["validation"]["headroom_pct"] == pytest.approx(100 * 3500 * 1.25 / (16 * 1024))
+    assert v["phases"]["validation"]["usage_pct"] == pytest.approx(100 * 3500 * 1.25 / (16 * 1024))
     assert v["source"] == "torch allocator + NVML + host RSS"
     assert nvml.shutdowns == 1
     scalars = read_scalars(tmp_path)
@@ -312,3 +312,16 @@ def test_real_gpu_eval_spike_is_seen(tmp_path):
     assert v["device_total_mb"] > 0 and v["lifetime_peak_allocated_mb"] >= phases["validation"]["peak_allocated_mb"]
     if "nvml_peak_used_mb" not in v["unavailable"]:
         assert phases["validation"]["nvml_peak_used_mb"] > 0
+
+
+def test_fit_end_prints_peaks_and_the_leak_verdict(tmp_path, caplog):
+    from helpers import TinyModel, find_summary, fit
+    from lightning_perf import VRAMMonitor
+
+    with caplog.at_level("INFO"):
+        fit(tmp_path, [VRAMMonitor(nvml_interval_s=0.01)], model=TinyModel(), max_epochs=1)
+    v = find_summary(tmp_path)["vram"]
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("VRAMMonitor"))
+    train = v["phases"]["train"]
+    assert f"train peak {train['host_rss_peak_mb']:.0f} MB ({train['usage_pct']:.0f}% used)" in line, line
+    assert line.endswith("; no leak") and v["leak_suspected"] is False

@@ -62,15 +62,29 @@ def check_positive_int(owner: str, name: str, value: Any, allow_none: bool = Fal
 
 
 def iso_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+_LOGGED: "weakref.WeakKeyDictionary[Trainer, Dict[str, int]]" = weakref.WeakKeyDictionary()
 
 
 def log_scalars(trainer: Trainer, metrics: Dict[str, float], step: Optional[int] = None) -> None:
-    """Sends finite scalars to every logger of the trainer (loggers log on rank 0 only)."""
-    clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
-    if not clean or not trainer.loggers:
+    """Sends finite scalars to every logger of the trainer (loggers log on rank 0 only), each key at most once per
+    step: a phase end that falls on a periodic log step would otherwise draw two points at one step."""
+    if not trainer.loggers:
         return
     step = trainer.global_step if step is None else step
+    last = _LOGGED.get(trainer)
+    if last is None:
+        last = _LOGGED[trainer] = {}
+    clean = {}
+    for key, value in metrics.items():
+        if value is None or not math.isfinite(float(value)) or last.get(key) == step:
+            continue
+        clean[key] = float(value)
+        last[key] = step
+    if not clean:
+        return
     for logger in trainer.loggers:
         logger.log_metrics(clean, step=step)
 

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._common import (
     PerfCallback,
@@ -25,7 +26,13 @@ from lightning_perf.measure.image_quality import (
     build_image_metrics,
     load_lpips,
 )
-from lightning_perf.summary.baseline import BaselineError, read_baseline_with_gaps, verdict, write_baseline
+from lightning_perf.summary.baseline import (
+    BaselineError,
+    read_baseline_meta,
+    read_baseline_with_gaps,
+    verdict,
+    write_baseline,
+)
 from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
 
 ACTIONS = ("warn", "fail", "stop")
@@ -66,9 +73,15 @@ class QualityGate(PerfCallback):
         lpips_pretrained: False uses a random backbone (``pnet_rand=True``): plumbing tests only, not LPIPS.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
 
-    Logged metrics: ``quality/psnr``, ``quality/ssim``, ``quality/lpips``, ``quality/l1`` (with ``pl_module.log`` at
-    the end of each checked validation epoch, so ``ModelCheckpoint(monitor="quality/psnr")`` works) and
-    ``quality/gate_passed`` (1 or 0, to the loggers, when a baseline is set).
+    Logged metrics: ``quality/psnr``, ``quality/ssim``, ``quality/lpips``, ``quality/l1`` and ``quality/gate_passed``
+    (1 or 0, when a baseline is set), all of one validation at one step (``trainer.global_step``) to every logger;
+    the metric values also go to ``trainer.callback_metrics`` (``pl_module.log(..., logger=False)``), so
+    ``ModelCheckpoint(monitor="quality/psnr")`` works.
+
+    A gated metric that is NaN or infinite (a diverged model), or that produced no value, fails its check with the
+    reason. The number of images scored is recorded, and a baseline that scored a different number is warned about
+    (different validation sets make the gate meaningless). The image metrics (and LPIPS's backbone) are built at
+    the first validation, so a fit without a validation loop never loads them.
 
     Raises:
         ValueError: at construction for an unknown metric, mode, action, tolerance mode or LPIPS net, a negative
@@ -131,10 +144,12 @@ class QualityGate(PerfCallback):
                                                DEFAULT_TOLERANCE_MODE)
         self.baseline_source = baseline if isinstance(baseline, str) else ("dict" if baseline is not None else None)
         self.baseline: Optional[Dict[str, float]] = None
+        self._baseline_meta: Dict[str, Any] = {}
         self._baseline_gaps: Dict[str, str] = {}
         if baseline is not None:
             try:
                 self.baseline, gaps = read_baseline_with_gaps(baseline)
+                self._baseline_meta = read_baseline_meta(baseline)
             except BaselineError as err:
                 raise bad_argument(owner, "baseline", baseline, str(err)) from None
             # A metric the baseline run could not measure (LPIPS offline) is not gated; one it lacks is an error.
@@ -184,10 +199,14 @@ class QualityGate(PerfCallback):
 
     def _reset(self) -> None:
         self._image_metrics: Dict[str, Any] = {}
+        self._metrics_built = False
         self._outputs_checked = False
         self._active = False
         self._results: Dict[str, Dict[str, Any]] = {}
         self._pending: Dict[str, float] = {}  # image metrics of this validation, gated at its end
+        self._images = 0  # images scored in this validation
+        self._images_scored: Optional[int] = None  # in the last checked validation
+        self._record_problem: Optional[str] = None
         self._checks = 0
         self._failed: List[Dict[str, Any]] = []
         self._failed_count = 0
@@ -202,6 +221,10 @@ class QualityGate(PerfCallback):
             self._start_run(trainer)
         for name, reason in self._baseline_gaps.items():
             self._warn_once(f"gap:{name}", f"{name} is measured but not gated: {reason}")
+
+    def _build_metrics(self, trainer: Trainer) -> None:
+        """At the first validation: a fit without a validation loop never loads LPIPS's backbone."""
+        self._metrics_built = True
         if "lpips" in self.metrics and self._lpips_model is None and self._lpips_reason is None:
             try:
                 self._lpips_model = load_lpips(self.lpips_net, self.lpips_pretrained, self.lpips_weights_dir)
@@ -222,7 +245,10 @@ class QualityGate(PerfCallback):
     # -- validation ----------------------------------------------------------------------------------------------
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._metrics_built:
+            self._build_metrics(trainer)
         self._active = not trainer.sanity_checking and self._scheduled(trainer.global_step)
+        self._images = 0
         for metric in self._image_metrics.values():
             metric.reset()
 
@@ -268,6 +294,7 @@ class QualityGate(PerfCallback):
             preds, target = preds.detach(), target.detach()
             for metric in self._image_metrics.values():
                 metric.update(preds, target)
+        self._images += int(preds.shape[0]) if preds.dim() > 0 else 1
 
     @guarded
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -276,13 +303,17 @@ class QualityGate(PerfCallback):
         values: Dict[str, float] = {}
         for name, metric in self._image_metrics.items():  # compute() syncs across ranks: every rank is here
             if metric.update_count > 0:
-                value = float(metric.compute())
-                if math.isfinite(value):
-                    values[name] = value
+                values[name] = float(metric.compute())  # NaN and inf kept: they fail the check below
             metric.reset()
         for name, value in values.items():
-            pl_module.log(f"quality/{name}", value, sync_dist=False, rank_zero_only=False)
+            if math.isfinite(value):  # for ModelCheckpoint(monitor=...); loggers get them with the verdict
+                pl_module.log(f"quality/{name}", value, sync_dist=False, rank_zero_only=False, logger=False)
         self._pending = values
+        self._images_scored = self._images
+        baseline_images = self._baseline_images
+        if baseline_images is not None and self._images != baseline_images:
+            self._warn_once("images", f"this validation scored {self._images} images, the baseline scored"
+                                      f" {baseline_images}: different validation sets make the gate meaningless.")
 
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -305,6 +336,18 @@ class QualityGate(PerfCallback):
         failing = []
         for name in self.gated:
             if name not in values:
+                if name == "lpips" and self._lpips_reason:
+                    continue  # unavailable here: said once at load, not a failure of the model
+                reason = "produced no value in this validation"
+                self._results[name] = {"value": None, "mode": self.modes[name], "passed": False, "reason": reason,
+                                       "step": step}
+                failing.append(name)
+                continue
+            if not math.isfinite(values[name]):
+                reason = f"is {values[name]} (a diverged model?)"
+                self._results[name] = {"value": None, "mode": self.modes[name], "passed": False, "reason": reason,
+                                       "step": step}
+                failing.append(name)
                 continue
             if self.baseline is None or name in self._baseline_gaps:
                 self._results[name] = {"value": values[name], "mode": self.modes[name], "passed": None}
@@ -315,11 +358,16 @@ class QualityGate(PerfCallback):
             self._results[name] = result
             if not result["passed"]:
                 failing.append(name)
+        logged = {f"quality/{n}": r["value"] for n, r in self._results.items() if r.get("step", step) == step
+                  and n in values and r["value"] is not None and n in self._image_metrics}
         if self.baseline is None:
+            log_scalars(trainer, logged)
+            if failing:  # no gate, but a NaN or a missing metric is still said
+                self._warn_once(f"failed:{','.join(failing)}", self._failure_message(step, failing))
             return
         passed = not failing
         self._last_passed = passed
-        log_scalars(trainer, {"quality/gate_passed": 1.0 if passed else 0.0})
+        log_scalars(trainer, {**logged, "quality/gate_passed": 1.0 if passed else 0.0})
         if not passed:
             self._failed_count += 1
             if len(self._failed) < _MAX_FAILED_RECORDS:
@@ -340,6 +388,9 @@ class QualityGate(PerfCallback):
             if r is None:
                 parts.append(name)
                 continue
+            if r.get("reason"):
+                parts.append(f"{name} {r['reason']}")
+                continue
             better = "higher" if r["mode"] == "max" else "lower"
             pct = f" ({r['delta_pct']:+.2f}%)" if r["delta_pct"] is not None else ""
             tol = (f"{100 * r['tolerance']:g}%" if r["tolerance_mode"] == "relative" else f"{r['tolerance']:g}")
@@ -350,9 +401,17 @@ class QualityGate(PerfCallback):
     # -- end -----------------------------------------------------------------------------------------------------
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.record_baseline and trainer.is_global_zero and self._results:
-            write_baseline(self.record_baseline, self._results, self._step)
+        if self.record_baseline and trainer.is_global_zero:
+            bad = [n for n, r in self._results.items() if r.get("value") is None]
+            if not self._results or bad:
+                self._record_problem = (f"not written: {', '.join(bad)} had no finite value" if bad
+                                        else "not written: no validation was checked")
+                self._warn_once("record", f"record_baseline={self.record_baseline!r} {self._record_problem}.")
+            else:
+                write_baseline(self.record_baseline, self._results, self._step, self._images_scored)
         self._write_summary(trainer)
+        if trainer.is_global_zero:
+            rank_zero_info(self.verdict())
         if self.action == "fail" and self._failed_count:
             first = self._failed[0]
             raise PerfCheckFailed(
@@ -362,6 +421,24 @@ class QualityGate(PerfCallback):
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._write_summary(trainer, exception)
+
+    def verdict(self) -> str:
+        """One line for the console: the final verdict and every failed check (the first 10, then a count)."""
+        values = ", ".join(f"{n} {r['value']:.4g}" for n, r in self._results.items() if r.get("value") is not None)
+        if self._checks == 0:
+            return "QualityGate: no validation was checked"
+        if self.baseline is None:
+            return f"QualityGate: {values} (no baseline, not gated; {self._checks} checks)"
+        if not self._failed_count:
+            return f"QualityGate: passed all {self._checks} checks; last: {values}"
+        shown = "; ".join(f"step {f['step']}: {', '.join(f['metrics'])}" for f in self._failed[:10])
+        more = f"; and {self._failed_count - 10} more" if self._failed_count > 10 else ""
+        return (f"QualityGate: FAILED {self._failed_count} of {self._checks} checks ({shown}{more});"
+                f" last: {values or 'no finite value'}")
+
+    @property
+    def _baseline_images(self) -> Optional[int]:
+        return self._baseline_meta.get("images") if self._baseline_meta else None
 
     @property
     def results(self) -> Dict[str, Dict[str, Any]]:
@@ -378,6 +455,8 @@ class QualityGate(PerfCallback):
             unavailable["passed"] = "no baseline: metrics measured, nothing gated"
         if self._checks == 0:
             unavailable["metrics"] = "no validation ran at a checked step"
+        if self._record_problem:
+            unavailable["recorded_baseline"] = self._record_problem
         passed = None if self.baseline is None or self._checks == 0 else self._failed_count == 0
         return {
             "passed": passed,
@@ -388,6 +467,8 @@ class QualityGate(PerfCallback):
             "failed_checks": list(self._failed),
             "failed_check_count": self._failed_count,
             "step": self._step,
+            "images_scored": self._images_scored,
+            "baseline_images": self._baseline_images,
             "baseline_source": self.baseline_source,
             "baseline": dict(self.baseline) if self.baseline else None,
             "recorded_baseline": self.record_baseline,

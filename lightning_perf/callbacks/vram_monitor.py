@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._common import (
     PerfCallback,
@@ -247,7 +248,7 @@ class VRAMMonitor(PerfCallback):
         return {name: self._sampler.peak(phase, key) for key, name in _SAMPLED.items()}
 
     def _check_headroom(self, phase: str, held: Dict[str, Optional[float]]) -> None:
-        pct = self._headroom_pct(held)
+        pct = self._usage_pct(held)
         if pct is not None and pct > self.warn_above_pct:
             what = "device" if self._allocator is not None else "host"
             self._warn_once(
@@ -256,7 +257,8 @@ class VRAMMonitor(PerfCallback):
                 " past this point allocations may fail or spill into shared memory.",
             )
 
-    def _headroom_pct(self, held: Dict[str, Optional[float]]) -> Optional[float]:
+    def _usage_pct(self, held: Dict[str, Optional[float]]) -> Optional[float]:
+        """The phase's peak as a share of device (host on CPU) memory: 100 - usage is the headroom left."""
         if not self._total_mb:
             return None
         keys = ("peak_reserved_mb", "nvml_peak_used_mb") if self._allocator is not None else ("host_rss_peak_mb",)
@@ -391,6 +393,26 @@ class VRAMMonitor(PerfCallback):
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._write_summary(trainer)
+        if trainer.is_global_zero:
+            rank_zero_info(self.verdict())
+
+    def verdict(self) -> str:
+        """One line for the console: each phase's peak (allocator on CUDA, else host RSS), its usage, and leaks."""
+        parts = []
+        for phase in PHASES:
+            held = self._phases.get(phase)
+            if not held:
+                continue
+            peak = held.get("peak_allocated_mb") if self._allocator is not None else held.get("host_rss_peak_mb")
+            if peak is None:
+                continue
+            usage = self._usage_pct(held)
+            parts.append(f"{phase} peak {peak:.0f} MB" + (f" ({usage:.0f}% used)" if usage is not None else ""))
+        leaks = [f"{phase} (+{r['rate_mb_per_100_iters']:.1f} MB/100 it)" for phase, r in self._leaks.items()
+                 if r.get("suspected") and r.get("rate_mb_per_100_iters") is not None]
+        source = "allocator" if self._allocator is not None else "host RSS"
+        return (f"VRAMMonitor ({source}): " + (", ".join(parts) or "no phase measured")
+                + ("; leak suspected in " + ", ".join(leaks) if leaks else "; no leak"))
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -414,7 +436,7 @@ class VRAMMonitor(PerfCallback):
             if phase in self._phases:
                 held = self._phases[phase]
                 phases[phase] = {f: held.get(f) for f in fields}
-                phases[phase]["headroom_pct"] = self._headroom_pct(held)
+                phases[phase]["usage_pct"] = self._usage_pct(held)
         unavailable = dict(self._unavailable)
         if self._sampler is not None and self._sampler.error and self._nvml_reader is not None:
             reason = f"sampling stopped: {self._sampler.error}"

@@ -61,11 +61,30 @@ def read_baseline_with_gaps(source: Any) -> "tuple[Dict[str, float], Dict[str, s
     return values, gaps
 
 
-def write_baseline(path: str, metrics: Dict[str, Dict[str, Any]], step: Optional[int]) -> None:
-    """Writes metric values and directions as a baseline file, atomically."""
+def read_baseline_meta(source: Any) -> Dict[str, Any]:
+    """What a baseline says about how it was measured: ``{"images": n}`` when known (a baseline file or a summary
+    that recorded it), else ``{}``. Never raises: the values were read (and checked) already."""
+    if isinstance(source, dict):
+        return {}
+    try:
+        with open(str(source), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    images = data.get("images") if data.get("kind") == BASELINE_KIND else (
+        (data.get("quality_gate") or {}).get("images_scored") if isinstance(data.get("quality_gate"), dict) else None)
+    return {"images": images} if isinstance(images, int) and not isinstance(images, bool) else {}
+
+
+def write_baseline(path: str, metrics: Dict[str, Dict[str, Any]], step: Optional[int],
+                   images: Optional[int] = None) -> None:
+    """Writes metric values and directions (and how many images were scored) as a baseline file, atomically."""
     write_json_atomic(path, {
         "kind": BASELINE_KIND,
         "step": step,
+        "images": images,
         "metrics": {name: {"value": m["value"], "mode": m["mode"]} for name, m in metrics.items()
                     if m.get("value") is not None},
     })

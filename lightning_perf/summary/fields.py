@@ -61,9 +61,10 @@ def run_names(paths: List[str], summaries: Optional[List[Dict[str, Any]]] = None
             tail += 1
         differing = parts[head:len(parts) - tail]
         names.append("/".join(differing) if differing else run_name(paths[i]))
+    repeated = {name for name in names if names.count(name) > 1}
     seen: Dict[str, int] = {}
     for i, name in enumerate(names):
-        if names.count(name) > 1:
+        if name in repeated:
             seen[name] = seen.get(name, 0) + 1
             names[i] = f"{name} ({seen[name]})"
     return names
