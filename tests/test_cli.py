@@ -128,3 +128,29 @@ def test_console_script_is_installed():
     exe = os.path.join(os.path.dirname(sys.executable), "lightning-perf")
     proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "compare" in proc.stdout and "report" in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_a_schema_valid_file_with_a_wrong_field_type_exits_2(runs, tmp_path, command):
+    with open(runs["slow"]) as fh:
+        data = json.load(fh)
+    data["iteration_timer"]["ms_per_iter"]["mean"] = "fast"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    proc = cli(command, str(bad), runs["fast"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "`iteration_timer.ms_per_iter.mean` must be a number or null, got 'fast'" in proc.stderr
+
+
+def test_fail_if_slower_cannot_decide_on_a_broken_candidate_and_refuses_nan(runs, tmp_path):
+    with open(runs["fast"]) as fh:
+        data = json.load(fh)
+    failed = dict(data, status="failed")
+    (tmp_path / "failed.json").write_text(json.dumps(failed))
+    no_timer = {k: v for k, v in data.items() if k != "iteration_timer"}
+    (tmp_path / "no_timer.json").write_text(json.dumps(no_timer))
+    for name, why in (("failed.json", "status is 'failed'"), ("no_timer.json", "no iteration_timer section")):
+        proc = cli("compare", runs["slow"], str(tmp_path / name), "--fail-if-slower", "5")
+        assert proc.returncode == 1 and "cannot decide" in proc.stderr and why in proc.stderr, proc.stderr
+    proc = cli("compare", runs["slow"], runs["fast"], "--fail-if-slower", "nan")
+    assert proc.returncode == 2 and "finite number" in proc.stderr

@@ -129,6 +129,16 @@ class PerfCallback(Callback):
 
     #: The key of this callback's section in perf_summary.json.
     section_name: str = ""
+    #: Attributes that hold a running fit's threads, locks, bound trainer methods or device events: a copy or a
+    #: pickle (``copy.deepcopy``, a spawned process) gets None in their place instead of failing on a lock.
+    _transient: tuple = ()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in self._transient:
+            if name in state:
+                state[name] = None
+        return state
 
     def __init__(self, summary_path: Optional[str] = None) -> None:
         super().__init__()
@@ -215,8 +225,14 @@ class SummaryBook:
         if exception is None:
             status, error = "completed", None
         else:
-            status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
+            # Ctrl-C, and SIGTERM (Lightning raises SIGTERMException, a SystemExit, when its handler sees one)
+            interrupted = isinstance(exception, (KeyboardInterrupt, SystemExit))
+            status = "interrupted" if interrupted else "failed"
             error = {"type": type(exception).__name__, "message": str(exception)[:4000]}
+            if interrupted:
+                error["signal"] = "SIGINT" if isinstance(exception, KeyboardInterrupt) else (
+                    "SIGTERM" if type(exception).__name__ == "SIGTERMException" else None)
+                error["message"] = error["message"] or f"interrupted by {error['signal'] or 'SystemExit'}"
         data: Dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "status": status,

@@ -88,6 +88,7 @@ class SectionProfiler(PerfCallback):
     """
 
     section_name = "section_profiler"
+    _transient = ("_trainer_save", "_profiler", "_profiler_start", "_previous_sink", "_clock", "_pending_user")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
                  device_timing: bool = True, print_reports: bool = True, summary_path: Optional[str] = None) -> None:

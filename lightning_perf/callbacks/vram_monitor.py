@@ -85,6 +85,7 @@ class VRAMMonitor(PerfCallback):
     """
 
     section_name = "vram"
+    _transient = ("_sampler", "_nvml_reader", "_allocator")
 
     def __init__(
         self,

@@ -22,12 +22,49 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+_TMP_PREFIX = ".perf_summary."
+
+
+def _remove_stale_temporaries(folder: str) -> None:
+    """Temporary files of writers that were killed mid-write (SIGKILL): their process no longer exists."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(_TMP_PREFIX) and name.endswith(".tmp")):
+            continue
+        pid_text = name[len(_TMP_PREFIX):].split(".", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+        except OSError:
+            pass  # alive, or not ours to signal: leave it
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
-    """Writes ``data`` through a temporary file in the same folder and ``os.replace``: a reader never sees half."""
+    """Writes ``data`` through a temporary file in the same folder and ``os.replace``: a reader never sees half.
+
+    The file gets the permissions of any new file of the process (0666 less the umask, like the files Lightning
+    writes beside it), and temporaries left by a writer that was killed mid-write are removed."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".perf_summary.", suffix=".tmp", dir=folder)
+    _remove_stale_temporaries(folder)
+    fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{os.getpid()}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(_json_safe(data), fh, indent=2, sort_keys=False, default=str)
             fh.write("\n")
