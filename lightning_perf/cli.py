@@ -29,6 +29,33 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _check_output(path: str, flag: str) -> None:
+    """An output file that cannot be written fails before the work, as exit 2, not as a traceback after it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise SummaryError(f"{flag} {path!r} is a directory; expected a file path")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if os.path.exists(path):
+            if not os.access(path, os.W_OK):
+                raise PermissionError(13, "permission denied")
+        else:
+            import tempfile
+
+            fd, probe = tempfile.mkstemp(prefix=".lightning_perf_probe.", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as err:
+        raise SummaryError(f"{flag} {path!r} cannot be written: {err.strerror or err}") from None
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -91,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
     p.add_argument("--report", help="also write the report to this file (markdown)")
     p.add_argument("--csv", help="also write the rows to this CSV")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per variant")
+    p.add_argument("--timeout", type=_positive_float, default=None, help="seconds per variant (> 0)")
     return parser
 
 
@@ -131,6 +158,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise SummaryError(f"--names got {len(args.names)} names for {len(args.runs)} runs")
     summaries = [load_summary(path) for path in args.runs]
     names = args.names or run_names(args.runs, summaries)
+    if args.plot:
+        _check_output(args.plot, "--plot")
     rows = report_rows(summaries, names)
     print(format_report(rows, args.format))
     if args.plot:
@@ -144,6 +173,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from lightning_perf.bench.sweep import BenchError, format_table, load_callable, run_sweep
 
+    for path, flag in ((args.csv, "--csv"), (args.plot, "--plot")):
+        if path:
+            _check_output(path, flag)
     try:
         factory = load_callable(args.model, "--model")
         builder = load_callable(args.inputs, "--inputs") if args.inputs else None
@@ -188,6 +220,9 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         if path and not os.path.isfile(path):
             print(f"lightning-perf: error: {what} {path!r}: no such file", file=sys.stderr)
             return EXIT_ERROR
+    for path, flag in ((args.report, "--report"), (args.csv, "--csv")):
+        if path:
+            _check_output(path, flag)
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
                          log=lambda m: print(m, file=sys.stderr))
     rows = matrix_rows(results)

@@ -154,3 +154,13 @@ def test_fail_if_slower_cannot_decide_on_a_broken_candidate_and_refuses_nan(runs
         assert proc.returncode == 1 and "cannot decide" in proc.stderr and why in proc.stderr, proc.stderr
     proc = cli("compare", runs["slow"], runs["fast"], "--fail-if-slower", "nan")
     assert proc.returncode == 2 and "finite number" in proc.stderr
+
+
+def test_unwritable_outputs_and_bad_timeouts_exit_2_before_any_work(runs):
+    proc = cli("report", runs["slow"], runs["fast"], "--plot", "/proc/x/p.png")
+    assert proc.returncode == 2 and "--plot '/proc/x/p.png' cannot be written" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = cli("bench", "--model", "nowhere:make", "--csv", "/proc/x/b.csv")
+    assert proc.returncode == 2 and "--csv '/proc/x/b.csv' cannot be written" in proc.stderr
+    proc = cli("matrix", "--script", "x.py", "--variant", "baseline", "--timeout", "-1")
+    assert proc.returncode == 2 and "--timeout" in proc.stderr and "Traceback" not in proc.stderr

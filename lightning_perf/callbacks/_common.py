@@ -61,6 +61,36 @@ def check_positive_int(owner: str, name: str, value: Any, allow_none: bool = Fal
         raise bad_argument(owner, name, value, f"Expected an integer >= {minimum}{extra}.")
 
 
+def check_bool(owner: str, name: str, value: Any) -> bool:
+    """A real bool: ``enabled="false"`` is truthy and would silently do the opposite of what was meant."""
+    if not isinstance(value, bool):
+        raise bad_argument(owner, name, value, "Expected True or False.")
+    return value
+
+
+def check_number(owner: str, name: str, value: Any, minimum: Optional[float] = None, allow_none: bool = False,
+                 what: str = "a number") -> Optional[float]:
+    """A finite int or float (not a bool, not NaN), at least ``minimum`` when given."""
+    if value is None and allow_none:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or (minimum is not None and value < minimum)):
+        bound = f" >= {minimum:g}" if minimum is not None else ""
+        raise bad_argument(owner, name, value, f"Expected {what}{bound} (finite){' or None' if allow_none else ''}.")
+    return float(value)
+
+
+def check_path(owner: str, name: str, value: Any) -> Optional[str]:
+    """None, a string or an ``os.PathLike``: ``summary_path=123`` would write a file named 123."""
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise bad_argument(owner, name, value, "Expected a file path (a non-empty string or os.PathLike) or None.")
+    return value
+
+
 def iso_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -135,14 +165,14 @@ class PerfCallback(Callback):
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
-        for name in self._transient:
+        for name in self._transient + ("_trainer_ref",):
             if name in state:
                 state[name] = None
         return state
 
     def __init__(self, summary_path: Optional[str] = None) -> None:
         super().__init__()
-        self.summary_path = summary_path
+        self.summary_path = check_path(type(self).__name__, "summary_path", summary_path)
         self._warned: set = set()
         self._failures: Dict[str, str] = {}
 
@@ -174,10 +204,21 @@ class PerfCallback(Callback):
         return section
 
     # -- summary plumbing ----------------------------------------------------------------------------------------
-    def _start_run(self, trainer: Trainer) -> None:
-        """Called from ``setup``: forgets the last fit's failures and joins this trainer's summary file."""
+    def _start_run(self, trainer: Trainer, stage: str = "fit") -> None:
+        """Called from ``setup``: forgets the last run's failures and joins this trainer's summary file of ``stage``
+        (a fit's file, or a validate/test/predict file beside it). Fails fast on an output path it cannot write."""
         self._failures.clear()
-        book_for(trainer).attach(trainer, self)
+        book_for(trainer).attach(trainer, self, stage)
+
+    def _carry_or_reset(self, trainer: Trainer, reset: Callable[[], None]) -> None:
+        """A new fit on the same Trainer (``fit_loop.max_epochs`` raised, ``fit`` again) continues the run like a
+        resume does: its state goes through ``state_dict``/``load_state_dict``; another Trainer starts afresh."""
+        ref = getattr(self, "_trainer_ref", None)
+        carry = self.state_dict() if ref is not None and ref() is trainer else None
+        reset()
+        if carry:
+            self.load_state_dict(carry)
+        self._trainer_ref = weakref.ref(trainer)
 
     def _write_summary(self, trainer: Trainer, exception: Optional[BaseException] = None) -> None:
         try:
@@ -191,35 +232,88 @@ class PerfCallback(Callback):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class SummaryBook:
-    """Collects the sections of every lightning_perf callback of one Trainer and writes them as one file."""
+def trainer_stage(trainer: Trainer) -> str:
+    """``fit``, ``validate``, ``test`` or ``predict``: what the Trainer is running now (``trainer.state.fn``)."""
+    fn = getattr(getattr(trainer, "state", None), "fn", None)
+    return str(getattr(fn, "value", fn or "fit"))
 
-    def __init__(self) -> None:
+
+def check_writable(what: str, path: str) -> None:
+    """Fails at set-up, naming the argument, when ``path`` cannot be written: a run must not train for hours and
+    then lose its file. Creates the folder, writes and removes a probe file."""
+    import tempfile
+
+    if os.path.isdir(path):
+        raise PerfConfigError(f"{what}={path!r} is a directory; expected a file path such as"
+                              f" {os.path.join(path, SUMMARY_FILENAME)!r}.")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".lightning_perf_probe.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise PerfConfigError(f"{what}={path!r} cannot be written ({type(err).__name__}: {err}); choose a writable"
+                              " path. Checked before training so that no run loses its results.") from None
+
+
+def stage_path(path: str, stage: str) -> str:
+    """The file of a validate/test/predict run beside the fit's: ``perf_summary.json`` -> ``perf_summary_test.json``."""
+    if stage == "fit":
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}_{stage}{ext or '.json'}"
+
+
+class SummaryBook:
+    """Collects the sections of every lightning_perf callback of one Trainer and writes them as one file.
+
+    One record per run: a fit writes ``perf_summary.json``; a later ``validate``, ``test`` or ``predict`` on the same
+    Trainer writes its own ``perf_summary_<stage>.json`` beside it and never touches the fit's file.
+    """
+
+    def __init__(self, stage: str = "fit") -> None:
+        self.stage = stage
         self.callbacks: List[PerfCallback] = []
         self.started_at: Optional[str] = None
         self.log_dir: Optional[str] = None
         self._written_paths: set = set()
+        self._checked: set = set()
         self.finished = False
 
-    def attach(self, trainer: Trainer, callback: PerfCallback) -> None:
+    def attach(self, trainer: Trainer, callback: PerfCallback, stage: str = "fit") -> None:
         """Called from ``setup`` on every rank: the only place ``trainer.log_dir`` (a broadcast under DDP) is read."""
-        if self.finished:  # a new fit with the same trainer starts a new file
-            self.__init__()  # type: ignore[misc]
+        stage = str(getattr(stage, "value", stage))  # Lightning passes a str enum (TrainerFn)
+        if self.finished or stage != self.stage:  # a new fit, or another stage: a new record and file
+            self.__init__(stage)  # type: ignore[misc]
         if self.log_dir is None:
             self.log_dir = trainer.log_dir or trainer.default_root_dir
         if callback not in self.callbacks:
             self.callbacks.append(callback)
         if self.started_at is None:
             self.started_at = iso_now()
+        if trainer.is_global_zero:
+            for path, what in self.sources(trainer):
+                if path not in self._checked:
+                    check_writable(what, path)
+                    self._checked.add(path)
+
+    def sources(self, trainer: Trainer) -> List[tuple]:
+        """(path, where it came from) of each file this record goes to."""
+        explicit = [(str(cb.summary_path), f"{type(cb).__name__}(summary_path)") for cb in self.callbacks
+                    if cb.summary_path]
+        if explicit:
+            found = list(dict((p, w) for p, w in reversed(explicit)).items())[::-1]
+        elif os.environ.get(SUMMARY_PATH_ENV):
+            found = [(os.environ[SUMMARY_PATH_ENV], f"${SUMMARY_PATH_ENV}")]
+        else:
+            found = [(os.path.join(self.log_dir or trainer.default_root_dir, SUMMARY_FILENAME), "the log dir")]
+        return [(stage_path(p, self.stage), w) for p, w in found]
 
     def paths(self, trainer: Trainer) -> List[str]:
-        """Explicit ``summary_path`` arguments, else $LIGHTNING_PERF_SUMMARY_PATH, else <log_dir>/perf_summary.json."""
-        explicit = [cb.summary_path for cb in self.callbacks if cb.summary_path]
-        if explicit:
-            return list(dict.fromkeys(str(p) for p in explicit))
-        if os.environ.get(SUMMARY_PATH_ENV):
-            return [os.environ[SUMMARY_PATH_ENV]]
-        return [os.path.join(self.log_dir or trainer.default_root_dir, SUMMARY_FILENAME)]
+        """Explicit ``summary_path`` arguments, else $LIGHTNING_PERF_SUMMARY_PATH, else <log_dir>/perf_summary.json
+        (with ``_<stage>`` before ``.json`` for a validate/test/predict run)."""
+        return [p for p, _ in self.sources(trainer)]
 
     def build(self, trainer: Trainer, exception: Optional[BaseException] = None) -> Dict[str, Any]:
         if exception is None:
@@ -244,13 +338,27 @@ class SummaryBook:
         return data
 
     def write(self, trainer: Trainer, exception: Optional[BaseException] = None) -> None:
-        """Called by each callback at fit end or on an exception; every call writes the whole file (rank 0)."""
+        """Called by each callback at the end of its run or on an exception; every call writes the whole file
+        (rank 0). A call from another stage than this record's (a test raising after a completed fit) writes
+        nothing here: the fit's file keeps its record."""
+        if trainer_stage(trainer) != self.stage:
+            return
         self.finished = True
         if not trainer.is_global_zero:
             return
         data = self.build(trainer, exception)
+        data["stage"] = self.stage
         for path in self.paths(trainer):
-            write_json_atomic(path, data)
+            try:
+                write_json_atomic(path, data)
+            except OSError as err:  # the disk failed after the set-up check: keep the results in the log dir
+                fallback = stage_path(os.path.join(self.log_dir or trainer.default_root_dir, SUMMARY_FILENAME),
+                                      self.stage)
+                if os.path.abspath(fallback) == os.path.abspath(path):
+                    raise
+                write_json_atomic(fallback, data)
+                rank_zero_warn(f"lightning_perf: could not write {path} ({err}); the summary went to {fallback}")
+                path = fallback
             if path not in self._written_paths:
                 self._written_paths.add(path)
                 rank_zero_info(f"lightning_perf: summary written to {path}")

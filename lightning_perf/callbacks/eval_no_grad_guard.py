@@ -7,7 +7,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from lightning_perf.callbacks._common import PerfCallback, PerfCheckFailed, bad_argument, guarded, log_scalars
+from lightning_perf.callbacks._common import (
+    PerfCallback,
+    PerfCheckFailed,
+    bad_argument,
+    check_bool,
+    guarded,
+    log_scalars,
+)
 from lightning_perf.measure.autograd import EvalForwardWatch, find_retained_graphs
 
 MODES = ("warn", "raise", "fix")
@@ -77,7 +84,7 @@ class EvalNoGradGuard(PerfCallback):
                                " on_train_batch_end, on_validation_epoch_end, validation_step, test_step.")
         self.mode = mode
         self.allow = allow
-        self.scan_retained = scan_retained
+        self.scan_retained = check_bool("EvalNoGradGuard", "scan_retained", scan_retained)
         self._watch = EvalForwardWatch(self._on_finding, self._is_allowed, fix=(mode == "fix"))
         self._reset()
 
@@ -135,9 +142,11 @@ class EvalNoGradGuard(PerfCallback):
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._reset()
         if stage == "fit":
+            self._carry_or_reset(trainer, self._reset)
             self._start_run(trainer)
+        else:
+            self._reset()
         self._watch.arm()
 
     @guarded

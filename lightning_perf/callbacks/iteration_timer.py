@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_perf.callbacks._common import (
     PerfCallback,
     bad_argument,
+    check_bool,
     check_positive_int,
     gather_floats,
     guarded,
@@ -107,8 +108,8 @@ class IterationTimer(PerfCallback):
         self.log_every_n_steps = log_every_n_steps
         self.target_steps = target_steps
         self.batch_size_fn = batch_size_fn
-        self.device_timing = device_timing
-        self.verbose = verbose
+        self.device_timing = check_bool("IterationTimer", "device_timing", device_timing)
+        self.verbose = check_bool("IterationTimer", "verbose", verbose)
         self._reset()
 
     # -- state ---------------------------------------------------------------------------------------------------
@@ -150,6 +151,9 @@ class IterationTimer(PerfCallback):
         self._epoch_start: Optional[float] = None
         self._epoch_eval_start = 0.0
         self._epoch_iter_start = 0
+        self._epoch_prior_s = 0.0  # the part of this epoch an earlier process ran (resumed mid-epoch)
+        self._open_epoch: Optional[Dict[str, Any]] = None
+        self._trainer_epoch: Optional[int] = None
         self._window = [0.0, 0, 0, 0]  # seconds, iterations, batches, samples
         self._clock: Optional[DeviceIntervalClock] = None
         self._log_every = 50
@@ -170,7 +174,7 @@ class IterationTimer(PerfCallback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._reset()
+        self._carry_or_reset(trainer, self._reset)
         self._start_run(trainer)
         self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
         # Known before anything runs, so a fit that fails in its sanity check still names its target.
@@ -195,6 +199,15 @@ class IterationTimer(PerfCallback):
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
         self._fits += 1
         self._train_start = self._last_mark = now()
+        carried = self._open_epoch
+        if carried is not None and carried.get("epoch") == trainer.current_epoch:
+            # resumed mid-epoch: Lightning starts no new epoch, so this epoch's record goes on from the checkpoint
+            self._epoch_start = self._train_start
+            self._epoch_eval_start = self._eval_time_fit - float(carried.get("eval_time_s", 0.0))
+            self._epoch_iter_start = self.iterations - int(carried.get("iterations", 0))
+            self._epoch_prior_s = float(carried.get("time_s", 0.0))
+            self._trainer_epoch = trainer.current_epoch
+        self._open_epoch = None
 
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -203,6 +216,8 @@ class IterationTimer(PerfCallback):
         self._epoch_start = now()
         self._epoch_eval_start = self._eval_time_fit
         self._epoch_iter_start = self.iterations
+        self._epoch_prior_s = 0.0
+        self._trainer_epoch = trainer.current_epoch
 
     @guarded
     def on_train_batch_end(
@@ -254,10 +269,15 @@ class IterationTimer(PerfCallback):
     def _batch_size(self, batch: Any) -> Optional[int]:
         try:
             if self.batch_size_fn is not None:
-                return int(self.batch_size_fn(batch))
+                size = int(self.batch_size_fn(batch))
+                if size < 0:
+                    raise ValueError(f"batch_size_fn returned {size}, a negative batch size")
+                return size
             size = infer_batch_size(batch)
             if size is None:
                 raise ValueError(f"no tensor with a batch dimension found in a {type(batch).__name__}")
+            if size < 0:
+                raise ValueError(f"batch_size_fn returned {size}, a negative batch size")
             return size
         except Exception as err:  # noqa: BLE001
             self._samples_unknown = f"batch size unknown: {type(err).__name__}: {err}"
@@ -308,7 +328,7 @@ class IterationTimer(PerfCallback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._epoch_start is None:
             return
-        seconds = now() - self._epoch_start - (self._eval_time_fit - self._epoch_eval_start)
+        seconds = self._epoch_prior_s + now() - self._epoch_start - (self._eval_time_fit - self._epoch_eval_start)
         iters = self.iterations - self._epoch_iter_start
         if len(self._epochs) < _MAX_EPOCH_RECORDS:
             self._epochs.append(
@@ -477,10 +497,19 @@ class IterationTimer(PerfCallback):
             "validation_runs": self._validation_runs,
             "fits": self._fits,
             "epochs": list(self._epochs),
+            "open_epoch": self._open_epoch_record(),
             "histogram_ms": self._host.to_dict(),
             "blocks_ms": self._blocks.to_dict(),
             "device_histogram_ms": self._device.to_dict(),
         }
+
+    def _open_epoch_record(self) -> Optional[Dict[str, Any]]:
+        """The epoch in progress when a checkpoint is saved mid-epoch: what a resume continues."""
+        if self._epoch_start is None or self._trainer_epoch is None:
+            return None
+        eval_s = self._eval_time_fit - self._epoch_eval_start
+        return {"epoch": self._trainer_epoch, "iterations": self.iterations - self._epoch_iter_start,
+                "time_s": self._epoch_prior_s + now() - self._epoch_start - eval_s, "eval_time_s": eval_s}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.iterations = int(state_dict.get("iterations", 0))
@@ -495,6 +524,7 @@ class IterationTimer(PerfCallback):
         self._validation_runs = int(state_dict.get("validation_runs", 0))
         self._fits = int(state_dict.get("fits", 0))
         self._epochs = list(state_dict.get("epochs", []))
+        self._open_epoch = state_dict.get("open_epoch")
         if "histogram_ms" in state_dict:
             self._host = LogHistogram.from_dict(state_dict["histogram_ms"])
         if "blocks_ms" in state_dict:

@@ -15,7 +15,10 @@ from lightning_perf.callbacks._common import (
     PerfCheckFailed,
     PerfConfigError,
     bad_argument,
+    check_bool,
+    check_path,
     check_positive_int,
+    check_writable,
     guarded,
     log_scalars,
 )
@@ -120,7 +123,13 @@ class QualityGate(PerfCallback):
         owner = "QualityGate"
         if isinstance(metrics, str) or any(m not in IMAGE_METRICS for m in metrics):
             raise bad_argument(owner, "metrics", metrics, f"Possible choices are: {', '.join(IMAGE_METRICS)}.")
+        if monitor is not None and not isinstance(monitor, dict):
+            raise bad_argument(owner, "monitor", monitor, "Expected a dict of logged metric name -> 'max' or 'min',"
+                               " e.g. {'val/acc': 'max'}.")
         monitor = dict(monitor or {})
+        if not list(metrics) and not monitor:
+            raise bad_argument(owner, "metrics", metrics, "Nothing to gate: give image metrics (psnr, ssim, l1,"
+                               " lpips) or `monitor={'val/acc': 'max'}`.")
         for name, mode in monitor.items():
             if mode not in MODES:
                 raise bad_argument(owner, "monitor", monitor,
@@ -163,12 +172,12 @@ class QualityGate(PerfCallback):
         self.action = action
         self.at_steps = sorted(set(at_steps)) if at_steps is not None else None
         self.every_n_steps = every_n_steps
-        self.record_baseline = record_baseline
+        self.record_baseline = check_path(owner, "record_baseline", record_baseline)
+        self.lpips_pretrained = check_bool(owner, "lpips_pretrained", lpips_pretrained)
         self.preds_key, self.target_key = preds_key, target_key
         self.data_range = float(data_range)
         self.lpips_net = lpips_net
         self.lpips_weights_dir = lpips_weights_dir
-        self.lpips_pretrained = lpips_pretrained
         self._lpips_model: Any = None
         self._lpips_reason: Optional[str] = None
         self._reset()
@@ -216,9 +225,13 @@ class QualityGate(PerfCallback):
     # -- set-up --------------------------------------------------------------------------------------------------
     @guarded
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._reset()
         if stage == "fit":
+            self._carry_or_reset(trainer, self._reset)
             self._start_run(trainer)
+            if self.record_baseline and trainer.is_global_zero:
+                check_writable("QualityGate(record_baseline)", str(self.record_baseline))
+        else:
+            self._reset()
         for name, reason in self._baseline_gaps.items():
             self._warn_once(f"gap:{name}", f"{name} is measured but not gated: {reason}")
 

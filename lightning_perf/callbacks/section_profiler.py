@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._common import (
     PerfCallback,
+    check_bool,
     check_positive_int,
     gather_floats,
     guarded,
@@ -95,11 +96,11 @@ class SectionProfiler(PerfCallback):
         super().__init__(summary_path=summary_path)
         check_positive_int("SectionProfiler", "report_every_n_steps", report_every_n_steps)
         check_positive_int("SectionProfiler", "warmup_steps", warmup_steps, minimum=0)
-        self.enabled = enabled
+        self.enabled = check_bool("SectionProfiler", "enabled", enabled)
         self.report_every_n_steps = report_every_n_steps
         self.warmup_steps = warmup_steps
-        self.device_timing = device_timing
-        self.print_reports = print_reports
+        self.device_timing = check_bool("SectionProfiler", "device_timing", device_timing)
+        self.print_reports = check_bool("SectionProfiler", "print_reports", print_reports)
         self._reset()
 
     # -- state ---------------------------------------------------------------------------------------------------
@@ -116,6 +117,7 @@ class SectionProfiler(PerfCallback):
         self._iter_calls: List[Any] = []  # (name, seconds, failed) of user sections in this iteration
         self._iteration = LogHistogram()
         self._iterations = 0
+        self._fit_iterations = 0  # warm-up is per fit, also after a resume
         self._counted = False
         self._last_global_step = 0
         self._validation_s = 0.0
@@ -217,9 +219,10 @@ class SectionProfiler(PerfCallback):
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._reset()
         if stage != "fit":
+            self._reset()
             return
+        self._carry_or_reset(trainer, self._reset)
         self._start_run(trainer)
         if not self._is_enabled():
             self._disabled_reason = f"disabled (enabled={self.enabled}, {ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
@@ -329,7 +332,8 @@ class SectionProfiler(PerfCallback):
                 sec.closed_by_exception += failed
         self._piece, self._user_s, self._iter_calls = {}, 0.0, []
         self._iterations += 1
-        self._counted = self._iterations >= self.warmup_steps
+        self._fit_iterations += 1
+        self._counted = self._fit_iterations >= self.warmup_steps
         self._poll_device()
         if counted and self._window_iters and self._iterations % self.report_every_n_steps == 0:
             self._report_window(trainer)
@@ -393,6 +397,35 @@ class SectionProfiler(PerfCallback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._restore(trainer)  # no teardown hook follows an exception
         self._write_summary(trainer, exception)
+
+    # -- checkpointing -------------------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """What resume needs so that one summary covers the whole run, as IterationTimer's does."""
+        return {
+            "iterations": self._iterations,
+            "iteration_ms": self._iteration.to_dict(),
+            "sections": {name: {"kind": sec.kind, "parent": sec.parent, "host_ms": sec.host.to_dict(),
+                                "device_ms": sec.device.to_dict(), "closed_by_exception": sec.closed_by_exception}
+                         for name, sec in self._sections.items()},
+            "validation": {"runs": self._validation_runs, "total_s": self._validation_s},
+            "overhead_s": self._overhead_s,
+        }
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._iterations = int(state_dict.get("iterations", 0))
+        if "iteration_ms" in state_dict:
+            self._iteration = LogHistogram.from_dict(state_dict["iteration_ms"])
+        for name, data in (state_dict.get("sections") or {}).items():
+            sec = self._section(name, data.get("kind", "auto"), data.get("parent"))
+            if "host_ms" in data:
+                sec.host = LogHistogram.from_dict(data["host_ms"])
+            if "device_ms" in data:
+                sec.device = LogHistogram.from_dict(data["device_ms"])
+            sec.closed_by_exception = int(data.get("closed_by_exception", 0))
+        validation = state_dict.get("validation") or {}
+        self._validation_runs = int(validation.get("runs", 0))
+        self._validation_s = float(validation.get("total_s", 0.0))
+        self._overhead_s = float(state_dict.get("overhead_s", 0.0))
 
     # -- results -------------------------------------------------------------------------------------------------
     def table(self) -> Dict[str, Dict[str, Any]]:

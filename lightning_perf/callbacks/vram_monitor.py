@@ -10,6 +10,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_perf.callbacks._common import (
     PerfCallback,
     bad_argument,
+    check_bool,
+    check_number,
     check_positive_int,
     gather_floats,
     guarded,
@@ -109,13 +111,11 @@ class VRAMMonitor(PerfCallback):
         ):
             raise bad_argument("VRAMMonitor", "warn_above_pct", warn_above_pct, "Expected a percentage in (0, 100].")
         check_positive_int("VRAMMonitor", "leak_window", leak_window, minimum=2)
-        if leak_threshold_mb_per_100 is not None and (
-                isinstance(leak_threshold_mb_per_100, bool) or not isinstance(leak_threshold_mb_per_100, (int, float))
-                or leak_threshold_mb_per_100 < 0):
-            raise bad_argument("VRAMMonitor", "leak_threshold_mb_per_100", leak_threshold_mb_per_100,
-                               "Expected MB per 100 iterations >= 0.")
+        check_number("VRAMMonitor", "leak_threshold_mb_per_100", leak_threshold_mb_per_100, minimum=0,
+                     allow_none=True, what="MB per 100 iterations")
         check_positive_int("VRAMMonitor", "log_every_n_steps", log_every_n_steps, allow_none=True)
-        self.nvml = nvml
+        self.nvml = check_bool("VRAMMonitor", "nvml", nvml)
+        check_bool("VRAMMonitor", "show_in_progress_bar", show_in_progress_bar)
         self.nvml_interval_s = float(nvml_interval_s)
         self.warn_above_pct = float(warn_above_pct)
         self.leak_window = leak_window
@@ -148,9 +148,12 @@ class VRAMMonitor(PerfCallback):
     @guarded
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._stop_probes()
-        self._reset_run()
         if stage == "fit":
-            self._start_run(trainer)
+            self._carry_or_reset(trainer, self._reset_run)
+        else:
+            self._reset_run()
+        # validate/test/predict peaks go to their own file beside the fit's (perf_summary_test.json, ...)
+        self._start_run(trainer, stage)
         self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
         device = self._device(trainer)
         self._device_label = str(device)
@@ -218,6 +221,8 @@ class VRAMMonitor(PerfCallback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._stop_probes()
         self._sampler = None
+        if stage != "fit":  # a validate/test/predict run's peaks reach its own summary file
+            self._write_summary(trainer)
 
     # -- phases --------------------------------------------------------------------------------------------------
     def _enter(self, phase: str) -> None:

@@ -4,6 +4,7 @@ verdict of a value against it. Pure Python."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Dict, Optional
 
 from lightning_perf.summary.io import write_json_atomic
@@ -57,6 +58,8 @@ def read_baseline_with_gaps(source: Any) -> "tuple[Dict[str, float], Dict[str, s
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BaselineError(f"{where}: metric {name!r} has a non-numeric baseline {value!r}")
+        if not math.isfinite(value):
+            raise BaselineError(f"{where}: metric {name!r} has a baseline of {value!r}; expected a finite number")
         values[str(name)] = float(value)
     return values, gaps
 
