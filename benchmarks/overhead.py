@@ -145,6 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "profiler": SimpleProfiler(),
         },
         f"lightning_perf suite ({n})": lambda: {"callbacks": suite()},
+        f"PerfSuite ({n} in one)": lambda: {"callbacks": [lightning_perf.PerfSuite(suite())]},
     }
     for cb in suite():
         name = type(cb).__name__
@@ -159,6 +160,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 results[name].append(run(steps=args.steps, skip=args.steps // 5, root=root, **configs[name]()))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
         inside = hook_cost(suite, args.steps, 3, root)
+        inside_one = hook_cost(lambda: [lightning_perf.PerfSuite(suite())], args.steps, 3, root)
         inside_each = {type(cb).__name__: hook_cost(lambda cb=cb: [getattr(lightning_perf, type(cb).__name__)()],
                                                     args.steps, 3, root) for cb in suite()}
     median = {k: statistics.median(v) for k, v in results.items()}
@@ -173,6 +175,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     floor = max(noop, 1.0)
     print(f"suite overhead / no-op floor:           {ours / floor:.2f}x   (goal <= 1.25x; floor {noop:.1f} µs/step)")
     print(f"time inside lightning_perf hooks:        {inside:.1f} µs/step (measured directly)")
+    print(f"  the same {n} inside one PerfSuite:        {inside_one:.1f} µs/step (forwarding included)")
+    one = median[f"PerfSuite ({n} in one)"] - bare
+    print(f"PerfSuite overhead / separate callbacks: {one / ours:.2f}x   ({one:.1f} vs {ours:.1f} µs/step over bare)"
+          if ours > 0 else "the separate callbacks showed no overhead")
     for name, value in inside_each.items():
         print(f"  {name + ':':<38}{value:.1f} µs/step inside its hooks")
     print(f"suite overhead / Lightning monitors:    {ours / theirs:.2f}x   (goal < 0.5x)" if theirs > 0 else

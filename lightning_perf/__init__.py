@@ -13,6 +13,7 @@ _LAZY = {
     "EvalNoGradGuard": "lightning_perf.callbacks.eval_no_grad_guard",
     "QualityGate": "lightning_perf.callbacks.quality_gate",
     "SectionProfiler": "lightning_perf.callbacks.section_profiler",
+    "PerfSuite": "lightning_perf.callbacks.perf_suite",
     "profile_section": "lightning_perf.measure.sections",
     "allow_grad_in_eval": "lightning_perf.measure.autograd",
 }

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, Trainer
 from torch import nn
 
-from helpers import TinyModel, find_summary, fit, read_scalars
+from helpers import TinyModel, find_summary, fit, read_scalars, trainer_kwargs
 from lightning_perf import EvalNoGradGuard, allow_grad_in_eval
 from lightning_perf.measure.memory import RssReader
 
@@ -182,3 +182,29 @@ def test_no_global_hooks_remain_after_fit(tmp_path):
 def test_bad_arguments_fail_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EvalNoGradGuard(**kwargs)
+
+
+def test_a_clean_evaluation_runs_without_global_module_hooks_after_its_first_batch(tmp_path):
+    """Global module hooks put every nn.Module call on PyTorch's slow path. Validation during fit runs under
+    no_grad, where a step may enable grad: its first batch is watched, the rest only when that one found something
+    (the test above finds all 4). trainer.validate() runs under inference mode: nothing can build a graph there."""
+    from torch import nn
+
+    from helpers import TinyModel
+    from lightning_perf import EvalNoGradGuard
+
+    seen = []
+
+    class Probe(TinyModel):
+        def validation_step(self, batch, batch_idx):
+            seen.append(len(nn.modules.module._global_forward_pre_hooks))
+            return super().validation_step(batch, batch_idx)
+
+    model = Probe()
+    trainer = Trainer(callbacks=[EvalNoGradGuard()], **trainer_kwargs(tmp_path, max_epochs=1,
+                                                                      num_sanity_val_steps=0))
+    trainer.fit(model)
+    assert seen == [1, 0, 0, 0], seen  # 4 validation batches
+    seen.clear()
+    trainer.validate(model)
+    assert seen == [0, 0, 0, 0], seen

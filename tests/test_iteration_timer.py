@@ -237,3 +237,38 @@ def test_batch_size_inference_on_nested_batches():
     assert infer_batch_size({"meta": "id", "image": [x]}) == 6
     assert infer_batch_size({"meta": "id"}) is None
     assert infer_batch_size(torch.tensor(1.0)) is None
+
+
+def test_the_batch_size_path_is_found_once_and_followed_or_found_again():
+    from lightning_perf.callbacks.iteration_timer import batch_size_path, follow
+
+    x = torch.zeros(6, 3)
+    path = batch_size_path({"meta": "id", "image": [x]})
+    assert path == ("image", 0)
+    assert follow({"meta": "x", "image": [torch.zeros(4, 3)]}, path) == 4
+    assert follow((x,), path) is None  # shaped otherwise: the caller looks again
+
+
+def test_samples_follow_batches_whose_shape_changes(tmp_path):
+    """A loader that yields tuples, then dicts: every sample is still counted."""
+
+    class Mixed(TinyModel):
+        def train_dataloader(self):
+            x = torch.randn(24, 16)
+            batches = [(x[:8], x[:8, :1]), {"x": x[8:12], "y": x[8:12, :1]}, (x[12:24], x[12:24, :1])]
+
+            class Loader:  # an iterable of batches (a plain list would be read as three dataloaders)
+                def __iter__(self):
+                    return iter(batches)
+
+                def __len__(self):
+                    return len(batches)
+
+            return Loader()
+
+        def training_step(self, batch, batch_idx):
+            x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
+            return torch.nn.functional.mse_loss(self(x), y)
+
+    fit(tmp_path, [IterationTimer(warmup_steps=0)], model=Mixed(), max_epochs=1, limit_val_batches=0)
+    assert find_summary(tmp_path)["iteration_timer"]["samples"] == 24

@@ -163,6 +163,14 @@ class PerfCallback(Callback):
     #: pickle (``copy.deepcopy``, a spawned process) gets None in their place instead of failing on a lock.
     _transient: tuple = ()
 
+    @property
+    def state_key(self) -> str:
+        """The class name (what checkpoints have always used), with the ``summary_path`` when one is given, so two
+        instances of one class writing different files never share checkpoint state."""
+        if self.summary_path is None:
+            return type(self).__qualname__
+        return self._generate_state_key(summary_path=self.summary_path)
+
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         for name in self._transient + ("_trainer_ref",):

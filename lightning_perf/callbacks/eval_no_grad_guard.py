@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 from typing import Any, Dict, List, Optional, Sequence
 
+import torch
+
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lightning_perf.callbacks._common import (
@@ -91,6 +93,9 @@ class EvalNoGradGuard(PerfCallback):
     def _reset(self) -> None:
         self._findings: Dict[tuple, Dict[str, Any]] = {}
         self._retained: Dict[str, Dict[str, Any]] = {}
+        self._events = 0  # findings so far, all sites
+        self._eval_batches = 0  # batches of the evaluation run in progress
+        self._eval_watch = True  # keep watching this evaluation run
 
     def _is_allowed(self, hook: Optional[str]) -> bool:
         return hook is not None and hook in self.allow
@@ -105,6 +110,7 @@ class EvalNoGradGuard(PerfCallback):
                                            "saved_for_backward_bytes": 0, "fixed": fixed}
         entry["count"] += 1
         entry["saved_for_backward_bytes"] += saved
+        self._events += 1
         if fixed:
             if first:
                 self._warn_once(f"fix:{site}", f"{site} ran {module}.forward in eval mode with autograd on;"
@@ -165,6 +171,57 @@ class EvalNoGradGuard(PerfCallback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._watch.arm()
+
+    def _eval_batch(self) -> None:
+        """Global module hooks put every nn.Module call on PyTorch's slow path, so an evaluation run is watched
+        only where it can go wrong. Under inference mode (``trainer.validate/test/predict`` by default) no forward
+        can build a graph, not even inside ``enable_grad()``: not watched. Under ``no_grad`` (validation during fit)
+        a step may enable grad: the first batch of each run is watched, and the rest only if it found something."""
+        if torch.is_inference_mode_enabled():
+            self._watch.disarm()
+        elif self._eval_batches == 0:
+            self._eval_start_events = self._events
+            self._watch.arm()
+        elif self._eval_batches == 1:
+            self._eval_watch = self._events > self._eval_start_events
+            if not self._eval_watch:
+                self._watch.disarm()
+        self._eval_batches += 1
+
+    def _eval_run_start(self) -> None:
+        self._eval_batches = 0
+        self._eval_watch = True
+
+    @guarded
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_run_start()
+
+    @guarded
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_run_start()
+
+    @guarded
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_run_start()
+
+    @guarded
+    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
+        self._eval_batch()
+
+    @guarded
+    def on_test_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:
+        self._eval_batch()
+
+    @guarded
+    def on_predict_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int,
+                               dataloader_idx: int = 0) -> None:
+        self._eval_batch()
+
+    @guarded
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._watch.arm()  # back to watching what runs between training steps
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -25,24 +25,35 @@ from lightning_perf.summary.projection import project_time
 _MAX_EPOCH_RECORDS = 10_000
 
 
-def infer_batch_size(batch: Any, depth: int = 3) -> Optional[int]:
-    """Leading dimension of the first tensor in ``batch`` (a tensor, or nested lists, tuples and dicts of them).
-
-    A few attribute checks, not a full tree walk: this runs on every batch.
-    """
+def batch_size_path(batch: Any, depth: int = 3) -> Optional[tuple]:
+    """The keys/indices that lead from ``batch`` to its first tensor with a batch dimension, or None."""
     if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() > 0 else None
+        return () if batch.dim() > 0 else None
     if depth == 0:
         return None
-    if isinstance(batch, Mapping):
-        batch = batch.values()
-    elif not isinstance(batch, (list, tuple)):
-        return None
-    for item in batch:
-        size = infer_batch_size(item, depth - 1)
-        if size is not None:
-            return size
+    items = batch.items() if isinstance(batch, Mapping) else (
+        enumerate(batch) if isinstance(batch, (list, tuple)) else ())
+    for key, item in items:
+        rest = batch_size_path(item, depth - 1)
+        if rest is not None:
+            return (key,) + rest
     return None
+
+
+def follow(batch: Any, path: tuple) -> Optional[int]:
+    """The batch size at ``path`` (found once on the first batch), or None where this batch is shaped otherwise."""
+    try:
+        for key in path:
+            batch = batch[key]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() > 0 else None
+
+
+def infer_batch_size(batch: Any) -> Optional[int]:
+    """Leading dimension of the first tensor in ``batch`` (a tensor, or nested lists, tuples and dicts of them)."""
+    path = batch_size_path(batch)
+    return None if path is None else follow(batch, path)
 
 
 class IterationTimer(PerfCallback):
@@ -132,6 +143,7 @@ class IterationTimer(PerfCallback):
         self._epochs: List[Dict[str, Any]] = []
         self._resumed_at: Optional[int] = None
         self._samples_unknown: Optional[str] = None
+        self._size_path: Optional[tuple] = None
         self._ranks: Optional[Dict[str, Any]] = None
         # This fit only.
         self._fit_iterations = 0
@@ -273,7 +285,10 @@ class IterationTimer(PerfCallback):
                 if size < 0:
                     raise ValueError(f"batch_size_fn returned {size}, a negative batch size")
                 return size
-            size = infer_batch_size(batch)
+            size = follow(batch, self._size_path) if self._size_path is not None else None
+            if size is None:  # the first batch, or one shaped differently: find the path once more
+                self._size_path = batch_size_path(batch)
+                size = follow(batch, self._size_path) if self._size_path is not None else None
             if size is None:
                 raise ValueError(f"no tensor with a batch dimension found in a {type(batch).__name__}")
             if size < 0:

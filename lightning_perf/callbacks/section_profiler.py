@@ -118,7 +118,7 @@ class SectionProfiler(PerfCallback):
         self._iteration = LogHistogram()
         self._iterations = 0
         self._fit_iterations = 0  # warm-up is per fit, also after a resume
-        self._counted = False
+        self._counted = self.warmup_steps == 0  # warmup_steps=0: the first iteration counts too
         self._last_global_step = 0
         self._validation_s = 0.0
         self._validation_runs = 0

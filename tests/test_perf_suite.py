@@ -1,0 +1,125 @@
+"""PerfSuite: the suite behind one Lightning callback, with the same figures, files and checkpoint state."""
+
+import pytest
+import yaml
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from helpers import ImageModel, TinyModel, find_summary, fit, trainer_kwargs
+from lightning_perf import (
+    EvalNoGradGuard,
+    IterationTimer,
+    PerfSuite,
+    QualityGate,
+    SectionProfiler,
+    VRAMMonitor,
+)
+from lightning_perf.callbacks._common import PerfCheckFailed
+
+
+class CountCalls(Callback):
+    """Counts how often Lightning calls on_train_batch_end on each callback of the trainer."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.calls += 1
+
+
+def children():
+    return [IterationTimer(warmup_steps=1), SectionProfiler(warmup_steps=1, print_reports=False),
+            VRAMMonitor(nvml_interval_s=0.01), EvalNoGradGuard()]
+
+
+def test_the_suite_gives_the_same_summary_as_separate_callbacks(tmp_path):
+    fit(tmp_path / "separate", children(), max_epochs=2)
+    fit(tmp_path / "suite", [PerfSuite(children())], max_epochs=2)
+    a, b = find_summary(tmp_path / "separate"), find_summary(tmp_path / "suite")
+    for section in ("iteration_timer", "section_profiler", "vram", "eval_no_grad_guard"):
+        assert section in b and "measurement_failures" not in b[section], section
+    assert b["status"] == "completed"
+    for key in ("iterations", "measured_iterations", "batches", "samples", "validation_runs"):
+        assert a["iteration_timer"][key] == b["iteration_timer"][key], key
+    assert a["section_profiler"]["iterations"] == b["section_profiler"]["iterations"]
+    assert set(a["section_profiler"]["sections"]) == set(b["section_profiler"]["sections"])
+    assert set(a["vram"]["phases"]) == set(b["vram"]["phases"])
+
+
+def test_one_lightning_callback_and_hooks_only_where_defined(tmp_path):
+    suite = PerfSuite(children())
+    trainer = fit(tmp_path, [suite], max_epochs=1)
+    ours = [cb for cb in trainer.callbacks if type(cb).__module__.startswith("lightning_perf")]
+    assert ours == [suite]
+    assert "on_train_batch_end" in suite._by_hook and "on_predict_batch_end" not in suite._by_hook
+    assert len(suite._by_hook["on_before_backward"]) == 1  # only SectionProfiler times the backward
+
+
+def test_checkpoint_state_goes_through_the_suite_and_resume_covers_the_run(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    fit(tmp_path / "a", [PerfSuite(children()), ckpt], max_epochs=1)
+    import torch
+
+    state = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["callbacks"]["PerfSuite"]
+    assert set(state) == {"IterationTimer", "SectionProfiler", "VRAMMonitor", "EvalNoGradGuard"}
+    trainer = Trainer(callbacks=[PerfSuite(children())], **trainer_kwargs(tmp_path / "b", max_epochs=2))
+    trainer.fit(TinyModel(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    s = find_summary(tmp_path / "b")
+    assert s["iteration_timer"]["iterations"] == 16 and s["iteration_timer"]["resumed_at_iteration"] == 8
+
+
+def test_a_failing_check_fails_the_fit_after_every_callback_ran(tmp_path):
+    gate = QualityGate(metrics=["psnr"], baseline={"psnr": 99.0}, action="fail")
+    with pytest.raises(PerfCheckFailed, match="checks failed"):
+        fit(tmp_path, [PerfSuite([gate, IterationTimer(warmup_steps=1)])], model=ImageModel(), max_epochs=1)
+    s = find_summary(tmp_path)
+    assert s["status"] == "failed" and s["iteration_timer"]["iterations"] == 4
+
+
+def test_from_lightning_cli_yaml_with_nested_callbacks(tmp_path):
+    from lightning.pytorch.cli import LightningCLI
+
+    config = {"trainer": {
+        "default_root_dir": str(tmp_path), "max_epochs": 1, "accelerator": "cpu", "devices": 1,
+        "enable_progress_bar": False,
+        "callbacks": [{"class_path": "lightning_perf.PerfSuite", "init_args": {"callbacks": [
+            {"class_path": "lightning_perf.IterationTimer", "init_args": {"warmup_steps": 1}},
+            {"class_path": "lightning_perf.VRAMMonitor", "init_args": {"nvml_interval_s": 0.01}},
+        ]}}],
+    }}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cli = LightningCLI(TinyModel, args=["fit", "--config", str(path)], save_config_kwargs={"overwrite": True})
+    suite = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PerfSuite))
+    assert [type(cb).__name__ for cb in suite.callbacks] == ["IterationTimer", "VRAMMonitor"]
+    s = find_summary(tmp_path)
+    assert s["iteration_timer"]["warmup_steps"] == 1 and "vram" in s
+
+
+def test_default_suite_and_bad_arguments():
+    assert [type(cb).__name__ for cb in PerfSuite().callbacks] == [
+        "IterationTimer", "SectionProfiler", "VRAMMonitor", "EvalNoGradGuard"]
+    with pytest.raises(ValueError, match=r"PerfSuite\(callbacks=.*Only lightning_perf callbacks.*CountCalls"):
+        PerfSuite([CountCalls()])
+    with pytest.raises(ValueError, match="share the state key IterationTimer"):
+        PerfSuite([IterationTimer(), IterationTimer()])
+    two = PerfSuite([IterationTimer(summary_path="a.json"), IterationTimer(summary_path="b.json")])
+    assert len({cb.state_key for cb in two.callbacks}) == 2
+
+
+def test_a_running_suite_can_be_copied(tmp_path):
+    import copy
+    import pickle
+
+    suite = PerfSuite(children())
+    copies = []
+
+    class Copier(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 2:
+                copies.append(copy.deepcopy(suite))
+                copies.append(pickle.loads(pickle.dumps(suite)))
+
+    fit(tmp_path, [suite, Copier()], max_epochs=1)
+    for c in copies:
+        assert c._by_hook["on_train_batch_end"][0].__self__ is c.callbacks[0]
