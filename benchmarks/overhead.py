@@ -1,12 +1,17 @@
 """Per-step cost of lightning_perf's callbacks, measured against a bare Lightning loop in the same process.
 
-Configurations run in interleaved rounds (bare, no-op callbacks, Lightning's monitors, our suite, each of our
-callbacks alone) on a CPU-bound loop of about 1 ms per step. For each, the median over rounds of µs per step
-is printed with its overhead over bare. Goals: the whole suite at most 1.25x the overhead of as many no-op
-callbacks (Lightning's own hook dispatch), and below half the overhead of ThroughputMonitor + DeviceStatsMonitor +
-SimpleProfiler.
+Configurations run in interleaved rounds (bare, no-op callbacks, Lightning's monitors, the suite as separate
+callbacks, the suite in one PerfSuite, each callback alone) on a CPU-bound loop of about 1 ms per step, with torch on
+one thread. Each run is timed in CPU time of the training thread (time.thread_time), which other processes on the
+machine do not inflate, and the overhead of a configuration is the median over rounds of its difference from bare in
+the same round, with a bootstrap 95% CI over rounds. Then, per callback:
 
-    python benchmarks/overhead.py            # about 2 minutes on 2 cores
+- dispatch: Lightning calls every hook of every callback (counted here, per step) inside its profiler context;
+  the cost of one such call is timed in isolation;
+- in its hooks: time spent inside the callback's own hooks (median of several runs);
+- total, and the suite's share of a 10 ms and a 1 ms step.
+
+    python benchmarks/overhead.py            # about 2-3 minutes on 2 cores
     python benchmarks/overhead.py --quick    # a smoke run
 """
 
@@ -39,7 +44,8 @@ def suite() -> List[Callback]:
 
 
 class StepClock(Callback):
-    """The same probe in every configuration: time from the end of step `skip` to the end of the last step."""
+    """The same probe in every configuration: training-thread CPU time from the end of step `skip` to the end of
+    the last step (time.thread_time: what this thread ran, not what the machine's other processes took)."""
 
     def __init__(self, skip: int) -> None:
         self.skip, self.start, self.end, self.steps = skip, None, None, 0
@@ -47,8 +53,8 @@ class StepClock(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.steps += 1
         if self.steps == self.skip:
-            self.start = time.perf_counter()
-        self.end = time.perf_counter()
+            self.start = time.thread_time()
+        self.end = time.thread_time()
 
     def us_per_step(self) -> float:
         return 1e6 * (self.end - self.start) / (self.steps - self.skip)
@@ -88,7 +94,7 @@ def time_hooks(callbacks: List[Callback], spent: List[float]) -> None:
                 continue
 
             def wrapped(*a, _f=original, **k):
-                t = time.perf_counter()
+                t = time.perf_counter()  # vDSO, ~50 ns; thread_time is a system call that would inflate this
                 try:
                     return _f(*a, **k)
                 finally:
@@ -108,6 +114,49 @@ def hook_cost(make: Callable[[], List[Callback]], steps: int, rounds: int, root:
         run(callbacks, steps=steps, skip=1, root=root)
         costs.append(1e6 * spent[0] / steps)
     return statistics.median(costs)
+
+
+def dispatch_counts(steps: int, root: str) -> Dict[str, float]:
+    """How many hook calls Lightning makes per training step on one callback, by hook name."""
+    from lightning.pytorch.trainer import call
+
+    counts: Dict[str, int] = {}
+    original = call._call_callback_hooks
+
+    def counting(trainer, hook_name, *args, **kwargs):
+        counts[hook_name] = counts.get(hook_name, 0) + 1
+        return original(trainer, hook_name, *args, **kwargs)
+
+    call._call_callback_hooks = counting
+    try:
+        run([], steps=steps, skip=1, root=root)
+    finally:
+        call._call_callback_hooks = original
+    return {name: n / steps for name, n in counts.items() if n >= steps}
+
+
+def dispatch_cost_us(calls: int = 200_000) -> float:
+    """One Lightning callback-hook call on a callback that does nothing: getattr, callable, the profiler context
+    (PassThroughProfiler, the default) and the call, as in lightning.pytorch.trainer.call._call_callback_hooks."""
+    from lightning.pytorch.profilers import PassThroughProfiler
+
+    profiler, cb, trainer = PassThroughProfiler(), Noop(), object()
+    name = "on_train_batch_end"
+    start = time.thread_time()
+    for _ in range(calls):
+        fn = getattr(cb, name)
+        if callable(fn):
+            with profiler.profile(f"[Callback]{cb.state_key}.{name}"):
+                fn(trainer, None, None, None, 0)
+    return 1e6 * (time.thread_time() - start) / calls
+
+
+def bootstrap_median_ci(values: List[float], resamples: int = 2000, seed: int = 0) -> tuple:
+    import random
+
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * (resamples - 1))], medians[int(0.975 * (resamples - 1))]
 
 
 def run(callbacks: List[Callback], steps: int, skip: int, profiler: Any = None, root: str = ".") -> float:
@@ -147,6 +196,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"lightning_perf suite ({n})": lambda: {"callbacks": suite()},
         f"PerfSuite ({n} in one)": lambda: {"callbacks": [lightning_perf.PerfSuite(suite())]},
     }
+    suite_name, one_name = f"lightning_perf suite ({n})", f"PerfSuite ({n} in one)"
     for cb in suite():
         name = type(cb).__name__
         configs[f"  {name} alone"] = lambda name=name: {"callbacks": [getattr(lightning_perf, name)()]}
@@ -163,26 +213,30 @@ def main(argv: Optional[List[str]] = None) -> int:
         inside_one = hook_cost(lambda: [lightning_perf.PerfSuite(suite())], args.steps, 3, root)
         inside_each = {type(cb).__name__: hook_cost(lambda cb=cb: [getattr(lightning_perf, type(cb).__name__)()],
                                                     args.steps, 3, root) for cb in suite()}
+        per_step = dispatch_counts(args.steps // 2, root)
+    call_us = dispatch_cost_us()
+    calls = sum(per_step.values())
+    dispatch = calls * call_us
     median = {k: statistics.median(v) for k, v in results.items()}
-    bare = median["bare"]
-    print(f"\n{'configuration':<32}{'µs/step':>10}{'overhead µs/step':>18}{'x bare':>8}")
-    for name, value in median.items():
-        print(f"{name:<32}{value:>10.1f}{value - bare:>18.1f}{value / bare:>8.3f}")
-    noop = median[f"{n} no-op callbacks"] - bare
-    ours = median[f"lightning_perf suite ({n})"] - bare
-    theirs = median["Lightning monitors (3)"] - bare
-    print()
-    floor = max(noop, 1.0)
-    print(f"suite overhead / no-op floor:           {ours / floor:.2f}x   (goal <= 1.25x; floor {noop:.1f} µs/step)")
-    print(f"time inside lightning_perf hooks:        {inside:.1f} µs/step (measured directly)")
-    print(f"  the same {n} inside one PerfSuite:        {inside_one:.1f} µs/step (forwarding included)")
-    one = median[f"PerfSuite ({n} in one)"] - bare
-    print(f"PerfSuite overhead / separate callbacks: {one / ours:.2f}x   ({one:.1f} vs {ours:.1f} µs/step over bare)"
-          if ours > 0 else "the separate callbacks showed no overhead")
+    bare_runs = results["bare"]
+    print(f"\n{'configuration':<32}{'CPU µs/step':>12}{'overhead µs/step (95% CI)':>30}")
+    for name, values in results.items():
+        diffs = [v - b for v, b in zip(values, bare_runs)]
+        lo, hi = bootstrap_median_ci(diffs) if name != "bare" else (0.0, 0.0)
+        print(f"{name:<32}{median[name]:>12.1f}{statistics.median(diffs):>14.1f}  [{lo:7.1f}, {hi:7.1f}]")
+    print(f"\nLightning calls {calls:.0f} callback hooks per training step on every callback"
+          f" ({', '.join(f'{k} {v:g}' for k, v in sorted(per_step.items()))}),")
+    print(f"each {call_us:.2f} µs on a callback that does nothing: {dispatch:.1f} µs per callback per step.\n")
+    print(f"{'per callback':<26}{'dispatch':>10}{'in hooks':>10}{'total':>10}   µs/step")
     for name, value in inside_each.items():
-        print(f"  {name + ':':<38}{value:.1f} µs/step inside its hooks")
-    print(f"suite overhead / Lightning monitors:    {ours / theirs:.2f}x   (goal < 0.5x)" if theirs > 0 else
-          "Lightning monitors showed no overhead")
+        print(f"  {name:<24}{dispatch:>10.1f}{value:>10.1f}{dispatch + value:>10.1f}")
+    separate = n * dispatch + inside
+    together = dispatch + inside_one
+    print(f"  {'suite, separate':<24}{n * dispatch:>10.1f}{inside:>10.1f}{separate:>10.1f}")
+    print(f"  {'suite in one PerfSuite':<24}{dispatch:>10.1f}{inside_one:>10.1f}{together:>10.1f}")
+    for label, total in (("separate", separate), ("PerfSuite", together)):
+        print(f"suite ({label}): {100 * total / 10_000:.2f}% of a 10 ms step, {100 * total / 1_000:.1f}% of a 1 ms step")
+    print("goal (issue 11): whole suite <= 40 µs/step, each callback <= 15 µs/step")
     return 0
 
 

@@ -12,6 +12,7 @@ from lightning_perf.summary.io import load_summary
 from lightning_perf.summary.schema import SummaryError
 
 EXIT_OK, EXIT_SLOWER, EXIT_ERROR = 0, 1, 2
+DEFAULT_BENCH_CSV = os.path.join("runs", "bench.csv")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,13 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="one row per run: it/s, change vs the first, peak memory, quality")
     p.add_argument("runs", nargs="+", help="perf_summary.json files, the first is the reference row")
-    p.add_argument("--names", nargs="+", help="a name per run (default: each run's folder)")
+    p.add_argument("--names", nargs="+", help="a name per run (default: run.name, else the part of the paths that"
+                   " differs)")
+    p.add_argument("--notes", nargs="+", help="a free-text note per run (default: each run's run.notes)")
     p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
     p.add_argument("--plot", metavar="PNG", help="also draw it/s, peak memory and quality per run")
 
     p = sub.add_parser("bench", help="sweep a model over input sizes x batch sizes: time, throughput, memory")
-    p.add_argument("--model", required=True, metavar="PKG.MODULE:FACTORY",
-                   help="a callable returning an nn.Module or LightningModule")
+    p.add_argument("--model", metavar="PKG.MODULE:FACTORY",
+                   help="a callable returning an nn.Module or LightningModule (required unless --from-csv)")
+    p.add_argument("--from-csv", metavar="CSV", help="no sweep: the table, analysis and --plot of an existing CSV")
     p.add_argument("--inputs", metavar="PKG.MODULE:BUILDER",
                    help="builder(batch_size, size, device) -> model input; default images (batch, 3, size, size)")
     p.add_argument("--input-sizes", type=_positive_int, nargs="+", default=[256, 384], metavar="N")
@@ -105,9 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("32", "16", "bf16"), default="32")
     p.add_argument("--warmup", type=int, default=None, help="default 10 (inference) / 5 (train)")
     p.add_argument("--iters", type=_positive_int, default=None, help="default 50 (inference) / 20 (train)")
-    p.add_argument("--csv", help="append rows to this CSV (header only when new)")
+    p.add_argument("--csv", default=DEFAULT_BENCH_CSV,
+                   help=f"append rows to this CSV, header only when new ({DEFAULT_BENCH_CSV})")
+    p.add_argument("--no-csv", action="store_true", help="write no CSV")
     p.add_argument("--plot", metavar="PNG", help="draw the four panels")
     p.add_argument("--no-progress", action="store_true")
+
+    p = sub.add_parser("bench-compare", help="two sweeps' CSVs: speed and memory change per configuration")
+    p.add_argument("old", help="the earlier sweep's CSV")
+    p.add_argument("new", help="the later sweep's CSV")
+    p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
 
     p = sub.add_parser("matrix", help="run one LightningCLI training under named variants and report them")
     p.add_argument("--script", required=True, help="a LightningCLI script (run as: python SCRIPT fit ...)")
@@ -156,11 +167,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if args.names and len(args.names) != len(args.runs):
         raise SummaryError(f"--names got {len(args.names)} names for {len(args.runs)} runs")
+    if args.notes and len(args.notes) != len(args.runs):
+        raise SummaryError(f"--notes got {len(args.notes)} notes for {len(args.runs)} runs")
     summaries = [load_summary(path) for path in args.runs]
     names = args.names or run_names(args.runs, summaries)
     if args.plot:
         _check_output(args.plot, "--plot")
-    rows = report_rows(summaries, names)
+    rows = report_rows(summaries, names, args.notes)
     print(format_report(rows, args.format))
     if args.plot:
         from lightning_perf.bench.plots import plot_report
@@ -171,8 +184,28 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    from lightning_perf.bench.analysis import analysis, read_csv
     from lightning_perf.bench.sweep import BenchError, format_table, load_callable, run_sweep
 
+    if args.from_csv:
+        try:
+            rows = read_csv(args.from_csv)
+            if args.plot:
+                _check_output(args.plot, "--plot")
+                from lightning_perf.bench.plots import plot_sweep
+
+                plot_sweep(rows, args.plot)
+                print(f"plot written to {args.plot}", file=sys.stderr)
+        except (BenchError, ValueError) as err:
+            print(f"lightning-perf: error: {err}", file=sys.stderr)
+            return EXIT_ERROR
+        print(format_table(rows) + "\n\n" + analysis(rows))
+        return EXIT_OK
+    if not args.model:
+        print("lightning-perf: error: bench needs --model PKG.MODULE:FACTORY (or --from-csv CSV)", file=sys.stderr)
+        return EXIT_ERROR
+    if args.no_csv:
+        args.csv = None
     for path, flag in ((args.csv, "--csv"), (args.plot, "--plot")):
         if path:
             _check_output(path, flag)
@@ -196,7 +229,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("lightning-perf: interrupted; finished rows are in the CSV", file=sys.stderr)
         return 130
-    print(format_table(rows))
+    print(format_table(rows) + "\n\n" + analysis(rows))
     if args.csv:
         print(f"rows appended to {args.csv}", file=sys.stderr)
     if args.plot:
@@ -237,7 +270,22 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r["status"] == "completed" for r in rows) else 1
 
 
-COMMANDS = {"compare": _cmd_compare, "report": _cmd_report, "bench": _cmd_bench, "matrix": _cmd_matrix}
+def _cmd_bench_compare(args: argparse.Namespace) -> int:
+    from lightning_perf.bench.analysis import compare_bench, format_bench_compare, read_csv
+    from lightning_perf.bench.sweep import BenchError
+    from lightning_perf.summary.fields import csv_text
+
+    try:
+        rows = compare_bench(read_csv(args.old), read_csv(args.new))
+    except BenchError as err:
+        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    print(csv_text(rows) if args.format == "csv" else format_bench_compare(rows))
+    return EXIT_OK
+
+
+COMMANDS = {"compare": _cmd_compare, "report": _cmd_report, "bench": _cmd_bench, "bench-compare": _cmd_bench_compare,
+            "matrix": _cmd_matrix}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -156,3 +156,62 @@ def test_report_plot(tmp_path):
     proc = cli("report", *paths, "--plot", str(png))
     assert proc.returncode == 0, proc.stderr
     assert is_png(png)
+
+
+def _analysis_checks(stdout, rows):
+    """The printed analysis against the CSV's own numbers: per-sample cost of 32 vs 16 at batch 1."""
+    by = {(int(r["tile_size"]), int(r["batch_size"])): r for r in rows}
+    ratio = float(by[(32, 1)]["avg_time_ms"]) / float(by[(16, 1)]["avg_time_ms"])
+    assert "Analysis (train, cpu, precision 32):" in stdout
+    assert f"- 32 is {ratio:.2f}x" in stdout and "per sample than 16 (batch 1)" in stdout
+    assert "Batch size effects:" in stdout and "| Batch size | 16 throughput |" in stdout
+    gain = (float(by[(16, 4)]["throughput_samples_per_sec"]) / float(by[(16, 1)]["throughput_samples_per_sec"]) - 1) * 100
+    assert f"({gain:+.0f}%)" in stdout
+
+
+def test_analysis_from_csv_and_bench_compare(tmp_path):
+    out_csv = tmp_path / "bench.csv"
+    proc = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "16", "32", "--batch-sizes", "1",
+               "4", "--mode", "train", "--device", "cpu", "--csv", str(out_csv), *QUICK)
+    assert proc.returncode == 0, proc.stderr
+    rows = read_csv(out_csv)
+    _analysis_checks(proc.stdout, rows)
+    # the same analysis and plots from the CSV alone, no model
+    png = tmp_path / "again.png"
+    again = cli("bench", "--from-csv", str(out_csv), "--plot", str(png))
+    assert again.returncode == 0, again.stderr
+    _analysis_checks(again.stdout, rows) and is_png(png)
+    assert is_png(png)
+    # a "new" sweep: twice the throughput at size 32 batch 4, one configuration more
+    new_csv = tmp_path / "new.csv"
+    with open(out_csv, newline="") as fh:
+        header, *lines = list(csv.reader(fh))
+    col = header.index("throughput_samples_per_sec")
+    for line in lines:
+        if line[header.index("tile_size")] == "32" and line[header.index("batch_size")] == "4":
+            line[col] = str(2 * float(line[col]))
+    extra = list(lines[0])
+    extra[header.index("batch_size")] = "8"
+    with open(new_csv, "w", newline="") as fh:
+        csv.writer(fh).writerows([header, *lines, extra])
+    cmp = cli("bench-compare", str(out_csv), str(new_csv))
+    assert cmp.returncode == 0, cmp.stderr
+    row = next(line for line in cmp.stdout.splitlines() if line.startswith("| train | 32 | 4 |"))
+    assert "| +100.0% |" in row
+    assert "only in the new sweep" in cmp.stdout
+    bad = cli("bench-compare", str(out_csv), str(tmp_path / "missing.csv"))
+    assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+def test_without_csv_the_rows_go_to_runs_bench_csv(tmp_path):
+    import shutil
+
+    shutil.copy(os.path.join(TESTS, "bench_models.py"), tmp_path)
+    proc = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "16", "--batch-sizes", "1",
+               "--device", "cpu", *QUICK, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "rows appended to runs/bench.csv" in proc.stderr
+    assert len(read_csv(tmp_path / "runs" / "bench.csv")) == 1
+    proc = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "16", "--batch-sizes", "1",
+               "--device", "cpu", "--no-csv", *QUICK, cwd=str(tmp_path))
+    assert proc.returncode == 0 and len(read_csv(tmp_path / "runs" / "bench.csv")) == 1

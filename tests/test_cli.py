@@ -102,15 +102,26 @@ def test_bad_arguments_exit_2(runs):
 
 
 def test_report_markdown_and_csv(runs):
-    out = cli("report", runs["slow"], runs["fast"], check_rc=0).stdout.splitlines()
-    assert out[0].startswith("| Run | Speed (it/s) |")
+    out = cli("report", runs["slow"], runs["fast"], "--notes", "reference", "4 ms less sleep",
+              check_rc=0).stdout.splitlines()
+    assert out[0].startswith("| Run | Date | Speed (it/s) |")
     assert out[2].startswith("| slow |") and out[3].startswith("| fast |")
-    assert out[2].split("|")[6].strip() == "baseline"
-    assert "%" in out[3].split("|")[6]  # change vs the first row
+    cells = [c.strip() for c in out[2].split("|")]
+    assert cells[7] == "baseline" and "%" in out[3].split("|")[7]  # change vs the first row
+    with open(runs["slow"]) as fh:
+        slow = json.load(fh)
+    assert cells[2] == slow["run"]["started_at"][:16].replace("T", " ")
+    assert cells[-2] == "reference" and out[3].split("|")[-2].strip() == "4 ms less sleep"
+    # the model logs val_loss: the report shows each run's last value with no extra set-up
+    header = [c.strip() for c in out[0].split("|")]
+    assert "val_loss" in header
+    assert float(cells[header.index("val_loss")]) == pytest.approx(slow["logged"]["values"]["val_loss"], rel=1e-3)
     csv_out = cli("report", runs["slow"], runs["fast"], "--format", "csv", "--names", "base", "opt",
                   check_rc=0).stdout.splitlines()
-    assert csv_out[0].startswith("run,status,it_per_s")
-    assert csv_out[1].startswith("base,completed,") and csv_out[2].startswith("opt,completed,")
+    assert csv_out[0].startswith("run,date,notes,status,it_per_s")
+    assert csv_out[1].startswith("base,20") and csv_out[2].startswith("opt,20")
+    proc = cli("report", runs["slow"], runs["fast"], "--notes", "one")
+    assert proc.returncode == 2 and "--notes got 1 notes for 2 runs" in proc.stderr
 
 
 def test_compare_needs_no_torch(runs):

@@ -119,7 +119,7 @@ def test_periodic_reports_are_logged_and_printed(tmp_path, caplog):
     for key in ("time/forward_ms", "time_share/forward_pct", "time/data_loading_ms", "time_share/data_loading_pct",
                 "time/ema_ms", "time_share/ema_pct", "time/iteration_ms"):
         assert len(scalars[key]) == 2, key
-    assert "SectionProfiler step 4: iteration" in caplog.text
+    assert "=== SectionProfiler report (step 4, last 4 iterations" in caplog.text
     assert "=== SectionProfiler:" in caplog.text and "Insights:" in caplog.text
 
 
@@ -196,3 +196,48 @@ def test_cuda_sections_have_device_time(tmp_path):
     table = find_summary(tmp_path)["section_profiler"]["sections"]
     assert table["forward"]["device_mean_ms"] is not None and table["forward"]["device_mean_ms"] > 0
     assert table["ema"]["device_mean_ms"] is not None
+
+
+def _row(mean_ms, count=10, share=None, device_ms=None, kind="auto", parent=None):
+    return {"kind": kind, "parent": parent, "count": count, "total_s": mean_ms * count / 1000.0, "mean_ms": mean_ms,
+            "min_ms": mean_ms, "max_ms": mean_ms, "p50_ms": mean_ms, "p95_ms": mean_ms, "share_pct": share,
+            "device_mean_ms": device_ms, "closed_by_exception": 0, "inclusive_total_s": mean_ms * count / 1000.0,
+            "inclusive_mean_ms": mean_ms, "inclusive_share_pct": share}
+
+
+@pytest.mark.parametrize("device_ms, fires", [(2.0, True), (9.0, False)])
+def test_host_bound_insight_fires_when_the_gpu_waits_for_python(device_ms, fires):
+    """Host time of forward+backward+optimizer 3x their CUDA-event time: the GPU waits for Python."""
+    table = {"forward": _row(10.0, share=40.0, device_ms=device_ms), "backward": _row(12.0, share=45.0,
+             device_ms=device_ms), "optimizer_step": _row(3.0, share=10.0, device_ms=device_ms / 2),
+             "data_loading": _row(1.0, share=5.0)}
+    insights = SectionProfiler().insights(table)
+    assert any(i.startswith("Host time is") for i in insights) is fires, insights
+
+
+@pytest.mark.parametrize("rule, table, prefix", [
+    ("data", {"data_loading": _row(5.0, share=30.0), "forward": _row(5.0, share=30.0)}, "Data loading takes"),
+    ("optimizer", {"optimizer_step": _row(5.0, share=25.0), "forward": _row(5.0, share=30.0)}, "The optimizer step"),
+    ("checkpoint", {"checkpointing": _row(5.0, share=12.0), "forward": _row(5.0, share=30.0)}, "Checkpointing takes"),
+    ("forward", {"forward": _row(5.0, share=70.0)}, "The forward pass takes"),
+])
+def test_every_share_rule_fires_above_its_threshold_and_not_below(rule, table, prefix):
+    assert any(i.startswith(prefix) for i in SectionProfiler().insights(table))
+    calm = {name: _row(r["mean_ms"], share=5.0) for name, r in table.items()}
+    assert not any(i.startswith(prefix) for i in SectionProfiler().insights(calm))
+
+
+def test_periodic_report_is_a_table_with_min_and_max_since_the_last_report(tmp_path, caplog):
+    with caplog.at_level("INFO"):
+        fit(tmp_path, [SectionProfiler(report_every_n_steps=4, warmup_steps=0)], model=EmaModel(), max_epochs=1)
+    reports = [r.getMessage() for r in caplog.records if "SectionProfiler report" in r.getMessage()]
+    assert len(reports) == 2  # 8 iterations, a report every 4
+    lines = reports[0].splitlines()
+    assert lines[1].split() == ["section", "count", "total", "s", "mean", "ms", "min", "ms", "max", "ms", "share"]
+    ema = next(line.split() for line in lines if line.startswith("ema "))
+    count, total, mean, low, high = int(ema[1]), *map(float, ema[2:6])
+    assert count == 4 and low >= 20.0 and low <= mean <= high and total == pytest.approx(count * mean / 1000, rel=0.01)
+    final = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("=== SectionProfiler:"))
+    assert "min ms" in final and "max ms" in final
+    s = find_summary(tmp_path)["section_profiler"]
+    assert "DDP all-reduces gradients inside backward" in s["unavailable"]["synchronization"]

@@ -80,6 +80,13 @@ def check_number(owner: str, name: str, value: Any, minimum: Optional[float] = N
     return float(value)
 
 
+def check_text(owner: str, name: str, value: Any) -> Optional[str]:
+    """None or a string (a run's name or notes for `report`)."""
+    if value is not None and not isinstance(value, str):
+        raise bad_argument(owner, name, value, "Expected a string or None.")
+    return value
+
+
 def check_path(owner: str, name: str, value: Any) -> Optional[str]:
     """None, a string or an ``os.PathLike``: ``summary_path=123`` would write a file named 123."""
     if value is None:
@@ -178,9 +185,13 @@ class PerfCallback(Callback):
                 state[name] = None
         return state
 
-    def __init__(self, summary_path: Optional[str] = None) -> None:
+    def __init__(self, summary_path: Optional[str] = None, run_name: Optional[str] = None,
+                 run_notes: Optional[str] = None) -> None:
         super().__init__()
-        self.summary_path = check_path(type(self).__name__, "summary_path", summary_path)
+        owner = type(self).__name__
+        self.summary_path = check_path(owner, "summary_path", summary_path)
+        self.run_name = check_text(owner, "run_name", run_name)
+        self.run_notes = check_text(owner, "run_notes", run_notes)
         self._warned: set = set()
         self._failures: Dict[str, str] = {}
 
@@ -340,7 +351,12 @@ class SummaryBook:
             "status": status,
             "error": error,
             "run": run_info(trainer, self.started_at, self.log_dir),
+            "logged": logged_scalars(trainer),
         }
+        for field in ("name", "notes"):
+            given = next((getattr(cb, f"run_{field}") for cb in self.callbacks if getattr(cb, f"run_{field}", None)),
+                         None)
+            data["run"][field] = given
         for cb in self.callbacks:
             data[cb.section_name] = cb.summary_section()
         return data
@@ -389,6 +405,36 @@ def _device_name(trainer: Trainer) -> str:
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
     return f"{device.type}: {platform.processor() or platform.machine()}"
+
+
+#: At most this many of the run's logged scalars go into the summary (the first by name).
+MAX_LOGGED = 64
+
+
+def logged_scalars(trainer: Trainer) -> Dict[str, Any]:
+    """The last value of each scalar the run logged (``trainer.callback_metrics``: ``train_loss``, ``val_loss``,
+    what ``ModelCheckpoint(monitor=...)`` watches), and the monitored name, so `report` shows a phase's loss with no
+    extra set-up. Makes no collective call: the values are this rank's."""
+    values: Dict[str, float] = {}
+    try:
+        metrics = dict(trainer.callback_metrics)
+    except Exception:  # noqa: BLE001
+        return {"values": {}, "monitor": None}
+    for name in sorted(metrics)[:MAX_LOGGED]:
+        value = metrics[name]
+        try:
+            number = float(value.item() if hasattr(value, "item") else value)
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        if math.isfinite(number):
+            values[str(name)] = number
+    monitor = None
+    try:
+        callback = trainer.checkpoint_callback
+        monitor = getattr(callback, "monitor", None) if callback is not None else None
+    except Exception:  # noqa: BLE001
+        pass
+    return {"values": values, "monitor": monitor}
 
 
 def run_info(trainer: Trainer, started_at: Optional[str], log_dir: Optional[str]) -> Dict[str, Any]:

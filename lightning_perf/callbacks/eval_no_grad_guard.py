@@ -69,8 +69,9 @@ class EvalNoGradGuard(PerfCallback):
     section_name = "eval_no_grad_guard"
 
     def __init__(self, mode: str = "warn", allow: Optional[Sequence[str]] = None, scan_retained: bool = True,
-                 summary_path: Optional[str] = None) -> None:
-        super().__init__(summary_path=summary_path)
+                 summary_path: Optional[str] = None, run_name: Optional[str] = None,
+                 run_notes: Optional[str] = None) -> None:
+        super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         if mode not in MODES:
             raise bad_argument("EvalNoGradGuard", "mode", mode, f"Possible choices are: {', '.join(MODES)}.")
         if isinstance(allow, str) or not all(isinstance(h, str) for h in (allow or [])):

@@ -108,8 +108,10 @@ class IterationTimer(PerfCallback):
         device_timing: bool = True,
         verbose: bool = True,
         summary_path: Optional[str] = None,
+        run_name: Optional[str] = None,
+        run_notes: Optional[str] = None,
     ) -> None:
-        super().__init__(summary_path=summary_path)
+        super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         check_positive_int("IterationTimer", "warmup_steps", warmup_steps, minimum=0)
         check_positive_int("IterationTimer", "log_every_n_steps", log_every_n_steps, allow_none=True)
         check_positive_int("IterationTimer", "target_steps", target_steps, allow_none=True)

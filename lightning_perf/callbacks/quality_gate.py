@@ -118,8 +118,10 @@ class QualityGate(PerfCallback):
         lpips_weights_dir: Optional[str] = None,
         lpips_pretrained: bool = True,
         summary_path: Optional[str] = None,
+        run_name: Optional[str] = None,
+        run_notes: Optional[str] = None,
     ) -> None:
-        super().__init__(summary_path=summary_path)
+        super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         owner = "QualityGate"
         if isinstance(metrics, str) or any(m not in IMAGE_METRICS for m in metrics):
             raise bad_argument(owner, "metrics", metrics, f"Possible choices are: {', '.join(IMAGE_METRICS)}.")

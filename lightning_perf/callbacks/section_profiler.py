@@ -36,19 +36,35 @@ FORWARD_PCT = 60.0
 OPTIMIZER_PCT = 20.0
 CHECKPOINT_PCT = 10.0
 HOST_OVER_DEVICE = 1.5
+SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, overlapped with it, so that time is"
+               " part of `backward`; timing it apart would need a DDP communication hook installed on your model,"
+               " which a measurement must not do. `ranks` shows each rank's sections: a straggler's data loading or"
+               " forward is what the others wait for.")
 
 
 class _Section:
     """Bounded statistics of one section: per-call host ms (histogram), device ms, calls left by exceptions."""
 
-    __slots__ = ("kind", "parent", "host", "device", "closed_by_exception", "window_s")
+    __slots__ = ("kind", "parent", "host", "device", "closed_by_exception", "window_s", "window_n", "window_min",
+                 "window_max")
 
     def __init__(self, kind: str, parent: Optional[str] = None) -> None:
         self.kind, self.parent = kind, parent
         self.host = LogHistogram()
         self.device = LogHistogram()
         self.closed_by_exception = 0
-        self.window_s = 0.0
+        self.window_reset()
+
+    def window_reset(self) -> None:
+        self.window_s, self.window_n, self.window_min, self.window_max = 0.0, 0, float("inf"), 0.0
+
+    def window_add(self, seconds: float) -> None:
+        self.window_s += seconds
+        self.window_n += 1
+        if seconds < self.window_min:
+            self.window_min = seconds
+        if seconds > self.window_max:
+            self.window_max = seconds
 
 
 class SectionProfiler(PerfCallback):
@@ -92,8 +108,9 @@ class SectionProfiler(PerfCallback):
     _transient = ("_trainer_save", "_profiler", "_profiler_start", "_previous_sink", "_clock", "_pending_user")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
-                 device_timing: bool = True, print_reports: bool = True, summary_path: Optional[str] = None) -> None:
-        super().__init__(summary_path=summary_path)
+                 device_timing: bool = True, print_reports: bool = True, summary_path: Optional[str] = None,
+                 run_name: Optional[str] = None, run_notes: Optional[str] = None) -> None:
+        super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         check_positive_int("SectionProfiler", "report_every_n_steps", report_every_n_steps)
         check_positive_int("SectionProfiler", "warmup_steps", warmup_steps, minimum=0)
         self.enabled = check_bool("SectionProfiler", "enabled", enabled)
@@ -324,11 +341,11 @@ class SectionProfiler(PerfCallback):
             for name, seconds in self._piece.items():
                 sec = self._section(name)
                 sec.host.add(seconds * 1000.0)
-                sec.window_s += seconds
+                sec.window_add(seconds)
             for name, seconds, failed in self._iter_calls:
                 sec = self._sections[name]
                 sec.host.add(seconds * 1000.0)
-                sec.window_s += seconds
+                sec.window_add(seconds)
                 sec.closed_by_exception += failed
         self._piece, self._user_s, self._iter_calls = {}, 0.0, []
         self._iterations += 1
@@ -345,14 +362,19 @@ class SectionProfiler(PerfCallback):
         for name, sec in self._sections.items():
             metrics[f"time/{name}_ms"] = 1000.0 * sec.window_s / iters
             metrics[f"time_share/{name}_pct"] = 100.0 * sec.window_s / seconds if seconds > 0 else None
-            rows.append((name, 1000.0 * sec.window_s / iters, metrics[f"time_share/{name}_pct"]))
-            sec.window_s = 0.0
+            if sec.window_n:
+                rows.append((name, sec.window_n, sec.window_s, 1000.0 * sec.window_s / sec.window_n,
+                             1000.0 * sec.window_min, 1000.0 * sec.window_max, metrics[f"time_share/{name}_pct"]))
+            sec.window_reset()
         self._window_iter_s, self._window_iters = 0.0, 0
         log_scalars(trainer, metrics)
         if self.print_reports and trainer.is_global_zero:
-            body = "  ".join(f"{n} {ms:.2f}ms {pct:.0f}%" for n, ms, pct in rows if pct is not None and ms > 0)
-            rank_zero_info(f"SectionProfiler step {trainer.global_step}: iteration {metrics['time/iteration_ms']:.2f}"
-                           f" ms | {body}")
+            lines = [f"=== SectionProfiler report (step {trainer.global_step}, last {iters} iterations,"
+                     f" {metrics['time/iteration_ms']:.2f} ms mean) ===",
+                     f"{'section':<22}{'count':>7}{'total s':>9}{'mean ms':>9}{'min ms':>9}{'max ms':>9}{'share':>8}"]
+            for name, n, total, mean, low, high, pct in sorted(rows, key=lambda r: -r[2]):
+                lines.append(f"{name:<22}{n:>7}{total:>9.3f}{mean:>9.2f}{low:>9.2f}{high:>9.2f}{pct or 0:>7.1f}%")
+            rank_zero_info("\n".join(lines))
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -512,13 +534,14 @@ class SectionProfiler(PerfCallback):
     def format_report(self) -> str:
         table = self.table()
         lines = [f"=== SectionProfiler: {self._iteration.count} iterations, {self._iteration.mean or 0:.2f} ms mean ===",
-                 f"{'section':<22}{'count':>8}{'total s':>10}{'mean ms':>10}{'p50 ms':>9}{'p95 ms':>9}{'share':>8}"]
+                 f"{'section':<22}{'count':>8}{'total s':>10}{'mean ms':>10}{'min ms':>9}{'p50 ms':>9}{'p95 ms':>9}"
+                 f"{'max ms':>9}{'share':>8}"]
         for name, r in sorted(table.items(), key=lambda kv: -(kv[1]["total_s"] or 0)):
             if not r["count"]:
                 continue
             label = name if r["kind"] == "auto" else f"  {name} (in {r['parent']})"
-            lines.append(f"{label:<22}{r['count']:>8}{r['total_s']:>10.3f}{r['mean_ms']:>10.2f}{r['p50_ms']:>9.2f}"
-                         f"{r['p95_ms']:>9.2f}{(r['share_pct'] or 0):>7.1f}%")
+            lines.append(f"{label:<22}{r['count']:>8}{r['total_s']:>10.3f}{r['mean_ms']:>10.2f}{r['min_ms']:>9.2f}"
+                         f"{r['p50_ms']:>9.2f}{r['p95_ms']:>9.2f}{r['max_ms']:>9.2f}{(r['share_pct'] or 0):>7.1f}%")
         lines += ["Insights:"] + [f"- {i}" for i in self.insights(table)]
         return "\n".join(lines)
 
@@ -532,6 +555,7 @@ class SectionProfiler(PerfCallback):
                 "manual optimization: the step is one training_step section")
         if self._clock is None:
             unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
+        unavailable["synchronization"] = SYNC_REASON
         return {
             "enabled": self._active,
             "manual_optimization": self._manual,

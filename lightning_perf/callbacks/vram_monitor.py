@@ -99,8 +99,10 @@ class VRAMMonitor(PerfCallback):
         log_every_n_steps: Optional[int] = None,
         show_in_progress_bar: bool = False,
         summary_path: Optional[str] = None,
+        run_name: Optional[str] = None,
+        run_notes: Optional[str] = None,
     ) -> None:
-        super().__init__(summary_path=summary_path)
+        super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         if isinstance(nvml_interval_s, bool) or not isinstance(nvml_interval_s, (int, float)) or not (
             0.001 < nvml_interval_s <= 60
         ):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from lightning_perf.summary.compare import headline
 from lightning_perf.summary.fields import (
     csv_text,
+    dig,
     eval_peak_mb,
     fmt_mb,
     fmt_num,
@@ -18,15 +19,35 @@ from lightning_perf.summary.fields import (
 )
 
 
-def report_rows(summaries: List[Dict[str, Any]], names: List[str]) -> List[Dict[str, Any]]:
+#: Logged names shown as loss columns when a run has them (and whatever ModelCheckpoint monitored).
+LOSS_NAMES = ("train_loss", "train/loss", "loss", "val_loss", "val/loss")
+
+
+def _loss_names(summaries: List[Dict[str, Any]]) -> List[str]:
+    names: List[str] = []
+    for summary in summaries:
+        values = dig(summary, "logged", "values") or {}
+        monitor = dig(summary, "logged", "monitor")
+        wanted = [n for n in LOSS_NAMES if n in values]
+        if isinstance(monitor, str) and monitor in values and not monitor.startswith("quality/"):
+            wanted.append(monitor)
+        names += [n for n in wanted if n not in names]
+    return names
+
+
+def report_rows(summaries: List[Dict[str, Any]], names: List[str],
+                notes: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """One dict per run. ``speedup`` and ``change_pct`` are the :func:`~lightning_perf.summary.compare.headline`
-    against the first run: the same figure `compare` prints for that pair (samples/s where batch sizes differ)."""
+    against the first run: the same figure `compare` prints for that pair (samples/s where batch sizes differ).
+    ``date`` is the run's start; ``notes`` the given note, else the run's ``run.notes``; loss columns are the last
+    logged value of ``train_loss``/``val_loss`` (and the like, and what ModelCheckpoint monitored)."""
     rows: List[Dict[str, Any]] = []
     metric_names: List[str] = []
     for summary in summaries:
         for name in quality(summary):
             if name not in metric_names:
                 metric_names.append(name)
+    losses = _loss_names(summaries)
     for i, (summary, name) in enumerate(zip(summaries, names)):
         s = speed(summary)
         head = headline(summaries[0], summary, with_ci=False)
@@ -35,6 +56,8 @@ def report_rows(summaries: List[Dict[str, Any]], names: List[str]) -> List[Dict[
         gate = summary.get("quality_gate", {}).get("passed") if isinstance(summary.get("quality_gate"), dict) else None
         row: Dict[str, Any] = {
             "run": name,
+            "date": dig(summary, "run", "started_at"),
+            "notes": (notes[i] if notes else None) or dig(summary, "run", "notes"),
             "status": summary.get("status"),
             "it_per_s": s["it_per_s"],
             "samples_per_s": s["samples_per_s"],
@@ -46,6 +69,8 @@ def report_rows(summaries: List[Dict[str, Any]], names: List[str]) -> List[Dict[
             "train_peak_mb": train_peak_mb(summary),
             "eval_peak_mb": eval_peak_mb(summary),
         }
+        for loss in losses:
+            row[loss] = (dig(summary, "logged", "values") or {}).get(loss)
         for metric in metric_names:
             row[metric] = q.get(metric, {}).get("value") if isinstance(q.get(metric), dict) else None
         row["quality_gate"] = gate
@@ -53,8 +78,13 @@ def report_rows(summaries: List[Dict[str, Any]], names: List[str]) -> List[Dict[
     return rows
 
 
-_FIXED = ("run", "status", "it_per_s", "samples_per_s", "ms_per_iter_mean", "ms_per_iter_median", "speedup",
+_FIXED = ("run", "date", "notes", "status", "it_per_s", "samples_per_s", "ms_per_iter_mean", "ms_per_iter_median", "speedup",
           "speedup_basis", "change_pct", "train_peak_mb", "eval_peak_mb", "quality_gate")
+
+
+def _date(iso: Optional[str]) -> str:
+    """``2026-01-27T10:31:02.123+00:00`` -> ``2026-01-27 10:31`` (UTC), as a phase table wants it."""
+    return iso[:16].replace("T", " ") if isinstance(iso, str) and len(iso) >= 16 else "-"
 
 
 def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
@@ -63,9 +93,10 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
     if fmt == "csv":
         return csv_text(rows)
     metrics = [k for k in rows[0] if k not in _FIXED]
-    headers = ["Run", "Speed (it/s)", "Samples/s", "ms/iter (mean)", "ms/iter (median)", "Change", "Train peak",
-               "Eval peak"]
-    headers += [m.upper() if m in ("psnr", "ssim", "lpips", "l1") else m for m in metrics] + ["Quality", "Status"]
+    headers = ["Run", "Date", "Speed (it/s)", "Samples/s", "ms/iter (mean)", "ms/iter (median)", "Change",
+               "Train peak", "Eval peak"]
+    headers += [m.upper() if m in ("psnr", "ssim", "lpips", "l1") else m for m in metrics] + ["Quality", "Status",
+                                                                                              "Notes"]
     table = []
     for i, row in enumerate(rows):
         gate = {True: "passed", False: "FAILED", None: "-"}[row["quality_gate"]]
@@ -75,6 +106,7 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
         table.append(
             [
                 row["run"],
+                _date(row["date"]),
                 fmt_num(row["it_per_s"]),
                 fmt_num(row["samples_per_s"], 1),
                 fmt_num(row["ms_per_iter_mean"]),
@@ -84,7 +116,7 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
                 fmt_mb(row["eval_peak_mb"]),
             ]
             + [fmt_num(row[m], 4) for m in metrics]
-            + [gate, str(row["status"])]
+            + [gate, str(row["status"]), row["notes"] or ""]
         )
     text = markdown_table(headers, table)
     if any(r["speedup_basis"] == "samples/s" for r in rows[1:]):
