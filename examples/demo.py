@@ -26,7 +26,7 @@ from lightning_perf import EvalNoGradGuard, IterationTimer, QualityGate, Section
 def suite(args: argparse.Namespace) -> list:
     """Every callback of the suite, as a user would attach them."""
     return [
-        IterationTimer(warmup_steps=5, target_steps=30_000),
+        IterationTimer(warmup_steps=5, target_steps=30_000, run_notes=args.notes),
         SectionProfiler(report_every_n_steps=100),
         VRAMMonitor(),
         EvalNoGradGuard(),
@@ -45,6 +45,7 @@ def main(argv: list = None) -> int:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--val-every", type=int, default=50, help="validate every N training batches")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--notes", default=None, help="a note for this run, shown by `lightning-perf report`")
     parser.add_argument("--baseline", default=None,
                         help="gate quality against this perf_summary.json or baseline file (within 0.5%%)")
     args = parser.parse_args(argv)

@@ -67,7 +67,8 @@ class DenoiseDataModule(LightningDataModule):
 
     def __init__(self, batch_size: int = 8, patch_size: int = 48, noise_sigma: float = 0.1,
                  train_samples: int = 2048, val_samples: int = 32, num_workers: int = 0,
-                 persistent_workers: bool = False, pin_memory: bool = False) -> None:
+                 persistent_workers: bool = False, pin_memory: bool = False,
+                 prefetch_factor: Optional[int] = None) -> None:
         super().__init__()
         self.save_hyperparameters()
         self._train: Optional[NoisyPatches] = None
@@ -83,7 +84,8 @@ class DenoiseDataModule(LightningDataModule):
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         h = self.hparams
         return DataLoader(dataset, batch_size=h.batch_size, shuffle=shuffle, num_workers=h.num_workers,
-                          persistent_workers=h.persistent_workers and h.num_workers > 0, pin_memory=h.pin_memory)
+                          persistent_workers=h.persistent_workers and h.num_workers > 0, pin_memory=h.pin_memory,
+                          prefetch_factor=h.prefetch_factor if h.num_workers > 0 else None)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self._train, shuffle=True)

@@ -242,7 +242,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from lightning_perf.bench.matrix import format_matrix, matrix_rows, parse_variants, run_matrix
+    from lightning_perf.bench.matrix import format_matrix, matrix_header, matrix_rows, parse_variants, run_matrix
 
     try:
         variants = parse_variants(args.variant)
@@ -259,11 +259,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
                          log=lambda m: print(m, file=sys.stderr))
     rows = matrix_rows(results)
-    text = format_matrix(rows, args.format)
+    header = matrix_header(results, args.config)
+    text = format_matrix(rows, args.format, header)
     print(text)
     if args.report:
         with open(args.report, "w") as fh:
-            fh.write(format_matrix(rows, "markdown") + "\n")
+            fh.write(format_matrix(rows, "markdown", header) + "\n")
     if args.csv:
         with open(args.csv, "w") as fh:
             fh.write(format_matrix(rows, "csv") + "\n")

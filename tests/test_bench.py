@@ -121,6 +121,9 @@ def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
     text = report.read_text()
     assert "| baseline |" in text and "| bs4 |" in text and "crashed (exit 2)" in text
     assert "**Best:**" in text
+    assert "**System:**" in text and "**Versions:** torch" in text and "denoise_matrix.yaml" in text
+    assert "max_steps 80" in text and "| Total time (train + eval) | Train time |" in text
+    assert "⚠ crashed (exit 2)" in text and "**Findings:**" in text and "Least memory:" in text
     rows = {r["variant"]: r for r in read_csv(out_csv)}
     assert float(rows["baseline"]["speedup"]) == pytest.approx(1.0)
     # half the batch: faster iterations but not the same work, so the headline is samples/s, as in compare
@@ -215,3 +218,59 @@ def test_without_csv_the_rows_go_to_runs_bench_csv(tmp_path):
     proc = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "16", "--batch-sizes", "1",
                "--device", "cpu", "--no-csv", *QUICK, cwd=str(tmp_path))
     assert proc.returncode == 0 and len(read_csv(tmp_path / "runs" / "bench.csv")) == 1
+
+
+def _variant(summary, name, mean_ms, epochs=None, peak=None, gate=None):
+    import copy
+
+    s = copy.deepcopy(summary)
+    s["iteration_timer"]["ms_per_iter"]["mean"] = mean_ms
+    s["iteration_timer"]["it_per_s"] = 1000.0 / mean_ms
+    s["iteration_timer"]["samples_per_s"] = 8 * 1000.0 / mean_ms
+    s["iteration_timer"].pop("blocks_ms", None)
+    if epochs is not None:
+        s["iteration_timer"]["epochs"] = [{"epoch": i, "time_s": t, "iterations": 10} for i, t in enumerate(epochs)]
+    if peak is not None:
+        s.setdefault("vram", {"phases": {}})["phases"] = {"train": {"host_rss_peak_mb": peak}}
+    if gate is not None:
+        s["quality_gate"] = {"passed": gate, "metrics": {}}
+    return {"name": name, "overrides": [], "exit_code": 0, "wall_s": 1.0, "summary": s, "log": ""}
+
+
+def test_matrix_findings_are_computed_from_the_numbers(tmp_path):
+    """Seed 002's findings: AMP 1.34x and workers 1.91x, together only 1.96x (not 2.56x); cudnn's first epoch slow;
+    a failed gate flagged and never Best."""
+    from helpers import fit
+    from lightning_perf import IterationTimer
+    from lightning_perf.bench.matrix import findings, format_matrix, matrix_rows
+
+    fit(tmp_path, [IterationTimer(warmup_steps=1, summary_path=str(tmp_path / "s.json"))], max_epochs=1)
+    base = json.loads((tmp_path / "s.json").read_text())
+    results = [
+        _variant(base, "baseline", 100.0, epochs=[10.0, 10.0], peak=5203),
+        _variant(base, "amp", 100.0 / 1.34, epochs=[7.5, 7.4], peak=6249),
+        _variant(base, "workers", 100.0 / 1.91, epochs=[5.3, 5.2], peak=5100),
+        _variant(base, "amp+workers", 100.0 / 1.96, epochs=[5.1, 5.0], peak=6245),
+        _variant(base, "cudnn", 100.0 / 2.5, epochs=[30.0, 4.0], peak=7230, gate=False),
+    ]
+    rows = matrix_rows(results)
+    found = findings(rows)
+    assert any(f.startswith("Diminishing returns: amp+workers gains 1.96x") and "1.34 x 1.91 = 2.56x" in f
+               for f in found), found
+    assert any(f.startswith("Warm-up cost: cudnn's first epoch took 7.5x") for f in found), found
+    assert "Least memory: workers" in " ".join(found)
+    assert any(f.startswith("Fastest: amp+workers") for f in found)  # cudnn is faster but its gate failed
+    text = format_matrix(rows)
+    assert "⚠ quality gate FAILED" in text and "| Epoch 1 | Epoch 2 |" in text
+    assert "**Best:** amp+workers" in text
+
+
+def test_presets_combine_by_name():
+    from lightning_perf.bench.matrix import parse_variants
+
+    (name, overrides), = parse_variants(["amp+cudnn+workers"])
+    assert name == "amp+cudnn+workers"
+    assert overrides == ["--trainer.precision=bf16-mixed", "--trainer.benchmark=true", "--data.num_workers=2",
+                         "--data.persistent_workers=true", "--data.prefetch_factor=4"]
+    with pytest.raises(ValueError, match="'turbo' is no preset"):
+        parse_variants(["amp+turbo"])

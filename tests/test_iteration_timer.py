@@ -76,7 +76,9 @@ def test_measured_iterations_and_warmup_add_up_to_the_training_wall_time(tmp_pat
     fit(tmp_path, [IterationTimer(warmup_steps=2)], model=StepSleepModel(), max_epochs=3)
     t = find_summary(tmp_path)["iteration_timer"]
     measured_s = t["histogram_ms"]["sum"] / 1000.0
-    assert measured_s + t["warmup_time_s"] == pytest.approx(t["train_time_s"], rel=0.03)
+    outside = t["train_time_s"] - (measured_s + t["warmup_time_s"])
+    # what falls outside: the last epoch's end hooks (one checkpoint save), once per fit, not per iteration
+    assert 0.0 <= outside < 0.02 * t["train_time_s"] + 0.015, (outside, t["train_time_s"])
 
 
 def test_validation_and_sanity_time_are_eval_time_not_iteration_time(tmp_path):

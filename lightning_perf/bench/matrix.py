@@ -31,25 +31,32 @@ PRESETS: Dict[str, str] = {
     "cudnn_benchmark": "--trainer.benchmark=true",
     "channels_last": "--model.channels_last=true",
     "compile": "--model.compile=true",
-    "persistent_workers": "--data.num_workers=2 --data.persistent_workers=true",
+    "persistent_workers": "--data.num_workers=2 --data.persistent_workers=true --data.prefetch_factor=4",
 }
+#: Short names of presets, as seed 002 wrote its combinations (`amp+cudnn+workers`).
+ALIASES: Dict[str, str] = {"cudnn": "cudnn_benchmark", "workers": "persistent_workers", "bf16": "amp"}
 
 SUITE = ["IterationTimer", "SectionProfiler", "VRAMMonitor", "EvalNoGradGuard"]
 SUMMARY_ENV = "LIGHTNING_PERF_SUMMARY_PATH"
 
 
 def parse_variants(specs: Sequence[str]) -> List[Tuple[str, List[str]]]:
-    """``name`` (a preset) or ``name=--overrides ...``; the first variant is the baseline of the report."""
+    """``name`` (a preset), ``a+b+c`` (presets combined: their overrides in order) or ``name=--overrides ...``; the
+    first variant is the baseline of the report."""
     variants: List[Tuple[str, List[str]]] = []
     for spec in specs:
         name, sep, overrides = spec.partition("=")
         name = name.strip()
-        if not name or not all(c.isalnum() or c in "_-." for c in name):
-            raise ValueError(f"--variant {spec!r}: a name of letters, digits, '_', '-' or '.' comes first")
+        if not name or not all(c.isalnum() or c in "_-.+" for c in name):
+            raise ValueError(f"--variant {spec!r}: a name of letters, digits, '_', '-', '.' or '+' comes first")
         if not sep:
-            if name not in PRESETS:
-                raise ValueError(f"--variant {name!r} is no preset ({', '.join(PRESETS)}); write {name}=--overrides")
-            overrides = PRESETS[name]
+            parts = name.split("+")
+            unknown = [p for p in parts if ALIASES.get(p, p) not in PRESETS]
+            if unknown:
+                choices = ", ".join(list(PRESETS) + [f"{a} ({t})" for a, t in ALIASES.items()])
+                raise ValueError(f"--variant {name!r}: {', '.join(map(repr, unknown))} is no preset ({choices});"
+                                 f" write {name}=--overrides")
+            overrides = " ".join(PRESETS[ALIASES.get(p, p)] for p in parts)
         if any(n == name for n, _ in variants):
             raise ValueError(f"--variant {name!r} is given twice")
         variants.append((name, shlex.split(overrides)))
@@ -122,6 +129,9 @@ def _status(result: Dict[str, Any]) -> str:
 
 
 def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per variant: total wall time (train + eval, what seed 002's "Time (s)" meant), train time, the
+    headline speedup with its CI, samples/s, peak memory, per-epoch times (``epoch_1_s``, ...), PSNR, the gate, and
+    a status that flags a crash, an OOM, a timeout or a failed quality gate."""
     base = next((r["summary"] for r in results if r["summary"] is not None), None)
     rows = []
     for r in results:
@@ -130,10 +140,11 @@ def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                                "wall_s": r["wall_s"]}
         if s is not None:
             cmp = compare_summaries(base, s) if base is not None else {}
-            epochs = dig(s, "iteration_timer", "epochs") or []
+            train, evaluation = dig(s, "iteration_timer", "train_time_s"), dig(s, "iteration_timer", "eval_time_s")
             row.update(
-                train_time_s=dig(s, "iteration_timer", "train_time_s"),
-                eval_time_s=dig(s, "iteration_timer", "eval_time_s"),
+                total_time_s=None if train is None else train + (evaluation or 0.0),
+                train_time_s=train,
+                eval_time_s=evaluation,
                 ms_per_iter=dig(s, "iteration_timer", "ms_per_iter", "mean"),
                 samples_per_s=dig(s, "iteration_timer", "samples_per_s"),
                 speedup=cmp.get("speedup"),
@@ -141,10 +152,13 @@ def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 speedup_ci_low=(cmp.get("speedup_ci95") or [None, None])[0],
                 speedup_ci_high=(cmp.get("speedup_ci95") or [None, None])[1],
                 peak_memory_mb=train_peak_mb(s),
-                epoch_times_s=" ".join(f"{e['time_s']:.1f}" for e in epochs),
                 psnr=dig(s, "quality_gate", "metrics", "psnr", "value"),
                 quality_gate=dig(s, "quality_gate", "passed"),
             )
+            for i, epoch in enumerate(dig(s, "iteration_timer", "epochs") or [], start=1):
+                row[f"epoch_{i}_s"] = epoch.get("time_s")
+            if row["status"] == "completed" and row["quality_gate"] is False:
+                row["status"] = "quality gate FAILED"
         rows.append(row)
     return rows
 
@@ -155,28 +169,99 @@ def best_variant(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     return max(ok, key=lambda r: r["speedup"]) if ok else None
 
 
-def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
+def matrix_header(results: List[Dict[str, Any]], config: Optional[str] = None) -> List[str]:
+    """Seed 002's header: system, device, versions, the config and the test configuration, from the summaries."""
+    s = next((r["summary"] for r in results if r["summary"] is not None), None)
+    if s is None:
+        return []
+    run = s.get("run") or {}
+    v = run.get("versions") or {}
+    steps = run.get("max_steps")
+    epochs = run.get("max_epochs")
+    test = ", ".join(x for x in (f"max_steps {steps}" if steps not in (None, -1) else "",
+                                 f"max_epochs {epochs}" if epochs not in (None, -1) else "") if x) or "n/a"
+    batch = dig(s, "iteration_timer", "samples_per_s") and dig(s, "iteration_timer", "it_per_s")
+    per_iter = (f"{dig(s, 'iteration_timer', 'samples_per_s') / dig(s, 'iteration_timer', 'it_per_s'):.0f} samples"
+                " per iteration (baseline)") if batch else ""
+    return [f"**System:** {run.get('host')} ({run.get('platform')}); device {run.get('device')}",
+            f"**Versions:** torch {v.get('torch')} (CUDA {v.get('cuda') or 'none'}), lightning {v.get('lightning')},"
+            f" lightning_perf {v.get('lightning_perf')}, python {v.get('python')}",
+            f"**Config:** {config or 'none'}; test configuration: {test}; precision {run.get('precision')}"
+            + (f"; {per_iter}" if per_iter else "")]
+
+
+#: A first epoch this many times slower than the later ones is called a warm-up cost.
+WARMUP_EPOCH_RATIO = 1.5
+#: A combination gaining less than this share of the product of its parts' speedups is "diminishing returns".
+DIMINISHING = 0.95
+
+
+def findings(rows: List[Dict[str, Any]]) -> List[str]:
+    """Computed from the numbers: the best by speed and by memory, combinations that gain less than the product of
+    their parts, variants whose first epoch is much slower than the later ones (a warm-up cost)."""
+    out: List[str] = []
+    ok = [r for r in rows if r["status"] == "completed" and r.get("speedup")]
+    best = best_variant(rows)
+    if best is not None:
+        out.append(f"Fastest: {best['variant']} ({best['speedup']:.2f}x {rows[0]['variant']},"
+                   f" {best.get('speedup_basis') or 'it/s'}).")
+    with_memory = [r for r in ok if r.get("peak_memory_mb")]
+    if with_memory:
+        low = min(with_memory, key=lambda r: r["peak_memory_mb"])
+        out.append(f"Least memory: {low['variant']} ({fmt_mb(low['peak_memory_mb'])} peak in training).")
+    speed = {r["variant"]: r["speedup"] for r in ok}
+    for r in ok:
+        parts = r["variant"].split("+")
+        if len(parts) < 2 or not all(p in speed for p in parts):
+            continue
+        product = 1.0
+        for p in parts:
+            product *= speed[p]
+        if r["speedup"] < DIMINISHING * product:
+            out.append(f"Diminishing returns: {r['variant']} gains {r['speedup']:.2f}x, less than its parts together"
+                       f" ({' x '.join(f'{speed[p]:.2f}' for p in parts)} = {product:.2f}x).")
+    for r in rows:
+        epochs = [r[k] for k in sorted((k for k in r if k.startswith("epoch_") and k.endswith("_s")),
+                                       key=lambda k: int(k.split("_")[1])) if r[k]]
+        if len(epochs) >= 2:
+            later = sum(epochs[1:]) / len(epochs[1:])
+            if later > 0 and epochs[0] > WARMUP_EPOCH_RATIO * later:
+                out.append(f"Warm-up cost: {r['variant']}'s first epoch took {epochs[0] / later:.1f}x its later ones"
+                           " (autotuning such as cudnn.benchmark, compilation, caches), paid once per run.")
+    return out
+
+
+def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Optional[List[str]] = None) -> str:
     if fmt == "csv":
         return csv_text(rows)
+    n_epochs = max((int(k.split("_")[1]) for r in rows for k in r if k.startswith("epoch_") and k.endswith("_s")),
+                   default=0)
     table = []
     for r in rows:
         if r.get("speedup"):
             ci = (f" [{r['speedup_ci_low']:.2f}-{r['speedup_ci_high']:.2f}]" if r.get("speedup_ci_low") else "")
             speed = f"{r['speedup']:.2f}x{ci}"
+            if r.get("speedup_basis") == "samples/s":
+                speed += " samples/s"
         else:
             speed = "-"
         gate = {True: "passed", False: "FAILED", None: "-"}[r.get("quality_gate")]
-        if r.get("speedup") and r.get("speedup_basis") == "samples/s":
-            speed += " samples/s"
-        table.append([r["variant"], fmt_duration(r.get("train_time_s")), fmt_num(r.get("ms_per_iter")),
-                      fmt_num(r.get("samples_per_s"), 1), speed,
-                      fmt_mb(r.get("peak_memory_mb")), r.get("epoch_times_s") or "-", fmt_num(r.get("psnr")), gate,
-                      r["status"]])
-    text = markdown_table(["Variant", "Train time", "ms/iter (mean)", "Samples/s", "Speedup (95% CI)", "Peak memory", "Epoch times (s)",
-                           "PSNR", "Quality gate", "Status"], table)
+        status = r["status"] if r["status"] == "completed" else f"⚠ {r['status']}"
+        table.append([r["variant"], fmt_duration(r.get("total_time_s")), fmt_duration(r.get("train_time_s")),
+                      fmt_num(r.get("ms_per_iter")), fmt_num(r.get("samples_per_s"), 1), speed,
+                      fmt_mb(r.get("peak_memory_mb"))]
+                     + [fmt_duration(r.get(f"epoch_{i}_s")) for i in range(1, n_epochs + 1)]
+                     + [fmt_num(r.get("psnr")), gate, status])
+    headers = (["Variant", "Total time (train + eval)", "Train time", "ms/iter (mean)", "Samples/s",
+                "Speedup (95% CI)", "Peak memory"] + [f"Epoch {i}" for i in range(1, n_epochs + 1)]
+               + ["PSNR", "Quality gate", "Status"])
+    parts = (header or []) + ([""] if header else []) + [markdown_table(headers, table)]
+    found = findings(rows)
+    if found:
+        parts += ["", "**Findings:**"] + [f"- {f}" for f in found]
     best = best_variant(rows)
     if best is not None:
         basis = "samples/s" if best.get("speedup_basis") == "samples/s" else "it/s"
-        text += (f"\n\n**Best:** {best['variant']}, {best['speedup']:.2f}x the {basis} of the first variant"
-                 f" ({rows[0]['variant']}), quality gate not failed.")
-    return text
+        parts += ["", f"**Best:** {best['variant']}, {best['speedup']:.2f}x the {basis} of the first variant"
+                      f" ({rows[0]['variant']}), quality gate not failed."]
+    return "\n".join(parts)

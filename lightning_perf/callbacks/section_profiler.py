@@ -533,14 +533,14 @@ class SectionProfiler(PerfCallback):
 
     def format_report(self) -> str:
         table = self.table()
+        rows = [(name if r["kind"] == "auto" else f"  {name} (in {r['parent']})", r)
+                for name, r in sorted(table.items(), key=lambda kv: -(kv[1]["total_s"] or 0)) if r["count"]]
+        w = max([22] + [len(label) + 2 for label, _ in rows])
         lines = [f"=== SectionProfiler: {self._iteration.count} iterations, {self._iteration.mean or 0:.2f} ms mean ===",
-                 f"{'section':<22}{'count':>8}{'total s':>10}{'mean ms':>10}{'min ms':>9}{'p50 ms':>9}{'p95 ms':>9}"
+                 f"{'section':<{w}}{'count':>8}{'total s':>10}{'mean ms':>10}{'min ms':>9}{'p50 ms':>9}{'p95 ms':>9}"
                  f"{'max ms':>9}{'share':>8}"]
-        for name, r in sorted(table.items(), key=lambda kv: -(kv[1]["total_s"] or 0)):
-            if not r["count"]:
-                continue
-            label = name if r["kind"] == "auto" else f"  {name} (in {r['parent']})"
-            lines.append(f"{label:<22}{r['count']:>8}{r['total_s']:>10.3f}{r['mean_ms']:>10.2f}{r['min_ms']:>9.2f}"
+        for label, r in rows:
+            lines.append(f"{label:<{w}}{r['count']:>8}{r['total_s']:>10.3f}{r['mean_ms']:>10.2f}{r['min_ms']:>9.2f}"
                          f"{r['p50_ms']:>9.2f}{r['p95_ms']:>9.2f}{r['max_ms']:>9.2f}{(r['share_pct'] or 0):>7.1f}%")
         lines += ["Insights:"] + [f"- {i}" for i in self.insights(table)]
         return "\n".join(lines)

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Seed 003, "Stage 2 Memory & Throughput Benchmarking": a sweep over input sizes x batch sizes in training mode,
+# rows appended to a CSV, four plots, the analysis (per-sample cost, pixel throughput, batch-size effects); the
+# plots again from the CSV alone; and a second sweep compared with the first.
+set -euo pipefail
+source "$(dirname "$0")/_common.sh"
+OUT="${OUT:-$ROOT/runs/seeds/003}"
+rm -rf "$OUT"
+mkdir -p "$OUT"
+cd "$ROOT/examples"
+# "python scripts/benchmark_stage2.py --tile_sizes 256 384 --batch_sizes 1 2 --mode train"
+"${LP[@]}" bench --model denoise:make_net --input-sizes 32 48 --batch-sizes 1 2 4 --mode train --device cpu \
+  --warmup 2 --iters 5 --no-progress --csv "$OUT/bench.csv" --plot "$OUT/bench.png"
+# "python scripts/visualize_benchmarks.py --input logs/stage2_bench.csv --output reports/stage2_bench.png"
+"${LP[@]}" bench --from-csv "$OUT/bench.csv" --plot "$OUT/from_csv.png"
+# after a change: sweep again and compare configuration by configuration
+"${LP[@]}" bench --model denoise:make_net --input-sizes 32 48 --batch-sizes 1 2 4 --mode train --device cpu \
+  --warmup 2 --iters 5 --no-progress --csv "$OUT/bench_new.csv"
+"${LP[@]}" bench-compare "$OUT/bench.csv" "$OUT/bench_new.csv"

@@ -1,0 +1,6 @@
+# Shared by the seed scripts: where things are, and the command. PYTHON and OUT may be set by the caller.
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+LP=("$PY" -m lightning_perf.cli)
+DEMO=("$PY" "$ROOT/examples/demo.py")

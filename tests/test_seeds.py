@@ -1,0 +1,84 @@
+"""Each seed's workflow end to end with lightning_perf alone (examples/seeds/), as its author would run it."""
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEEDS = os.path.join(ROOT, "examples", "seeds")
+
+
+def run_seed(script, out, timeout=300):
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out))
+    cmd = ["bash", os.path.join(SEEDS, script)] if script.endswith(".sh") else [
+        sys.executable, os.path.join(SEEDS, script), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_seed_000_benchmark_then_compare(tmp_path):
+    out = run_seed("000_training_benchmark.sh", tmp_path)
+    text = out[out.index("TRAINING TIME COMPARISON"):]
+    for expected in ("baseline:", "optimized:", "Speedup:", "95% CI", "Typical:", "Iteration time distribution:",
+                     "p99", "Estimated time to 30,000 iterations", "Time saved:"):
+        assert expected in text, expected
+
+
+@pytest.mark.slow
+def test_seed_001_phases_report(tmp_path):
+    out = run_seed("001_speed_tracking.sh", tmp_path)
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in table[0].split("|")]
+    for column in ("Date", "Speed (it/s)", "Change", "Train peak", "Eval peak", "train_loss", "PSNR", "SSIM",
+                   "Quality", "Notes"):
+        assert column in header, column
+    rows = {c[1]: c for c in ([x.strip() for x in line.split("|")] for line in table[2:])}
+    assert set(rows) == {"baseline", "phase1", "phase2"}
+    assert rows["baseline"][header.index("Change")] == "baseline"
+    assert "(samples/s)" in rows["phase1"][header.index("Change")]  # batch 4 vs 8: samples/s is the headline
+    assert rows["baseline"][header.index("Notes")] == "Reference implementation"
+    assert rows["phase2"][header.index("Quality")] in ("passed", "FAILED")
+    assert (tmp_path / "phases.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_seed_002_matrix_report(tmp_path):
+    run_seed("002_optimization_matrix.sh", tmp_path, timeout=600)
+    report = (tmp_path / "report.md").read_text()
+    for expected in ("**System:**", "**Versions:** torch", "max_steps 80", "| baseline |", "| workers |", "| amp |",
+                     "| amp+workers |", "Total time (train + eval)", "**Findings:**", "Least memory:", "**Best:**"):
+        assert expected in report, expected
+    with open(tmp_path / "report.csv", newline="") as fh:
+        rows = {r["variant"]: r for r in csv.DictReader(fh)}
+    assert rows["workers"]["overrides"].endswith("--data.prefetch_factor=4")
+    assert float(rows["baseline"]["speedup"]) == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_seed_003_sweep_analysis_and_compare(tmp_path):
+    out = run_seed("003_tile_batch_sweep.sh", tmp_path)
+    assert out.count("Analysis (train, cpu, precision 32):") == 3  # the sweep, --from-csv, the second sweep
+    assert "- 48 is" in out and "per sample than 32 (batch 1)" in out and "Batch size effects:" in out
+    assert "| mode | size | batch | precision | device | old samples/s |" in out
+    for name in ("bench.png", "from_csv.png", "bench.csv", "bench_new.csv"):
+        assert (tmp_path / name).stat().st_size > 0, name
+
+
+@pytest.mark.slow
+def test_seed_004_prints_periodic_and_final_tables(tmp_path):
+    env = dict(os.environ)
+    proc = subprocess.run([sys.executable, os.path.join(SEEDS, "004_section_profiler.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert log.count("=== SectionProfiler report") == 3  # every 20 of 60 steps
+    final = log[log.index("=== SectionProfiler: "):]
+    for section in ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "ema_update",
+                    "sampling", "metrics_computation"):
+        assert section in final, section
+    assert "min ms" in final and "max ms" in final and "Insights:" in final and "Slowest component:" in final
