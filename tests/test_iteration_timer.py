@@ -274,3 +274,14 @@ def test_samples_follow_batches_whose_shape_changes(tmp_path):
 
     fit(tmp_path, [IterationTimer(warmup_steps=0)], model=Mixed(), max_epochs=1, limit_val_batches=0)
     assert find_summary(tmp_path)["iteration_timer"]["samples"] == 24
+
+
+def test_run_timestamps_are_to_the_millisecond(tmp_path):
+    import datetime as dt
+
+    fit(tmp_path, [IterationTimer()], max_epochs=1)
+    run = find_summary(tmp_path)["run"]
+    for key in ("started_at", "finished_at"):
+        stamp = dt.datetime.fromisoformat(run[key])
+        assert len(run[key].split(".")[1].split("+")[0]) == 3 and stamp.tzinfo is not None, run[key]
+    assert run["finished_at"] > run["started_at"]
