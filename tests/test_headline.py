@@ -130,12 +130,13 @@ def test_two_runs_of_one_configuration_are_not_called_significant(tmp_path):
 
 @pytest.mark.parametrize("stalls", [False, True])
 def test_time_to_n_predicts_the_measured_train_and_eval_time(tmp_path, stalls):
-    """Project from a run of N iterations to N and to 2N, then run 2N: within 5% of its clock, with and without
-    evaluation (validation every 20 iterations, 4 batches of 30 ms)."""
+    """A run of N projects to N within 5% of its own train and train + eval time; projected to 2N, it predicts a
+    second run of 2N within 8% (two runs of one setup on a shared machine differ by a few percent themselves).
+    Validation every 20 iterations, 4 batches of 40 ms; checkpointing off, so the disk's speed is not the test."""
     def model():
-        return PacedModel(step_s=0.015, stall_every=5 if stalls else 0, stall_s=0.060, val_s=0.030)
+        return PacedModel(step_s=0.030, stall_every=5 if stalls else 0, stall_s=0.090, val_s=0.040)
 
-    args = dict(val_check_interval=20, limit_val_batches=4, check_val_every_n_epoch=None)
+    args = dict(val_check_interval=20, limit_val_batches=4, check_val_every_n_epoch=None, enable_checkpointing=False)
     short, _ = run(tmp_path, "short", model(), max_steps=40, **args)
     t = short["iteration_timer"]
     assert t["projected_time_to_target_s"] == pytest.approx(t["train_time_s"], rel=0.05)
@@ -145,9 +146,9 @@ def test_time_to_n_predicts_the_measured_train_and_eval_time(tmp_path, stalls):
     projected = json.loads((tmp_path / "again.json").read_text())["iteration_timer"]
     long, _ = run(tmp_path, "long", model(), max_steps=80, **args)
     lt = long["iteration_timer"]
-    assert projected["projected_time_to_target_s"] == pytest.approx(lt["train_time_s"], rel=0.05)
+    assert projected["projected_time_to_target_s"] == pytest.approx(lt["train_time_s"], rel=0.08)
     assert projected["projected_time_to_target_with_eval_s"] == pytest.approx(
-        lt["train_time_s"] + lt["eval_time_s"], rel=0.05)
+        lt["train_time_s"] + lt["eval_time_s"], rel=0.08)
 
 
 def test_compare_reads_a_schema_1_summary(steady_and_stalling, tmp_path):

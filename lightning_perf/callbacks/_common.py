@@ -319,14 +319,17 @@ class SummaryBook:
 
     def sources(self, trainer: Trainer) -> List[tuple]:
         """(path, where it came from) of each file this record goes to."""
-        explicit = [(str(cb.summary_path), f"{type(cb).__name__}(summary_path)") for cb in self.callbacks
-                    if cb.summary_path]
+        explicit: Dict[str, str] = {}
+        for cb in self.callbacks:
+            if cb.summary_path:
+                explicit.setdefault(str(cb.summary_path), f"{type(cb).__name__}(summary_path)")
         if explicit:
-            found = list(dict((p, w) for p, w in reversed(explicit)).items())[::-1]
+            found = list(explicit.items())
         elif os.environ.get(SUMMARY_PATH_ENV):
             found = [(os.environ[SUMMARY_PATH_ENV], f"${SUMMARY_PATH_ENV}")]
         else:
-            found = [(os.path.join(self.log_dir or trainer.default_root_dir, SUMMARY_FILENAME), "the log dir")]
+            found = [(os.path.join(self.log_dir or trainer.default_root_dir, SUMMARY_FILENAME),
+                      "the summary file (in trainer.log_dir)")]
         return [(stage_path(p, self.stage), w) for p, w in found]
 
     def paths(self, trainer: Trainer) -> List[str]:

@@ -293,8 +293,6 @@ class IterationTimer(PerfCallback):
                 size = follow(batch, self._size_path) if self._size_path is not None else None
             if size is None:
                 raise ValueError(f"no tensor with a batch dimension found in a {type(batch).__name__}")
-            if size < 0:
-                raise ValueError(f"batch_size_fn returned {size}, a negative batch size")
             return size
         except Exception as err:  # noqa: BLE001
             self._samples_unknown = f"batch size unknown: {type(err).__name__}: {err}"
