@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 DEMO := runs/demo
 
-.PHONY: env demo test bench clean
+.PHONY: env demo test bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+
+# On a machine with a CUDA GPU: every CUDA figure against an independent measure (docs/gpu.md), then the overhead.
+gpu-check: $(STAMP)
+	$(PY) -m pytest -m gpu tests -rA -p no:cacheprovider
+	$(PY) benchmarks/overhead.py --device cuda --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

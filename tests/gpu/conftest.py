@@ -1,0 +1,42 @@
+"""GPU checks: each compares one of our figures with an independent measure and records both for docs/gpu.md.
+
+Run on a machine with a CUDA GPU: `make gpu-check` (or `.venv/bin/python -m pytest -m gpu tests/gpu`). Without one
+they skip (tests/conftest.py). The table of every check (ours, the independent measure, the bound) is printed at
+the end of the session and written to runs/gpu_check/checks.md.
+"""
+
+import os
+
+import pytest
+
+_ROWS = []
+
+
+@pytest.fixture
+def record():
+    """record(check, ours, independent, unit, bound): one row of the GPU table."""
+
+    def add(check, ours, independent, unit, bound):
+        _ROWS.append((check, ours, independent, unit, bound))
+
+    return add
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _ROWS:
+        return
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+    lines = [f"GPU checks on {device} (torch {torch.__version__}, CUDA {torch.version.cuda})", "",
+             "| check | lightning_perf | independent measure | unit | bound |", "|---|---|---|---|---|"]
+    for check, ours, independent, unit, bound in _ROWS:
+        fmt = (lambda v: f"{v:.3f}" if isinstance(v, float) else str(v))
+        lines.append(f"| {check} | {fmt(ours)} | {fmt(independent)} | {unit} | {bound} |")
+    text = "\n".join(lines)
+    terminalreporter.write_line("")
+    terminalreporter.write_line(text)
+    folder = os.path.join(os.path.dirname(__file__), "..", "..", "runs", "gpu_check")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "checks.md"), "w") as fh:
+        fh.write(text + "\n")
