@@ -285,3 +285,14 @@ def test_run_timestamps_are_to_the_millisecond(tmp_path):
         stamp = dt.datetime.fromisoformat(run[key])
         assert len(run[key].split(".")[1].split("+")[0]) == 3 and stamp.tzinfo is not None, run[key]
     assert run["finished_at"] > run["started_at"]
+
+
+def test_logged_block_holds_the_last_value_tensorboard_got(tmp_path):
+    """`report`'s loss columns come from here: the same number the model logged, as TensorBoard recorded it."""
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val_loss")
+    fit(tmp_path, [IterationTimer(), ckpt], max_epochs=2)
+    s = find_summary(tmp_path)
+    tensorboard = read_scalars(tmp_path)["val_loss"]
+    last = max(tensorboard)[1]  # the point at the highest step
+    assert s["logged"]["values"]["val_loss"] == pytest.approx(last, rel=1e-6)
+    assert s["logged"]["monitor"] == "val_loss"
