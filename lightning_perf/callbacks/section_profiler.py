@@ -144,6 +144,8 @@ class SectionProfiler(PerfCallback):
         self._window_iter_s = 0.0
         self._window_iters = 0
         self._clock: Optional[DeviceIntervalClock] = None
+        self._device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
+        self._device_iteration: Optional[int] = None
         self._ranks: Optional[Dict[str, Any]] = None
         self._previous_sink: Any = None
         self._disabled_reason: Optional[str] = None
@@ -173,7 +175,9 @@ class SectionProfiler(PerfCallback):
         if self._current is not None:
             self._piece[self._current] = self._piece.get(self._current, 0.0) + (t - self._t0 - self._carved)
         if self._clock is not None and section != self._current:
-            self._clock.mark(counted=self._current is not None, label=self._current)
+            # labelled with the iteration the piece belongs to: device time is summed per iteration, like host time
+            self._clock.mark(counted=self._current is not None,
+                             label=(self._current, self._iterations, self._counted) if self._current else None)
         self._current, self._t0, self._carved = section, t, 0.0
 
     def section_started(self, name: str) -> Any:
@@ -206,8 +210,18 @@ class SectionProfiler(PerfCallback):
         if self._clock is None:
             return
         for label, ms in (self._clock.flush_labeled() if flush else self._clock.poll_labeled()):
-            if label is not None and label in self._sections:
-                self._sections[label].device.add(ms)
+            if label is None:
+                continue
+            name, iteration, counted = label
+            if iteration != self._device_iteration:  # every piece of the previous iteration has been read
+                self._close_device_iteration()
+                self._device_iteration = iteration
+            if counted:
+                self._device_pieces[name] = self._device_pieces.get(name, 0.0) + ms
+        if flush:
+            if self._device_iteration is not None and self._device_iteration < self._iterations:
+                self._close_device_iteration()
+            self._device_pieces = {}  # the iteration still open at the end is not counted on the host either
         pending = self._pending_user
         while pending and (flush or pending[0][2].query()):
             name, start, end, counted = pending.popleft()
@@ -215,6 +229,14 @@ class SectionProfiler(PerfCallback):
                 end.synchronize()
             if counted:
                 self._section(name, "user").device.add(float(start.elapsed_time(end)))
+
+    def _close_device_iteration(self) -> None:
+        """One device time per section per iteration, the sum of its pieces (optimizer_step and other are entered
+        twice in an iteration: per piece they would come out at about half)."""
+        for name, ms in self._device_pieces.items():
+            if name in self._sections:
+                self._sections[name].device.add(ms)
+        self._device_pieces = {}
 
     def _profiler_started(self, action_name: str) -> None:
         if self._active and action_name.endswith(_FETCH_ACTION):

@@ -215,8 +215,6 @@ def test_bf16_and_channels_last_runs_are_measured(tmp_path, precision, channels_
     assert s["section_profiler"]["sections"]["forward"]["device_mean_ms"] > 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 part 5: device time is per piece, not per iteration, so sections"
-                                       " entered twice per iteration (optimizer_step, other) count about half")
 def test_section_device_times_add_up_to_the_iteration_device_time(tmp_path, record):
     gpu_fit(tmp_path, [IterationTimer(warmup_steps=10), SectionProfiler(warmup_steps=10, print_reports=False)],
             MatmulModel())
