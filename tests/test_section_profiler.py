@@ -283,3 +283,12 @@ def test_device_time_per_section_is_per_iteration_like_host_time(tmp_path):
         # optimizer_step (zero_grad, then the step) and other are entered twice per iteration: per piece they
         # came out at about half of their host time
         assert device == pytest.approx(host, rel=0.15, abs=0.02), (name, host, device)
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_profiler_and_timer_leave_out_the_same_iterations(tmp_path, warmup):
+    """Over epoch boundaries and validations: only the warm-up is left out by both, and warmup_steps=0 is none."""
+    fit(tmp_path, [IterationTimer(warmup_steps=warmup), profiler(warmup_steps=warmup)], max_epochs=2,
+        val_check_interval=4)
+    s = find_summary(tmp_path)
+    assert s["section_profiler"]["iterations"] == s["iteration_timer"]["measured_iterations"] == 16 - warmup
