@@ -292,3 +292,26 @@ def test_profiler_and_timer_leave_out_the_same_iterations(tmp_path, warmup):
         val_check_interval=4)
     s = find_summary(tmp_path)
     assert s["section_profiler"]["iterations"] == s["iteration_timer"]["measured_iterations"] == 16 - warmup
+
+
+def test_without_lightnings_fetch_announcement_data_loading_falls_back_loudly(tmp_path, monkeypatch):
+    """The fetch is found through a Lightning profiler action name; if a release renames it, the profiler says so
+    and times data loading as the gap between batches instead of silently putting it in `other`."""
+    from lightning_perf.callbacks import section_profiler as module
+
+    monkeypatch.setattr(module, "_FETCH_ACTION", "].an_action_lightning_never_announces")
+    with pytest.warns(UserWarning, match="announced no dataloader fetch"):
+        fit(tmp_path, [IterationTimer(warmup_steps=3), profiler(warmup_steps=3)], model=SlowDataModel(),
+            max_epochs=1)
+    s = find_summary(tmp_path)
+    sp = s["section_profiler"]
+    assert sp["data_loading_boundary"] == "batch_gap" and "data_loading_fetch" in sp["unavailable"]
+    assert sp["sections"]["data_loading"]["mean_ms"] >= 16.0  # 8 samples x 2 ms of sleep
+    top = [r for r in sp["sections"].values() if r["kind"] == "auto" or r["parent"] in AUTO]
+    per_iter = 1000.0 * sum(r["total_s"] for r in top) / sp["iterations"]
+    assert per_iter == pytest.approx(s["iteration_timer"]["ms_per_iter"]["mean"], rel=0.05)
+
+
+def test_with_the_announcement_the_boundary_is_the_fetch(tmp_path):
+    fit(tmp_path, [profiler()], max_epochs=1)
+    assert find_summary(tmp_path)["section_profiler"]["data_loading_boundary"] == "fetch"

@@ -36,6 +36,10 @@ FORWARD_PCT = 60.0
 OPTIMIZER_PCT = 20.0
 CHECKPOINT_PCT = 10.0
 HOST_OVER_DEVICE = 1.5
+GAP_REASON = ("Lightning announced no dataloader fetch through its profiler (an action ending in"
+              f" '{_FETCH_ACTION}') in 3 iterations: data loading is now timed as the whole gap from the end of one"
+              " batch to the start of the next, other callbacks' batch-end hooks included, and `other` is only what"
+              " runs inside the step.")
 SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, overlapped with it, so that time is"
                " part of `backward`; timing it apart would need a DDP communication hook installed on your model,"
                " which a measurement must not do. `ranks` shows each rank's sections: a straggler's data loading or"
@@ -144,6 +148,8 @@ class SectionProfiler(PerfCallback):
         self._window_iter_s = 0.0
         self._window_iters = 0
         self._clock: Optional[DeviceIntervalClock] = None
+        self._fetches = 0  # dataloader fetches Lightning announced through its profiler
+        self._gap_mode = False  # no announcement seen: data loading is the gap between batches
         self._device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
         self._device_iteration: Optional[int] = None
         self._ranks: Optional[Dict[str, Any]] = None
@@ -240,6 +246,7 @@ class SectionProfiler(PerfCallback):
 
     def _profiler_started(self, action_name: str) -> None:
         if self._active and action_name.endswith(_FETCH_ACTION):
+            self._fetches += 1
             t = now()
             self._switch("data_loading", t)  # until on_train_batch_start: the fetch and batch_to_device
             self._overhead_s += now() - t
@@ -343,11 +350,11 @@ class SectionProfiler(PerfCallback):
         if not self._manual:
             step = trainer.global_step
             if step == self._last_global_step:  # accumulating: the iteration goes on with the next batch
-                self._switch("other", t)
+                self._switch("data_loading" if self._gap_mode else "other", t)
                 self._overhead_s += now() - t
                 return
             self._last_global_step = step
-        self._switch("other", t)
+        self._switch("data_loading" if self._gap_mode else "other", t)
         self._end_iteration(trainer)
         self._overhead_s += now() - t
 
@@ -372,6 +379,9 @@ class SectionProfiler(PerfCallback):
         self._piece, self._user_s, self._iter_calls = {}, 0.0, []
         self._iterations += 1
         self._fit_iterations += 1
+        if self._fit_iterations == 3 and self._fetches == 0 and not self._gap_mode:
+            self._gap_mode = True  # from the next batch on
+            self._warn_once("fetch", GAP_REASON)
         self._counted = self._fit_iterations >= self.warmup_steps
         self._poll_device()
         if counted and self._window_iters and self._iterations % self.report_every_n_steps == 0:
@@ -578,8 +588,11 @@ class SectionProfiler(PerfCallback):
         if self._clock is None:
             unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
         unavailable["synchronization"] = SYNC_REASON
+        if self._gap_mode:
+            unavailable["data_loading_fetch"] = GAP_REASON
         return {
             "enabled": self._active,
+            "data_loading_boundary": "batch_gap" if self._gap_mode else "fetch",
             "manual_optimization": self._manual,
             "warmup_steps": self.warmup_steps,
             "iterations": self._iteration.count,
