@@ -2,5 +2,9 @@
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
+case "$PY" in  # a relative path keeps working after the scripts change folder
+  /*) ;;
+  */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;;
+esac
 LP=("$PY" -m lightning_perf.cli)
 DEMO=("$PY" "$ROOT/examples/demo.py")
