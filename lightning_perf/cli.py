@@ -8,7 +8,7 @@ import os
 import sys
 from typing import List, Optional
 
-from lightning_perf.summary.io import load_summary
+from lightning_perf.summary.io import load_summary, probe_folder
 from lightning_perf.summary.schema import SummaryError
 
 EXIT_OK, EXIT_SLOWER, EXIT_ERROR = 0, 1, 2
@@ -39,20 +39,12 @@ def _positive_float(text: str) -> float:
 
 def _check_output(path: str, flag: str) -> None:
     """An output file that cannot be written fails before the work, as exit 2, not as a traceback after it."""
-    folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise SummaryError(f"{flag} {path!r} is a directory; expected a file path")
     try:
-        os.makedirs(folder, exist_ok=True)
-        if os.path.exists(path):
-            if not os.access(path, os.W_OK):
-                raise PermissionError(13, "permission denied")
-        else:
-            import tempfile
-
-            fd, probe = tempfile.mkstemp(prefix=".lightning_perf_probe.", dir=folder)
-            os.close(fd)
-            os.unlink(probe)
+        if os.path.exists(path) and not os.access(path, os.W_OK):  # written in place, not replaced
+            raise PermissionError(13, "permission denied")
+        probe_folder(path)
     except OSError as err:
         raise SummaryError(f"{flag} {path!r} cannot be written: {err.strerror or err}") from None
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_perf.summary.io import write_json_atomic
+from lightning_perf.summary.io import probe_folder, write_json_atomic
 from lightning_perf.summary.schema import SCHEMA_VERSION, SUMMARY_FILENAME
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -260,17 +260,11 @@ def trainer_stage(trainer: Trainer) -> str:
 def check_writable(what: str, path: str) -> None:
     """Fails at set-up, naming the argument, when ``path`` cannot be written: a run must not train for hours and
     then lose its file. Creates the folder, writes and removes a probe file."""
-    import tempfile
-
     if os.path.isdir(path):
         raise PerfConfigError(f"{what}={path!r} is a directory; expected a file path such as"
                               f" {os.path.join(path, SUMMARY_FILENAME)!r}.")
-    folder = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".lightning_perf_probe.", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
+        probe_folder(path)
     except OSError as err:
         raise PerfConfigError(f"{what}={path!r} cannot be written ({type(err).__name__}: {err}); choose a writable"
                               " path. Checked before training so that no run loses its results.") from None

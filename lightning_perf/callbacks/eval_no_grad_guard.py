@@ -96,7 +96,7 @@ class EvalNoGradGuard(PerfCallback):
         self._retained: Dict[str, Dict[str, Any]] = {}
         self._events = 0  # findings so far, all sites
         self._eval_batches = 0  # batches of the evaluation run in progress
-        self._eval_watch = True  # keep watching this evaluation run
+        self._eval_start_events = 0  # findings before its first batch
 
     def _is_allowed(self, hook: Optional[str]) -> bool:
         return hook is not None and hook in self.allow
@@ -183,15 +183,12 @@ class EvalNoGradGuard(PerfCallback):
         elif self._eval_batches == 0:
             self._eval_start_events = self._events
             self._watch.arm()
-        elif self._eval_batches == 1:
-            self._eval_watch = self._events > self._eval_start_events
-            if not self._eval_watch:
-                self._watch.disarm()
+        elif self._eval_batches == 1 and self._events == self._eval_start_events:
+            self._watch.disarm()  # the first batch found nothing: the rest of this run goes unwatched
         self._eval_batches += 1
 
     def _eval_run_start(self) -> None:
         self._eval_batches = 0
-        self._eval_watch = True
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

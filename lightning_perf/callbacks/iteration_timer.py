@@ -403,13 +403,12 @@ class IterationTimer(PerfCallback):
         line = (f"IterationTimer: {s['mean']:.2f} ms/iter mean ({1000.0 / s['mean']:.2f} it/s), median {s['median']:.2f},"
                 f" p95 {s['p95']:.2f} ms, over {self._host.count} of {self.iterations} iterations;"
                 f" train {self._train_time_s():.1f} s, eval {self._eval_time_s():.1f} s")
-        target = self._target_iterations()
-        if target is not None:
-            p = self._projection(target)
-            if p["train_s"] is not None:
-                line += f"; {target:,} iterations: {p['train_s']:.1f} s training"
-                if p["with_eval_s"] is not None and p["with_eval_s"] != p["train_s"]:
-                    line += f", {p['with_eval_s']:.1f} s with evaluation"
+        section = self._summary_section()
+        train, with_eval = section["projected_time_to_target_s"], section["projected_time_to_target_with_eval_s"]
+        if train is not None:
+            line += f"; {section['target_steps']:,} iterations: {train:.1f} s training"
+            if with_eval is not None and with_eval != train:
+                line += f", {with_eval:.1f} s with evaluation"
         return line
 
     @guarded
@@ -469,9 +468,9 @@ class IterationTimer(PerfCallback):
             "unavailable": unavailable,
         }
         section["target_steps"] = target
-        total = self._projection(target, section) if target is not None else {"train_s": None, "with_eval_s": None}
-        left = (self._projection(target, section, done=self.iterations) if target is not None
-                else {"train_s": None, "with_eval_s": None})
+        unknown = {"train_s": None, "with_eval_s": None}
+        total = project_time(section, target) if target is not None else unknown
+        left = project_time(section, target, done=self.iterations) if target is not None else unknown
         section["projected_time_to_target_s"] = total["train_s"]
         section["projected_time_to_target_with_eval_s"] = total["with_eval_s"]
         section["projected_remaining_s"] = left["train_s"]
@@ -489,13 +488,6 @@ class IterationTimer(PerfCallback):
         if steps <= 0 or fit_iters <= 0:
             return target
         return int(round(target * fit_iters / steps))
-
-    def _projection(self, n: int, section: Optional[Dict[str, Any]] = None, done: int = 0) -> Dict[str, Any]:
-        if section is None:
-            section = {"ms_per_iter": {"mean": self._host.mean}, "warmup_time_s": self._warmup_time_s,
-                       "excluded": self._excluded, "fits": self._fits, "validation_runs": self._validation_runs,
-                       "iterations": self.iterations, "eval_time_s": self._eval_time_s()}
-        return project_time(section, n, done=done)
 
     # -- checkpointing -------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

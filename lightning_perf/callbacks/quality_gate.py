@@ -350,16 +350,11 @@ class QualityGate(PerfCallback):
         self._checks += 1
         failing = []
         for name in self.gated:
-            if name not in values:
-                if name == "lpips" and self._lpips_reason:
-                    continue  # unavailable here: said once at load, not a failure of the model
-                reason = "produced no value in this validation"
-                self._results[name] = {"value": None, "mode": self.modes[name], "passed": False, "reason": reason,
-                                       "step": step}
-                failing.append(name)
-                continue
-            if not math.isfinite(values[name]):
-                reason = f"is {values[name]} (a diverged model?)"
+            if name not in values and name == "lpips" and self._lpips_reason:
+                continue  # unavailable here: said once at load, not a failure of the model
+            if name not in values or not math.isfinite(values[name]):
+                reason = ("produced no value in this validation" if name not in values
+                          else f"is {values[name]} (a diverged model?)")
                 self._results[name] = {"value": None, "mode": self.modes[name], "passed": False, "reason": reason,
                                        "step": step}
                 failing.append(name)
@@ -453,7 +448,7 @@ class QualityGate(PerfCallback):
 
     @property
     def _baseline_images(self) -> Optional[int]:
-        return self._baseline_meta.get("images") if self._baseline_meta else None
+        return self._baseline_meta.get("images")
 
     @property
     def results(self) -> Dict[str, Dict[str, Any]]:

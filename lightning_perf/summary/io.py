@@ -48,6 +48,16 @@ def _remove_stale_temporaries(folder: str) -> None:
             pass  # alive, or not ours to signal: leave it
 
 
+def probe_folder(path: str) -> None:
+    """Creates the folder of ``path`` and writes and removes a probe file there; raises ``OSError`` when a file
+    cannot be created in it. Output paths are checked with this before the work that fills them."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".lightning_perf_probe.", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
