@@ -90,6 +90,19 @@ def test_leak_detector_ignores_a_step_up_then_flat():
     assert any(det.add(100.0 + 0.5 * i) for i in range(60))  # 50 MB per 100 iterations
 
 
+def test_leak_detector_read_every_4th_iteration_keeps_its_windows_and_rate_in_iterations():
+    """A reading every 4th iteration of memory growing 8 MB per iteration: the rate is 800 MB per 100 iterations
+    (not per 100 readings), found after the same number of iterations as reading every iteration."""
+    every = LeakDetector(window=25, windows=4, threshold_mb_per_100=2.0, warmup=50)
+    found_every = next(i for i in range(1, 400) if every.add(8.0 * i))
+    fourth = LeakDetector(window=25, windows=4, threshold_mb_per_100=2.0, warmup=50, stride=4)
+    found_fourth = next(i for i in range(4, 400, 4) if fourth.add(8.0 * i))
+    assert fourth.result()["rate_mb_per_100_iters"] == pytest.approx(800.0)
+    assert every.result()["rate_mb_per_100_iters"] == pytest.approx(800.0)
+    assert fourth.result()["iterations_per_sample"] == 4 and fourth.result()["samples"] == found_fourth // 4
+    assert abs(found_fourth - found_every) <= 2 * 4 * 4  # within one reading per window of each other
+
+
 def test_sampler_threads_stop_after_fits_and_after_a_crash(tmp_path):
     cb = VRAMMonitor(nvml_interval_s=0.01)
     fit(tmp_path / "a", [cb], max_epochs=1)
@@ -145,7 +158,12 @@ class FakeCuda:
         return self.peak * 1.25
 
     def memory_allocated(self, device):
+        self.flat_reads = getattr(self, "flat_reads", 0) + 1  # torch flattens its whole stats dict here: slow
         return self.allocated
+
+    def memory_stats_as_nested_dict(self, device):
+        # the shape of torch.cuda.memory_stats_as_nested_dict: stat -> pool ("all", "large_pool", ...) -> figure
+        return {"allocated_bytes": {"all": {"current": self.allocated, "peak": self.peak}}, "num_alloc_retries": 0}
 
     def reset_peak_memory_stats(self, device):
         self.resets += 1
@@ -215,6 +233,21 @@ def simulated_gpu(monkeypatch):
     monkeypatch.setattr(VRAMMonitor, "_device", lambda self, trainer: torch.device("cuda", 0))
     monkeypatch.setattr(SimulatedGpuModel, "cuda", cuda, raising=False)
     return cuda
+
+
+class SimulatedLeak(SimulatedGpuModel):
+    def training_step(self, batch, batch_idx):
+        self.cuda.alloc(8)  # 8 MB kept every iteration
+        return super().training_step(batch, batch_idx)
+
+
+def test_simulated_allocator_leak_is_read_from_the_nested_stats_every_4th_iteration(tmp_path, simulated_gpu):
+    fit(tmp_path, [VRAMMonitor(nvml=False)], model=SimulatedLeak(), max_epochs=None, max_steps=200,
+        limit_val_batches=0)
+    leak = find_summary(tmp_path)["vram"]["leak"]["train"]
+    assert leak["suspected"] is True and leak["rate_mb_per_100_iters"] == pytest.approx(800.0)
+    assert leak["iterations_per_sample"] == 4 and leak["samples"] == 50
+    assert getattr(simulated_gpu, "flat_reads", 0) == 0  # never the slow torch.cuda.memory_allocated
 
 
 def test_simulated_allocator_gives_phase_peaks_and_keeps_the_lifetime_peak(tmp_path, simulated_gpu, monkeypatch):

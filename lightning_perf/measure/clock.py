@@ -24,15 +24,23 @@ class DeviceIntervalClock:
         event_factory: makes one timing event; defaults to ``torch.cuda.Event(enable_timing=True)``. Tests pass a
             simulated event with ``record()``, ``query()``, ``synchronize()`` and ``elapsed_time(other)``.
         max_pending: bound on events in flight.
+        current_stream: returns the stream to record on; defaults to ``torch.cuda.current_stream`` with the default
+            event factory (none, i.e. ``record()``, with another). It is asked once per chain (at the first mark
+            after a phase boundary) and the stream is kept: ``current_stream()`` costs ~8 µs on an H100 host, which
+            ``Event.record()`` without a stream pays on every call.
     """
 
-    def __init__(self, event_factory: Optional[Callable[[], Any]] = None, max_pending: int = 512) -> None:
+    def __init__(self, event_factory: Optional[Callable[[], Any]] = None, max_pending: int = 512,
+                 current_stream: Optional[Callable[[], Any]] = None) -> None:
         if event_factory is None:
             import torch
 
             def event_factory() -> Any:
                 return torch.cuda.Event(enable_timing=True)
 
+            current_stream = current_stream or torch.cuda.current_stream
+        self._current_stream = current_stream
+        self._stream: Any = None
         self._factory = event_factory
         self._max_pending = max_pending
         self._pool: List[Any] = []
@@ -52,7 +60,12 @@ class DeviceIntervalClock:
             self._chain_broken = True
             return
         event = self._get_event()
-        event.record()
+        if self._current_stream is None:
+            event.record()
+        else:
+            if self._chain_broken or self._stream is None:
+                self._stream = self._current_stream()
+            event.record(self._stream)
         self._pending.append((event, counted and not self._chain_broken, label))
         self._chain_broken = False
 
