@@ -136,7 +136,7 @@ def time_hooks(callbacks: List[Callback], spent: List[float]) -> None:
 
 
 def profile_hooks(name: str, steps: int, root: str, top: int = 25) -> None:
-    """cProfile of what one callback does inside its step hooks (and nothing else), printed by cumulative time."""
+    """cProfile of what one callback does inside its step hooks (and nothing else), printed by own time."""
     import cProfile
     import pstats
 
@@ -157,7 +157,7 @@ def profile_hooks(name: str, steps: int, root: str, top: int = 25) -> None:
         setattr(cb, hook, wrapped)
     run([cb], steps=steps, skip=1, root=root)
     print(f"\n{name}: inside its step hooks over {steps} steps (cProfile, so times are inflated)")
-    pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(top)
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
 def hook_cost(make: Callable[[], List[Callback]], steps: int, rounds: int, root: str) -> float:

@@ -274,7 +274,7 @@ class _SimulatedDevice(Callback):
 
 
 def test_device_time_per_section_is_per_iteration_like_host_time(tmp_path):
-    sp = profiler(warmup_steps=2)
+    sp = profiler(warmup_steps=2, device_timing_every_n_iterations=1)
     # no checkpoint saves: a device interval spans a whole piece, carved-out host time (a save) included
     fit(tmp_path, [sp, _SimulatedDevice(sp)], max_epochs=2, enable_checkpointing=False)
     table = find_summary(tmp_path)["section_profiler"]["sections"]
@@ -283,6 +283,68 @@ def test_device_time_per_section_is_per_iteration_like_host_time(tmp_path):
         # optimizer_step (zero_grad, then the step) and other are entered twice per iteration: per piece they
         # came out at about half of their host time
         assert device == pytest.approx(host, rel=0.15, abs=0.02), (name, host, device)
+
+
+class _RecordCounter:
+    records = 0
+
+
+class _CountedHostEvent(_HostEvent):
+    def record(self, *args):
+        _RecordCounter.records += 1
+        return super().record(*args)
+
+
+class _SimulatedCountingDevice(_SimulatedDevice):
+    def on_train_start(self, trainer, pl_module):
+        from lightning_perf.measure.clock import DeviceIntervalClock
+
+        self.target._clock = DeviceIntervalClock(event_factory=_CountedHostEvent)
+
+
+def test_device_time_taken_in_one_iteration_of_four_matches_host_time_with_fewer_events(tmp_path):
+    """Sampled device timing over 32 iterations (4 epochs of 8) after a warm-up of 2: the first 4 counted
+    iterations (2-5), then one in 4 (6, 10, ..., 30) are timed on the device; the device means of a 3 ms forward and
+    a 2 ms user section equal their host means (the other sections, a fraction of a ms each, are compared iteration
+    by iteration in the test above), with about a third of the event records of timing every iteration."""
+
+    class Steady(TinyModel):
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.003)
+            with profile_section("ema"):
+                time.sleep(0.002)
+            return super().training_step(batch, batch_idx)
+
+    _RecordCounter.records = 0
+    every = profiler(warmup_steps=2, device_timing_every_n_iterations=1)
+    fit(tmp_path / "every", [every, _SimulatedCountingDevice(every)], model=Steady(), max_epochs=4,
+        enable_checkpointing=False)
+    records_every, _RecordCounter.records = _RecordCounter.records, 0
+    sp = profiler(warmup_steps=2, device_timing_every_n_iterations=4)
+    fit(tmp_path / "fourth", [sp, _SimulatedCountingDevice(sp)], model=Steady(), max_epochs=4,
+        enable_checkpointing=False)
+    s = find_summary(tmp_path / "fourth")["section_profiler"]
+    assert s["device_timing_every_n_iterations"] == 4
+    assert sp._sections["forward"].device.count == 4 + 7 and every._sections["forward"].device.count == 30
+    assert sp._sections["forward"].host.count == 30
+    # forward's device interval holds the user section it ran (the host side carves it out): add it back
+    forward, ema = s["sections"]["forward"], s["sections"]["ema"]
+    assert forward["device_mean_ms"] == pytest.approx(forward["inclusive_mean_ms"], rel=0.2)
+    assert ema["device_mean_ms"] == pytest.approx(ema["mean_ms"], rel=0.2)
+    assert _RecordCounter.records < 0.5 * records_every, (_RecordCounter.records, records_every)
+
+
+def test_a_short_run_still_gets_device_times(tmp_path):
+    """8 iterations, warm-up 2, one in 8 timed later on: the first 6 counted iterations are all timed."""
+    sp = profiler(warmup_steps=2)
+    fit(tmp_path, [sp, _SimulatedCountingDevice(sp)], max_epochs=1, enable_checkpointing=False)
+    assert sp._sections["forward"].device.count == 6
+    assert find_summary(tmp_path)["section_profiler"]["sections"]["forward"]["device_mean_ms"] > 0
+
+
+def test_device_timing_every_n_iterations_is_checked():
+    with pytest.raises(ValueError, match="device_timing_every_n_iterations"):
+        SectionProfiler(device_timing_every_n_iterations=0)
 
 
 @pytest.mark.parametrize("warmup", [0, 3])
@@ -315,3 +377,25 @@ def test_without_lightnings_fetch_announcement_data_loading_falls_back_loudly(tm
 def test_with_the_announcement_the_boundary_is_the_fetch(tmp_path):
     fit(tmp_path, [profiler()], max_epochs=1)
     assert find_summary(tmp_path)["section_profiler"]["data_loading_boundary"] == "fetch"
+
+
+def test_a_sink_that_fails_to_start_a_section_never_reaches_the_users_code():
+    """profile_section's start and end both swallow a measurement failure (a CUDA event that cannot be made)."""
+    from lightning_perf.measure import sections
+
+    class Failing:
+        ended = []
+
+        def section_started(self, name):
+            raise RuntimeError("no CUDA event today")
+
+        def section_ended(self, name, parent, seconds, token, failed):
+            self.ended.append((name, token))
+
+    previous = sections.set_sink(Failing())
+    try:
+        with profile_section("ema"):
+            ran = True
+    finally:
+        sections.set_sink(previous)
+    assert ran and Failing.ended == [("ema", None)]

@@ -69,6 +69,13 @@ class DeviceIntervalClock:
         self._pending.append((event, counted and not self._chain_broken, label))
         self._chain_broken = False
 
+    def stamp(self) -> Any:
+        """A fresh event recorded on the current stream, outside the chain (a user section's start or end: the
+        user may have switched streams, so it is not recorded on the kept one)."""
+        event = self._factory()
+        event.record()
+        return event
+
     def break_chain(self) -> None:
         """The next interval spans something that is not measured (validation, a new epoch): leave it out."""
         self._chain_broken = True

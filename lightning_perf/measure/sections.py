@@ -81,7 +81,11 @@ class profile_section:  # noqa: N801 - used like a function: `with profile_secti
         frames = _frames()
         parent = frames[-1] if frames else None
         frames.append(self.name)
-        self._entries.append((sink, now(), sink.section_started(self.name), parent))
+        try:
+            token = sink.section_started(self.name)
+        except Exception:  # noqa: BLE001 - a measurement never raises into the user's code (e.g. a failing event)
+            token = None
+        self._entries.append((sink, now(), token, parent))
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
