@@ -385,13 +385,18 @@ class SummaryBook:
                 rank_zero_info(f"lightning_perf: summary written to {path}")
 
 
-_BOOKS: "weakref.WeakKeyDictionary[Trainer, SummaryBook]" = weakref.WeakKeyDictionary()
+#: The attribute of a Trainer that holds its SummaryBook. Not a module-level WeakKeyDictionary: the book holds the
+#: callbacks, and Lightning gives every callback ``log = lightning_module.log``, whose module holds the trainer; a
+#: weak key reachable from its own value never dies, and each fit's trainer, model and data stayed alive for the
+#: whole process (7.5 GB of CUDA tensors across the GPU checks). On the trainer, the book dies with it.
+_BOOK_ATTRIBUTE = "_lightning_perf_summary_book"
 
 
 def book_for(trainer: Trainer) -> SummaryBook:
-    book = _BOOKS.get(trainer)
+    book = getattr(trainer, _BOOK_ATTRIBUTE, None)
     if book is None:
-        book = _BOOKS[trainer] = SummaryBook()
+        book = SummaryBook()
+        setattr(trainer, _BOOK_ATTRIBUTE, book)
     return book
 
 
