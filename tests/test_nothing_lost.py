@@ -173,8 +173,10 @@ def test_section_profiler_covers_the_whole_run_after_a_mid_epoch_resume(tmp_path
     trainer.fit(TinyModel(), ckpt_path=str(next((tmp_path / "ckpt").glob("*.ckpt"))))
     s = find_summary(tmp_path / "b")
     t, p = s["iteration_timer"], s["section_profiler"]
-    assert t["iterations"] == 24
-    assert sum(e["iterations"] for e in t["epochs"]) == 24, t["epochs"]
+    # Lightning's own count: 24 steps (12 + 12) since 2.3; 2.2 runs one batch more after a mid-epoch resume (25)
+    assert trainer.global_step in (24, 25)
+    assert t["iterations"] == trainer.global_step
+    assert sum(e["iterations"] for e in t["epochs"]) == trainer.global_step, t["epochs"]
     assert [e["epoch"] for e in t["epochs"]] == [0, 1, 2]
     assert p["iterations"] == t["measured_iterations"]  # both: every iteration of both processes, warm-ups out
 

@@ -167,6 +167,7 @@ class IterationTimer(PerfCallback):
         self._epoch_iter_start = 0
         self._epoch_prior_s = 0.0  # the part of this epoch an earlier process ran (resumed mid-epoch)
         self._open_epoch: Optional[Dict[str, Any]] = None
+        self._resumed_epoch: Optional[int] = None  # the epoch a mid-epoch resume carried on, until it starts
         self._trainer_epoch: Optional[int] = None
         self._window = [0.0, 0, 0, 0]  # seconds, iterations, batches, samples
         self._clock: Optional[DeviceIntervalClock] = None
@@ -221,12 +222,16 @@ class IterationTimer(PerfCallback):
             self._epoch_iter_start = self.iterations - int(carried.get("iterations", 0))
             self._epoch_prior_s = float(carried.get("time_s", 0.0))
             self._trainer_epoch = trainer.current_epoch
+            self._resumed_epoch = trainer.current_epoch
         self._open_epoch = None
 
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The round trip goes on across the epoch boundary: epoch-end hooks and a DataLoader starting its workers
         # are real training time, paid again every epoch, and belong to the first iteration of the next epoch.
+        resumed, self._resumed_epoch = self._resumed_epoch, None
+        if resumed == trainer.current_epoch:
+            return  # Lightning 2.2 starts the epoch a mid-epoch resume goes on with again: its record goes on
         self._epoch_start = now()
         self._epoch_eval_start = self._eval_time_fit
         self._epoch_iter_start = self.iterations
