@@ -149,6 +149,46 @@ def test_site_names_the_callback(tmp_path):
     assert finding["site"] == "EmaSampler.on_train_batch_end" and finding["count"] == 8
 
 
+def _a_dispatcher_lightning_never_had(hook, *args):
+    """Stands for any framework code between Lightning's loop and a hook: its name and locals say nothing."""
+    unrelated_locals = {"hook_name": "not_a_hook"}  # noqa: F841 - what a framework frame could hold
+    return hook(*args)
+
+
+@pytest.mark.parametrize("allow", [[], ["on_train_batch_end"]])
+def test_sites_are_named_from_the_users_own_hook_frame_whoever_calls_it(allow):
+    """The site comes from the user's hook method (its name and its object), not from Lightning's dispatcher
+    frames: a release that renames them changes nothing, and `allow=` still matches."""
+    guard = EvalNoGradGuard(allow=allow)
+    model = TinyModel()
+    guard._watch.arm()
+    try:
+        with pytest.warns(UserWarning, match="EmaSampler.on_train_batch_end ran TinyModel") if not allow else _null():
+            _a_dispatcher_lightning_never_had(EmaSampler().on_train_batch_end, None, model, None,
+                                              (torch.randn(4, 16),), 0)
+    finally:
+        guard._watch.disarm()
+    findings = guard.findings
+    if allow:
+        assert findings == []
+    else:
+        assert [(f["site"], f["hook"], f["count"]) for f in findings] == [
+            ("EmaSampler.on_train_batch_end", "on_train_batch_end", 1)]
+
+
+def test_code_outside_any_hook_method_is_named_by_file_and_line_and_says_allow_cannot_name_it():
+    guard = EvalNoGradGuard(allow=["on_train_batch_end"])
+    model = TinyModel().eval()
+    guard._watch.arm()
+    try:
+        with pytest.warns(UserWarning, match=r"allow_grad_in_eval\(\):` \(no Callback or LightningModule hook"):
+            model(torch.randn(4, 16))
+    finally:
+        guard._watch.disarm()
+    (finding,) = guard.findings
+    assert finding["hook"] is None and finding["site"].startswith(__file__ + ":")
+
+
 class GradInValidation(TinyModel):
     def validation_step(self, batch, batch_idx):
         with torch.enable_grad():

@@ -34,7 +34,7 @@ def test_running_profiler_and_monitor_can_be_copied_and_pickled(tmp_path):
     copier = CopyDuringFit(targets)
     fit(tmp_path, targets + [copier], max_epochs=1)
     assert len(copier.copies) == 4
-    assert copier.copies[0]._trainer_save is None and copier.copies[2]._sampler is None
+    assert copier.copies[0]._checkpoint_io is None and copier.copies[2]._sampler is None
     # the originals were not disturbed: the fit measured on
     s = find_summary(tmp_path)
     assert s["section_profiler"]["iterations"] == 7 and s["vram"]["sampler_samples"] > 0

@@ -1,9 +1,11 @@
+import os
 import time
 
 import pytest
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, Dataset
 
 from helpers import ManualModel, TinyModel, find_summary, fit, read_scalars
@@ -105,6 +107,48 @@ def test_checkpoint_saves_are_their_own_section(tmp_path):
     assert sp["sections"]["checkpointing"]["total_s"] > 0
 
 
+class SlowWriterIO(TorchCheckpointIO):
+    """A user's CheckpointIO plugin with its own clock: every write takes at least 30 ms."""
+
+    def __init__(self):
+        self.writes = []
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        start = time.perf_counter()
+        time.sleep(0.03)
+        super().save_checkpoint(checkpoint, path, storage_options)
+        self.writes.append(time.perf_counter() - start)
+
+
+def test_checkpoint_writes_match_the_writers_own_clock_and_the_plugin_is_given_back(tmp_path):
+    """Timed around the strategy's CheckpointIO (a public plugin), the user's own plugin still does the writing."""
+    io = SlowWriterIO()
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    trainer = fit(tmp_path, [profiler(warmup_steps=0), ckpt], max_epochs=1, plugins=[io])
+    sp = find_summary(tmp_path)["section_profiler"]
+    # saves at steps 2, 4, 6, 8: the one after the last iteration's end belongs to no iteration
+    assert len(io.writes) == 4 and len(list((tmp_path / "ckpt").glob("*.ckpt"))) == 4
+    row = sp["sections"]["checkpointing"]
+    assert row["total_s"] == pytest.approx(sum(io.writes[:3]), rel=0.05)
+    assert "checkpointing" not in sp["unavailable"]
+    assert trainer.strategy.checkpoint_io is io
+
+
+def test_a_strategy_that_writes_its_own_way_keeps_saves_in_place_and_says_why(tmp_path):
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    class OwnWriter(SingleDeviceStrategy):
+        def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+            os.makedirs(os.path.dirname(filepath), exist_ok=True)
+            torch.save(checkpoint, filepath)
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    fit(tmp_path, [profiler(), ckpt], max_epochs=1, strategy=OwnWriter(device="cpu"))
+    sp = find_summary(tmp_path)["section_profiler"]
+    assert "OwnWriter writes checkpoints its own way" in sp["unavailable"]["checkpointing"]
+    assert sp["sections"]["checkpointing"]["count"] == 0
+
+
 def test_validation_is_timed_outside_the_table(tmp_path):
     fit(tmp_path, [profiler()], max_epochs=2, val_check_interval=4)
     sp = find_summary(tmp_path)["section_profiler"]
@@ -178,6 +222,7 @@ def test_trainer_methods_are_restored_after_fit(tmp_path):
     trainer = Trainer(callbacks=[profiler()], **trainer_kwargs(tmp_path, max_epochs=1))
     trainer.fit(TinyModel())
     assert "save_checkpoint" not in trainer.__dict__ and "start" not in trainer.profiler.__dict__
+    assert type(trainer.strategy.checkpoint_io).__name__ == "TorchCheckpointIO"
     assert sections_module.current_sink() is None
 
 
@@ -363,8 +408,8 @@ def test_without_lightnings_fetch_announcement_data_loading_falls_back_loudly(tm
 
     monkeypatch.setattr(module, "_FETCH_ACTION", "].an_action_lightning_never_announces")
     with pytest.warns(UserWarning, match="announced no dataloader fetch"):
-        fit(tmp_path, [IterationTimer(warmup_steps=3), profiler(warmup_steps=3)], model=SlowDataModel(),
-            max_epochs=1)
+        fit(tmp_path, [IterationTimer(warmup_steps=3), profiler(warmup_steps=3, data_loading_boundary="fetch")],
+            model=SlowDataModel(), max_epochs=1)
     s = find_summary(tmp_path)
     sp = s["section_profiler"]
     assert sp["data_loading_boundary"] == "batch_gap" and "data_loading_fetch" in sp["unavailable"]
@@ -375,8 +420,51 @@ def test_without_lightnings_fetch_announcement_data_loading_falls_back_loudly(tm
 
 
 def test_with_the_announcement_the_boundary_is_the_fetch(tmp_path):
-    fit(tmp_path, [profiler()], max_epochs=1)
-    assert find_summary(tmp_path)["section_profiler"]["data_loading_boundary"] == "fetch"
+    fit(tmp_path, [profiler(data_loading_boundary="fetch")], max_epochs=1)
+    sp = find_summary(tmp_path)["section_profiler"]
+    assert sp["data_loading_boundary"] == "fetch" and "data_loading_fetch" not in sp["unavailable"]
+
+
+class TimedFetchDataset(SlowDataset):
+    """Its own clock around every item: the time the dataloader really spends fetching."""
+
+    spent = []
+
+    def __getitem__(self, i):
+        start = time.perf_counter()
+        try:
+            return super().__getitem__(i)
+        finally:
+            self.spent.append(time.perf_counter() - start)
+
+
+class TimedFetchModel(TinyModel):
+    def train_dataloader(self):
+        return DataLoader(TimedFetchDataset(), batch_size=8)
+
+
+class NoPrivateNames(Callback):
+    """Fails the fit if the profiler replaced anything of the trainer or its profiler during the fit."""
+
+    seen = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append(("start" in trainer.profiler.__dict__, "save_checkpoint" in trainer.__dict__))
+
+
+def test_by_default_data_loading_is_the_gap_between_batches_through_public_hooks(tmp_path):
+    """No Lightning action name, no method of the trainer or its profiler replaced; the gap matches the dataset's own
+    clock (the fetch of 8 items of 2 ms each) plus a little bookkeeping."""
+    TimedFetchDataset.spent, NoPrivateNames.seen = [], []
+    fit(tmp_path, [profiler(warmup_steps=0), NoPrivateNames()], model=TimedFetchModel(), max_epochs=2)
+    sp = find_summary(tmp_path)["section_profiler"]
+    assert sp["data_loading_boundary"] == "batch_gap" and "data_loading_fetch" not in sp["unavailable"]
+    assert NoPrivateNames.seen and not any(a or b for a, b in NoPrivateNames.seen)
+    # every fetch of both epochs is inside data_loading (with collation, the loop's bookkeeping, iterator starts)
+    fetched = sum(TimedFetchDataset.spent)
+    data = sp["sections"]["data_loading"]
+    assert len(TimedFetchDataset.spent) == 128 and data["count"] == 16
+    assert fetched <= data["total_s"] <= 1.12 * fetched
 
 
 def test_a_sink_that_fails_to_start_a_section_never_reaches_the_users_code():

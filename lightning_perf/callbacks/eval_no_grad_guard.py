@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
 from lightning_perf.callbacks._common import (
     PerfCallback,
@@ -88,7 +88,8 @@ class EvalNoGradGuard(PerfCallback):
         self.mode = mode
         self.allow = allow
         self.scan_retained = check_bool("EvalNoGradGuard", "scan_retained", scan_retained)
-        self._watch = EvalForwardWatch(self._on_finding, self._is_allowed, fix=(mode == "fix"))
+        self._watch = EvalForwardWatch(self._on_finding, self._is_allowed, fix=(mode == "fix"),
+                                       hooks=frozenset(hooks), owners=(Callback, LightningModule, LightningDataModule))
         self._reset()
 
     def _reset(self) -> None:
@@ -117,11 +118,13 @@ class EvalNoGradGuard(PerfCallback):
                 self._warn_once(f"fix:{site}", f"{site} ran {module}.forward in eval mode with autograd on;"
                                 " mode='fix' ran it under torch.no_grad() (and will each time).")
             return
+        allow_it = (f"`EvalNoGradGuard(allow=[{hook!r}])` or `with lightning_perf.allow_grad_in_eval():`" if hook else
+                    "`with lightning_perf.allow_grad_in_eval():` (no Callback or LightningModule hook method was on"
+                    " the stack, so `allow=` cannot name this site)")
         message = (
             f"{site} ran {module}.forward in eval mode with autograd on: {_fmt_bytes(saved)} of activations were"
             " kept for a backward that never ran. Wrap the evaluation in `with torch.no_grad():` (or"
-            " torch.inference_mode()). If gradients are wanted here, allow it with"
-            f" `EvalNoGradGuard(allow=[{hook or '<hook>'!r}])` or `with lightning_perf.allow_grad_in_eval():`."
+            f" torch.inference_mode()). If gradients are wanted here, allow it with {allow_it}."
         )
         if self.mode == "raise":
             raise PerfCheckFailed(f"EvalNoGradGuard: {message}")

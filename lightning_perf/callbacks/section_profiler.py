@@ -10,8 +10,10 @@ from typing import Any, Deque, Dict, List, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
 from lightning_perf.callbacks._common import (
     PerfCallback,
+    bad_argument,
     check_bool,
     check_positive_int,
     gather_floats,
@@ -27,6 +29,7 @@ AUTO_SECTIONS = ("data_loading", "forward", "backward", "optimizer_step", "check
 MANUAL_SECTIONS = ("data_loading", "training_step", "checkpointing", "other")
 ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
 _FETCH_ACTION = "].train_dataloader_next"
+BOUNDARIES = ("batch_gap", "fetch")
 _MAX_CALLS_PER_ITERATION = 10_000
 
 # Insight thresholds (documented in docs/section_profiler.md).
@@ -36,6 +39,11 @@ FORWARD_PCT = 60.0
 OPTIMIZER_PCT = 20.0
 CHECKPOINT_PCT = 10.0
 HOST_OVER_DEVICE = 1.5
+GAP_NOTE = ("data_loading is the gap from the end of one batch (this profiler's on_train_batch_end) to the start of"
+            " the next (on_train_batch_start): the fetch and the host-to-device copy, and also what runs after this"
+            " profiler's batch-end hook (later callbacks' batch-end hooks, logger writes, LR schedulers); validation"
+            " and checkpoint writes are cut out of it. data_loading_boundary='fetch' starts it at Lightning's fetch"
+            " instead.")
 GAP_REASON = ("Lightning announced no dataloader fetch through its profiler (an action ending in"
               f" '{_FETCH_ACTION}') in 3 iterations: data loading is now timed as the whole gap from the end of one"
               " batch to the start of the next, other callbacks' batch-end hooks included, and `other` is only what"
@@ -76,8 +84,9 @@ class SectionProfiler(PerfCallback):
 
     Automatic sections, from Lightning's hooks: ``data_loading`` (from the end of one batch to the start of the
     next: waiting for the dataloader, moving the batch to the device), ``forward`` (``training_step``), ``backward``,
-    ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (``trainer.save_checkpoint`` calls) and ``other``
-    (gradient clipping, callbacks' batch-end hooks, logging: the rest). They add up to the iteration. Validation runs
+    ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (checkpoint writes and removals, timed through the
+    strategy's ``CheckpointIO`` plugin) and ``other`` (gradient clipping, epoch-end hooks: the rest). They add up to
+    the iteration. Validation runs
     are timed on their own, outside the table. Under manual optimization the step is one ``training_step`` section.
     User sections (:class:`~lightning_perf.profile_section`) are carved out of the automatic section they ran in and
     reported with it as ``parent``; nested user sections name their user parent. On CUDA each section's device time
@@ -89,6 +98,11 @@ class SectionProfiler(PerfCallback):
         report_every_n_steps: iterations between periodic reports (printed on rank 0 and logged).
         warmup_steps: iterations at the start of each fit left out.
         device_timing: also time sections with CUDA events when training on CUDA.
+        data_loading_boundary: where ``data_loading`` starts. ``"batch_gap"``: at the end of the previous batch
+            (this profiler's ``on_train_batch_end``), through public hooks only; later callbacks' batch-end hooks,
+            logger writes and LR schedulers are inside it. ``"fetch"``: at Lightning's dataloader fetch, recognised
+            by the action name Lightning gives it in ``trainer.profiler`` (more precise; relies on that name and
+            warns and falls back to ``"batch_gap"`` when no such fetch is announced in 3 iterations).
         device_timing_every_n_iterations: time sections on the device in the first n iterations after the warm-up,
             then in one iteration of every n, and report the mean over those. Each section boundary costs a CUDA event record, and each interval an
             event query and read: ~75 µs of CUDA calls per iteration on an H100 host; one in 8 costs ~10 µs. 1 times
@@ -101,7 +115,8 @@ class SectionProfiler(PerfCallback):
     ``time/ema_ms``; ``time/iteration_ms``.
 
     Raises:
-        ValueError: for ``report_every_n_steps`` below 1 or a negative ``warmup_steps``.
+        ValueError: for ``report_every_n_steps`` below 1, a negative ``warmup_steps`` or an unknown
+            ``data_loading_boundary``.
 
     Example::
 
@@ -113,12 +128,13 @@ class SectionProfiler(PerfCallback):
     """
 
     section_name = "section_profiler"
-    _transient = ("_trainer_save", "_profiler", "_profiler_start", "_previous_sink", "_clock", "_pending_user")
+    _transient = ("_checkpoint_io", "_strategy", "_profiler", "_profiler_start", "_previous_sink", "_clock",
+                  "_pending_user")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
                  device_timing: bool = True, print_reports: bool = True, summary_path: Optional[str] = None,
                  run_name: Optional[str] = None, run_notes: Optional[str] = None,
-                 device_timing_every_n_iterations: int = 8) -> None:
+                 device_timing_every_n_iterations: int = 8, data_loading_boundary: str = "batch_gap") -> None:
         super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         check_positive_int("SectionProfiler", "report_every_n_steps", report_every_n_steps)
         check_positive_int("SectionProfiler", "warmup_steps", warmup_steps, minimum=0)
@@ -129,6 +145,10 @@ class SectionProfiler(PerfCallback):
         check_positive_int("SectionProfiler", "device_timing_every_n_iterations", device_timing_every_n_iterations)
         self.device_timing_every_n_iterations = device_timing_every_n_iterations
         self.print_reports = check_bool("SectionProfiler", "print_reports", print_reports)
+        if data_loading_boundary not in BOUNDARIES:
+            raise bad_argument("SectionProfiler", "data_loading_boundary", data_loading_boundary,
+                               f"Expected one of {', '.join(repr(b) for b in BOUNDARIES)}.")
+        self.data_loading_boundary = data_loading_boundary
         self._reset()
 
     # -- state ---------------------------------------------------------------------------------------------------
@@ -155,14 +175,16 @@ class SectionProfiler(PerfCallback):
         self._window_iter_s = 0.0
         self._window_iters = 0
         self._clock: Optional[DeviceIntervalClock] = None
-        self._fetches = 0  # dataloader fetches Lightning announced through its profiler
-        self._gap_mode = False  # no announcement seen: data loading is the gap between batches
+        self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
+        self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
         self._device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
         self._device_iteration: Optional[int] = None
         self._ranks: Optional[Dict[str, Any]] = None
         self._previous_sink: Any = None
         self._disabled_reason: Optional[str] = None
-        self._trainer_save: Any = None
+        self._checkpoint_io: Any = None  # our TimedCheckpointIO around the strategy's, during a fit
+        self._strategy: Any = None
+        self._checkpoint_reason: Optional[str] = None
         self._profiler: Any = None
         self._profiler_start: Any = None
 
@@ -218,7 +240,10 @@ class SectionProfiler(PerfCallback):
         if parent is None:
             self._carved += seconds
             self._user_s += seconds
-        self._section(name, "user", parent if parent is not None else self._current)
+            parent = self._current
+            if self._gap_mode and parent == "data_loading":
+                parent = "other"  # a batch-end hook's section (it runs in the gap): not part of the fetch
+        self._section(name, "user", parent)
         if len(self._iter_calls) < _MAX_CALLS_PER_ITERATION:  # joins the statistics with its iteration
             self._iter_calls.append((name, seconds, failed))
         if token is not None and self._clock is not None:  # device time of a user section, read later
@@ -264,15 +289,11 @@ class SectionProfiler(PerfCallback):
             self._overhead_s += now() - t
         self._profiler_start(action_name)
 
-    def _timed_save_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        start = now()
-        try:
-            return self._trainer_save(*args, **kwargs)
-        finally:
-            seconds = now() - start
-            if self._active and self._current is not None:
-                self._carved += seconds
-                self._piece["checkpointing"] = self._piece.get("checkpointing", 0.0) + seconds
+    def _checkpoint_written(self, seconds: float) -> None:
+        """A checkpoint write or removal, from the strategy's CheckpointIO: carved out of the running section."""
+        if self._active and self._current is not None:
+            self._carved += seconds
+            self._piece["checkpointing"] = self._piece.get("checkpointing", 0.0) + seconds
 
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
@@ -287,23 +308,26 @@ class SectionProfiler(PerfCallback):
             return
         self._active = True
         self._previous_sink = user_sections.set_sink(self)
-        # Checkpoint saves and the dataloader fetch are timed by wrapping this trainer's own save_checkpoint and its
-        # profiler's start (Lightning announces every fetch there); both are restored at teardown.
-        self._trainer_save = trainer.save_checkpoint
-        trainer.save_checkpoint = self._timed_save_checkpoint  # type: ignore[method-assign]
-        self._profiler = trainer.profiler
-        self._profiler_start = trainer.profiler.start
-        trainer.profiler.start = self._profiler_started  # type: ignore[method-assign]
+        # Checkpoint writes are timed by a CheckpointIO plugin around the strategy's own (public plugin interface);
+        # with boundary "fetch", the fetch by wrapping this trainer's profiler's start, where Lightning announces it.
+        # Both are given back at teardown, or after an exception.
+        self._strategy = trainer.strategy
+        self._checkpoint_io = timed_checkpoint_io.install(trainer.strategy, self._checkpoint_written)
+        self._checkpoint_reason = (None if self._checkpoint_io is not None else
+                                   timed_checkpoint_io.OWN_WRITER_REASON.format(strategy=type(trainer.strategy).__name__))
+        if not self._gap_mode:
+            self._profiler = trainer.profiler
+            self._profiler_start = trainer.profiler.start
+            trainer.profiler.start = self._profiler_started  # type: ignore[method-assign]
 
     def _restore(self, trainer: Trainer) -> None:
         if self._profiler_start is not None:
             if self._profiler.__dict__.get("start") is not None:
                 del self._profiler.start
             self._profiler_start = self._profiler = None
-        if self._trainer_save is not None:
-            if trainer.__dict__.get("save_checkpoint") is not None:
-                del trainer.save_checkpoint
-            self._trainer_save = None
+        if self._strategy is not None:
+            timed_checkpoint_io.uninstall(self._strategy, self._checkpoint_io)
+            self._checkpoint_io = self._strategy = None
         if user_sections.current_sink() is self:
             user_sections.set_sink(self._previous_sink)
 
@@ -319,10 +343,20 @@ class SectionProfiler(PerfCallback):
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
         self._switch("other")
 
+    def _between_batches(self) -> str:
+        """The section that runs from the end of a batch (or a validation) until the next batch starts."""
+        return "data_loading" if self._gap_mode else "other"
+
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._active and self._current is None:
-            self._switch("other")
+        # what follows is the new epoch's dataloader iterator (workers starting) and its first fetch
+        if self._active and (self._current is None or self._gap_mode):
+            self._switch(self._between_batches())
+
+    @guarded
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._active and self._gap_mode and self._current is not None:
+            self._switch("other")  # epoch-end hooks, epoch-level logging: not data loading
 
     @guarded
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -362,11 +396,11 @@ class SectionProfiler(PerfCallback):
         if not self._manual:
             step = trainer.global_step
             if step == self._last_global_step:  # accumulating: the iteration goes on with the next batch
-                self._switch("data_loading" if self._gap_mode else "other", t)
+                self._switch(self._between_batches(), t)
                 self._overhead_s += now() - t
                 return
             self._last_global_step = step
-        self._switch("data_loading" if self._gap_mode else "other", t, iteration_end=True)
+        self._switch(self._between_batches(), t, iteration_end=True)
         self._end_iteration(trainer)
         self._overhead_s += now() - t
 
@@ -434,7 +468,7 @@ class SectionProfiler(PerfCallback):
             self._validation_s += t - self._val_start
             self._validation_runs += 1
             self._val_start = None
-            self._switch("other", t)
+            self._switch(self._between_batches(), t)
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -600,8 +634,10 @@ class SectionProfiler(PerfCallback):
         if self._clock is None:
             unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
         unavailable["synchronization"] = SYNC_REASON
-        if self._gap_mode:
+        if self._gap_mode and self.data_loading_boundary == "fetch":
             unavailable["data_loading_fetch"] = GAP_REASON
+        if self._checkpoint_reason:
+            unavailable["checkpointing"] = self._checkpoint_reason
         return {
             "enabled": self._active,
             "data_loading_boundary": "batch_gap" if self._gap_mode else "fetch",

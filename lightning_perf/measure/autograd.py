@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch import nn
@@ -39,28 +39,21 @@ def grad_in_eval_allowed() -> bool:
     return getattr(_allowed, "depth", 0) > 0
 
 
-# Lightning's dispatchers: the frame that called a user's hook names the hook and the object it belongs to.
-_DISPATCHERS = {"_call_callback_hooks": "callback", "_call_lightning_module_hook": "pl_module",
-                "_call_lightning_datamodule_hook": None, "_call_strategy_hook": None}
-
-
-def calling_site() -> Tuple[str, Optional[str]]:
-    """(site, hook name) of the code running now: ``"EmaSampler.on_train_batch_end"``, else ``file:line``."""
+def calling_site(hooks: FrozenSet[str], owners: Tuple[type, ...]) -> Tuple[str, Optional[str]]:
+    """(site, hook name) of the code running now: the innermost frame of a method named like a hook (in ``hooks``)
+    on an object of one of the ``owners`` types, e.g. ``"EmaSampler.on_train_batch_end"``; else (``file:line`` of the
+    innermost frame outside torch and this package, None). Only the user's own frames are read: nothing of the
+    framework that called them."""
     frame = sys._getframe(2)
     user_frame = None
     while frame is not None:
-        name = frame.f_code.co_name
-        if name in _DISPATCHERS:
-            hook = frame.f_locals.get("hook_name")
-            owner_key = _DISPATCHERS[name]
-            owner = frame.f_locals.get(owner_key) if owner_key else None
-            if owner is None and name == "_call_lightning_datamodule_hook":
-                owner = getattr(frame.f_locals.get("trainer"), "datamodule", None)
-            prefix = f"{type(owner).__name__}." if owner is not None else ""
-            return f"{prefix}{hook}", hook
-        filename = frame.f_code.co_filename
-        if user_frame is None and "torch" not in filename and "lightning_perf" not in filename:
-            user_frame = f"{filename}:{frame.f_lineno}"
+        code = frame.f_code
+        if code.co_name in hooks:
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, owners):
+                return f"{type(owner).__name__}.{code.co_name}", code.co_name
+        if user_frame is None and "torch" not in code.co_filename and "lightning_perf" not in code.co_filename:
+            user_frame = f"{code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return user_frame or "<unknown>", None
 
@@ -77,13 +70,18 @@ class EvalForwardWatch:
         on_finding: called after each offending forward with (site, hook, module class name, saved bytes, fixed).
         is_allowed: (hook name or None) -> whether this site is allowed to run with grad on.
         fix: run offending forwards under ``torch.no_grad()``.
+        hooks: method names that are hooks (a site is named after the innermost one on the stack).
+        owners: the types whose methods of those names are hooks (callbacks, modules).
     """
 
     def __init__(self, on_finding: Callable[[str, Optional[str], str, int, bool], None],
-                 is_allowed: Callable[[Optional[str]], bool], fix: bool = False) -> None:
+                 is_allowed: Callable[[Optional[str]], bool], fix: bool = False,
+                 hooks: FrozenSet[str] = frozenset(), owners: Tuple[type, ...] = ()) -> None:
         self.on_finding = on_finding
         self.is_allowed = is_allowed
         self.fix = fix
+        self.hooks = hooks
+        self.owners = owners
         self._handles: List[Any] = []
         self._depth = 0
         self._active: Optional[Dict[str, Any]] = None
@@ -112,7 +110,7 @@ class EvalForwardWatch:
         self._depth += 1
         if self._depth != 1 or module.training or not torch.is_grad_enabled() or grad_in_eval_allowed():
             return
-        site, hook = calling_site()
+        site, hook = calling_site(self.hooks, self.owners)
         if self.is_allowed(hook):
             return
         if self.fix:
