@@ -11,7 +11,7 @@ the same round, with a bootstrap 95% CI over rounds. Then, per callback:
 - in its hooks: time spent inside the callback's own hooks (median of several runs);
 - total, and the suite's share of a 10 ms and a 1 ms step.
 
-    python benchmarks/overhead.py                  # about 5 minutes on 2 cores
+    python benchmarks/overhead.py                  # about 2 minutes on 2 cores
     python benchmarks/overhead.py --quick          # a smoke run
     python benchmarks/overhead.py --device cuda    # on a GPU, about 4 minutes: see below
 
@@ -49,6 +49,9 @@ def suite() -> List[Callback]:
     """Every callback of lightning_perf, with defaults."""
     return [getattr(lightning_perf, name)() for name in lightning_perf.CALLBACKS]
 
+
+#: Whether runs log to TensorBoard (as a user's would), or to no logger: the difference is what logging costs.
+LOGGER = {"on": True}
 
 #: What StepClock reads: training-thread CPU time on CPU; wall time on CUDA, where the host waits for the device.
 CLOCK = {"fn": time.thread_time}
@@ -233,7 +236,7 @@ def run(callbacks: List[Callback], steps: int, skip: int, profiler: Any = None, 
         model = Busy()
     trainer = Trainer(
         accelerator="gpu" if DEVICE["kind"] == "cuda" else "cpu", devices=1, max_steps=steps,
-        logger=TensorBoardLogger(root, name="bench"),
+        logger=TensorBoardLogger(root, name="bench") if LOGGER["on"] else False,
         callbacks=[clock, *callbacks], profiler=profiler, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=50,
     )
@@ -307,6 +310,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         inside_one = hook_cost(lambda: [lightning_perf.PerfSuite(suite())], args.steps, 3, root)
         inside_each = {type(cb).__name__: hook_cost(lambda cb=cb: [getattr(lightning_perf, type(cb).__name__)()],
                                                     args.steps, 3, root) for cb in suite()}
+        LOGGER["on"] = False  # the same hooks without a logger: what writing the logged scalars costs
+        unlogged_one = hook_cost(lambda: [lightning_perf.PerfSuite(suite())], args.steps, 3, root)
+        unlogged_each = {name: hook_cost(lambda name=name: [getattr(lightning_perf, name)()], args.steps, 3, root)
+                         for name in inside_each}
+        LOGGER["on"] = True
         per_step = dispatch_counts(args.steps // 2, root)
     call_us = dispatch_cost_us()
     calls = sum(per_step.values())
@@ -326,13 +334,17 @@ def main(argv: Optional[List[str]] = None) -> int:
           f" ({', '.join(f'{k} {v:g}' for k, v in sorted(per_step.items()))}),")
     print(f"each {call_us:.2f} µs on a callback that does nothing: {dispatch:.1f} µs per callback per step.\n")
     where = " (host cost, on a host-bound CUDA step)" if args.device == "cuda" else ""
-    print(f"{'per callback':<26}{'dispatch':>10}{'in hooks':>10}{'total':>10}   µs/step{where}")
+    print(f"{'per callback':<26}{'dispatch':>10}{'in hooks':>10}{'total':>10}{'no logger':>11}   µs/step{where}")
     for name, value in inside_each.items():
-        print(f"  {name:<24}{dispatch:>10.1f}{value:>10.1f}{dispatch + value:>10.1f}")
+        print(f"  {name:<24}{dispatch:>10.1f}{value:>10.1f}{dispatch + value:>10.1f}"
+              f"{dispatch + unlogged_each[name]:>11.1f}")
     separate = n * dispatch + inside
     together = dispatch + inside_one
     print(f"  {'suite, separate':<24}{n * dispatch:>10.1f}{inside:>10.1f}{separate:>10.1f}")
-    print(f"  {'suite in one PerfSuite':<24}{dispatch:>10.1f}{inside_one:>10.1f}{together:>10.1f}")
+    print(f"  {'suite in one PerfSuite':<24}{dispatch:>10.1f}{inside_one:>10.1f}{together:>10.1f}"
+          f"{dispatch + unlogged_one:>11.1f}")
+    print("'no logger': the same hooks with Trainer(logger=False); the difference is the logger writing the scalars"
+          " the callbacks log (TensorBoard: one event per scalar, see docs/perf_suite.md).")
     for label, total in (("separate", separate), ("PerfSuite", together)):
         print(f"suite ({label}): {100 * total / 10_000:.2f}% of a 10 ms step, {100 * total / 1_000:.1f}% of a 1 ms step")
     if args.device == "cuda":

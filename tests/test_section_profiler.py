@@ -487,3 +487,24 @@ def test_a_sink_that_fails_to_start_a_section_never_reaches_the_users_code():
     finally:
         sections.set_sink(previous)
     assert ran and Failing.ended == [("ema", None)]
+
+
+def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatch):
+    """Raw per-iteration times wait for at most FOLD_EVERY iterations, however far apart the reports are; the
+    figures are those of one value each."""
+    from lightning_perf.callbacks import section_profiler as module
+
+    monkeypatch.setattr(module, "FOLD_EVERY", 4)
+    sp = profiler(warmup_steps=0, report_every_n_steps=10**6)
+    waiting = []
+
+    class Watch(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            waiting.append(max(len(s.raw) for s in [sp._iteration, *sp._sections.values()]))
+
+    fit(tmp_path, [sp, Watch(), IterationTimer(warmup_steps=0)], max_epochs=3)
+    assert max(waiting) == 3  # folded at every 4th
+    s = find_summary(tmp_path)
+    assert s["section_profiler"]["iterations"] == 24
+    assert s["section_profiler"]["iteration_ms"]["mean"] == pytest.approx(
+        s["iteration_timer"]["ms_per_iter"]["mean"], rel=0.05)

@@ -142,3 +142,22 @@ def test_block_bootstrap_finds_a_real_gain_and_covers_it():
 
 def test_block_bootstrap_needs_enough_values():
     assert block_bootstrap_mean_ratio_ci(_series([1.0] * 3), _series([1.0] * 100)) is None
+
+
+@pytest.mark.parametrize("chunks", [[1], [7, 1, 64], [200]])
+def test_adding_in_batches_gives_the_histogram_of_one_add_each(chunks):
+    rng = random.Random(3)
+    values = [rng.lognormvariate(0, 1) for _ in range(sum(chunks))] + [0.0]
+    one, many = LogHistogram(), LogHistogram()
+    for v in values:
+        one.add(v * 1000.0)
+    start = 0
+    for n in chunks + [1]:
+        many.add_many(values[start:start + n], 1000.0)
+        start += n
+    many.add_many([], 1000.0)
+    assert many.bins == one.bins and many.zero_count == one.zero_count == 1
+    assert (many.count, many.min, many.max) == (one.count, one.min, one.max)
+    assert many.total == pytest.approx(one.total, rel=1e-12) and many.mean == pytest.approx(one.mean, rel=1e-12)
+    assert many.std == pytest.approx(np.std(np.array(values) * 1000.0, ddof=1), rel=1e-9)
+    assert many.quantile(0.95) == one.quantile(0.95)

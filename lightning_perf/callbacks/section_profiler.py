@@ -31,6 +31,7 @@ ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
 _FETCH_ACTION = "].train_dataloader_next"
 BOUNDARIES = ("batch_gap", "fetch")
 _MAX_CALLS_PER_ITERATION = 10_000
+FOLD_EVERY = 64  # iterations whose raw host times wait to be folded into the histograms
 
 # Insight thresholds (documented in docs/section_profiler.md).
 DATA_LOADING_PCT = 15.0
@@ -54,29 +55,42 @@ SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, 
                " forward is what the others wait for.")
 
 
-class _Section:
-    """Bounded statistics of one section: per-call host ms (histogram), device ms, calls left by exceptions."""
+class _Samples:
+    """Host times of one section (or of whole iterations): the step path only appends the raw seconds; they are
+    folded into the bounded histogram and the report window's sum, min and max in batches (every
+    ``FOLD_EVERY`` iterations, at a report and before any figure is read), so memory stays bounded."""
 
-    __slots__ = ("kind", "parent", "host", "device", "closed_by_exception", "window_s", "window_n", "window_min",
-                 "window_max")
+    __slots__ = ("host", "raw", "window_s", "window_n", "window_min", "window_max")
 
-    def __init__(self, kind: str, parent: Optional[str] = None) -> None:
-        self.kind, self.parent = kind, parent
+    def __init__(self) -> None:
         self.host = LogHistogram()
-        self.device = LogHistogram()
-        self.closed_by_exception = 0
+        self.raw: List[float] = []
         self.window_reset()
 
     def window_reset(self) -> None:
         self.window_s, self.window_n, self.window_min, self.window_max = 0.0, 0, float("inf"), 0.0
 
-    def window_add(self, seconds: float) -> None:
-        self.window_s += seconds
-        self.window_n += 1
-        if seconds < self.window_min:
-            self.window_min = seconds
-        if seconds > self.window_max:
-            self.window_max = seconds
+    def fold(self) -> None:
+        raw = self.raw
+        if raw:
+            self.window_s += sum(raw)
+            self.window_n += len(raw)
+            self.window_min = min(self.window_min, min(raw))
+            self.window_max = max(self.window_max, max(raw))
+            self.host.add_many(raw, 1000.0)
+            self.raw = []
+
+
+class _Section(_Samples):
+    """Bounded statistics of one section: per-call host ms (histogram), device ms, calls left by exceptions."""
+
+    __slots__ = ("kind", "parent", "device", "closed_by_exception")
+
+    def __init__(self, kind: str, parent: Optional[str] = None) -> None:
+        super().__init__()
+        self.kind, self.parent = kind, parent
+        self.device = LogHistogram()
+        self.closed_by_exception = 0
 
 
 class SectionProfiler(PerfCallback):
@@ -163,7 +177,8 @@ class SectionProfiler(PerfCallback):
         self._user_s = 0.0  # this iteration's top-level user-section time
         self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
         self._iter_calls: List[Any] = []  # (name, seconds, failed) of user sections in this iteration
-        self._iteration = LogHistogram()
+        self._iteration = _Samples()
+        self._unfolded = 0  # iterations appended since the last fold
         self._iterations = 0
         self._fit_iterations = 0  # warm-up is per fit, also after a resume
         self._counted = self.warmup_steps == 0  # warmup_steps=0: the first iteration counts too
@@ -172,8 +187,6 @@ class SectionProfiler(PerfCallback):
         self._validation_runs = 0
         self._val_start: Optional[float] = None
         self._overhead_s = 0.0
-        self._window_iter_s = 0.0
-        self._window_iters = 0
         self._clock: Optional[DeviceIntervalClock] = None
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
@@ -410,18 +423,17 @@ class SectionProfiler(PerfCallback):
         counted = self._counted
         total = sum(self._piece.values()) + self._user_s
         if counted and total > 0:
-            self._iteration.add(total * 1000.0)
-            self._window_iter_s += total
-            self._window_iters += 1
+            self._iteration.raw.append(total)
+            sections = self._sections
             for name, seconds in self._piece.items():
-                sec = self._section(name)
-                sec.host.add(seconds * 1000.0)
-                sec.window_add(seconds)
+                (sections.get(name) or self._section(name)).raw.append(seconds)
             for name, seconds, failed in self._iter_calls:
-                sec = self._sections[name]
-                sec.host.add(seconds * 1000.0)
-                sec.window_add(seconds)
+                sec = sections[name]
+                sec.raw.append(seconds)
                 sec.closed_by_exception += failed
+            self._unfolded += 1
+            if self._unfolded >= FOLD_EVERY:
+                self._fold()
         self._piece, self._user_s, self._iter_calls = {}, 0.0, []
         self._iterations += 1
         self._fit_iterations += 1
@@ -430,11 +442,20 @@ class SectionProfiler(PerfCallback):
             self._warn_once("fetch", GAP_REASON)
         self._counted = self._fit_iterations >= self.warmup_steps
         self._poll_device()
-        if counted and self._window_iters and self._iterations % self.report_every_n_steps == 0:
-            self._report_window(trainer)
+        if counted and self._iterations % self.report_every_n_steps == 0:
+            self._fold()
+            if self._iteration.window_n:
+                self._report_window(trainer)
+
+    def _fold(self) -> None:
+        """Raw host times into histograms and window sums: before every read of a figure."""
+        self._iteration.fold()
+        for sec in self._sections.values():
+            sec.fold()
+        self._unfolded = 0
 
     def _report_window(self, trainer: Trainer) -> None:
-        iters, seconds = self._window_iters, self._window_iter_s
+        iters, seconds = self._iteration.window_n, self._iteration.window_s
         metrics = {"time/iteration_ms": 1000.0 * seconds / iters}
         rows = []
         for name, sec in self._sections.items():
@@ -444,7 +465,7 @@ class SectionProfiler(PerfCallback):
                 rows.append((name, sec.window_n, sec.window_s, 1000.0 * sec.window_s / sec.window_n,
                              1000.0 * sec.window_min, 1000.0 * sec.window_max, metrics[f"time_share/{name}_pct"]))
             sec.window_reset()
-        self._window_iter_s, self._window_iters = 0.0, 0
+        self._iteration.window_reset()
         log_scalars(trainer, metrics)
         if self.print_reports and trainer.is_global_zero:
             lines = [f"=== SectionProfiler report (step {trainer.global_step}, last {iters} iterations,"
@@ -477,6 +498,7 @@ class SectionProfiler(PerfCallback):
             return
         self._switch(None)
         self._poll_device(flush=True)
+        self._fold()
         means = [self._sections[n].host.mean if n in self._sections else None for n in AUTO_SECTIONS]
         rows = gather_floats(trainer, means)
         if trainer.world_size > 1:
@@ -501,9 +523,10 @@ class SectionProfiler(PerfCallback):
     # -- checkpointing -------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """What resume needs so that one summary covers the whole run, as IterationTimer's does."""
+        self._fold()
         return {
             "iterations": self._iterations,
-            "iteration_ms": self._iteration.to_dict(),
+            "iteration_ms": self._iteration.host.to_dict(),
             "sections": {name: {"kind": sec.kind, "parent": sec.parent, "host_ms": sec.host.to_dict(),
                                 "device_ms": sec.device.to_dict(), "closed_by_exception": sec.closed_by_exception}
                          for name, sec in self._sections.items()},
@@ -514,7 +537,7 @@ class SectionProfiler(PerfCallback):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._iterations = int(state_dict.get("iterations", 0))
         if "iteration_ms" in state_dict:
-            self._iteration = LogHistogram.from_dict(state_dict["iteration_ms"])
+            self._iteration.host = LogHistogram.from_dict(state_dict["iteration_ms"])
         for name, data in (state_dict.get("sections") or {}).items():
             sec = self._section(name, data.get("kind", "auto"), data.get("parent"))
             if "host_ms" in data:
@@ -532,7 +555,8 @@ class SectionProfiler(PerfCallback):
         """Per section: kind, parent, count, total_s, mean/min/max/p50/p95 ms, share_pct, device_mean_ms; automatic
         sections also ``inclusive_total_s``, ``inclusive_mean_ms`` and ``inclusive_share_pct``: with the user sections
         that ran inside them put back (what the insights compare)."""
-        iteration_total = self._iteration.total
+        self._fold()
+        iteration_total = self._iteration.host.total
         out: Dict[str, Dict[str, Any]] = {}
         inside: Dict[str, float] = {}
         for sec in self._sections.values():
@@ -614,7 +638,8 @@ class SectionProfiler(PerfCallback):
         rows = [(name if r["kind"] == "auto" else f"  {name} (in {r['parent']})", r)
                 for name, r in sorted(table.items(), key=lambda kv: -(kv[1]["total_s"] or 0)) if r["count"]]
         w = max([22] + [len(label) + 2 for label, _ in rows])
-        lines = [f"=== SectionProfiler: {self._iteration.count} iterations, {self._iteration.mean or 0:.2f} ms mean ===",
+        iteration = self._iteration.host
+        lines = [f"=== SectionProfiler: {iteration.count} iterations, {iteration.mean or 0:.2f} ms mean ===",
                  f"{'section':<{w}}{'count':>8}{'total s':>10}{'mean ms':>10}{'min ms':>9}{'p50 ms':>9}{'p95 ms':>9}"
                  f"{'max ms':>9}{'share':>8}"]
         for label, r in rows:
@@ -644,8 +669,8 @@ class SectionProfiler(PerfCallback):
             "manual_optimization": self._manual,
             "warmup_steps": self.warmup_steps,
             "device_timing_every_n_iterations": self.device_timing_every_n_iterations,
-            "iterations": self._iteration.count,
-            "iteration_ms": self._iteration.summary(),
+            "iterations": self._iteration.host.count,
+            "iteration_ms": self._iteration.host.summary(),
             "sections": table,
             "slowest_section": self.slowest_section(table),
             "insights": self.insights(table),
