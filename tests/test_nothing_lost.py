@@ -278,3 +278,52 @@ def test_a_finished_fit_leaves_nothing_alive(name, tmp_path):
     model_ref, trainer_ref = run()
     gc.collect()
     assert model_ref() is None and trainer_ref() is None
+
+
+def _count_writes(monkeypatch):
+    from lightning_perf.callbacks import _common
+
+    writes = []
+    real = _common.write_json_atomic
+
+    def counting(path, data):
+        writes.append((path, data["status"], sorted(k for k in data if k in SECTIONS)))
+        return real(path, data)
+
+    monkeypatch.setattr(_common, "write_json_atomic", counting)
+    return writes
+
+
+SECTIONS = ("iteration_timer", "section_profiler", "vram", "eval_no_grad_guard", "quality_gate")
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_a_fit_end_writes_the_summary_once_with_every_section(tmp_path, monkeypatch, together):
+    from lightning_perf import EvalNoGradGuard, PerfSuite, QualityGate
+
+    writes = _count_writes(monkeypatch)
+    callbacks = [IterationTimer(), SectionProfiler(print_reports=False), VRAMMonitor(), EvalNoGradGuard(),
+                 QualityGate(metrics=[], monitor={"val_loss": "min"})]
+    fit(tmp_path, [PerfSuite(callbacks)] if together else callbacks, max_epochs=1)
+    assert writes == [(writes[0][0], "completed", sorted(SECTIONS))]
+    assert find_summary(tmp_path)["status"] == "completed"
+
+
+def test_a_callback_whose_end_fails_before_it_writes_still_gets_the_file_written_at_teardown(tmp_path, monkeypatch):
+    """QualityGate's fit end writes its baseline first: a disk error there is recorded, and teardown writes the
+    record that the gate never ended."""
+    from lightning_perf import QualityGate
+    from lightning_perf.callbacks import quality_gate
+
+    def broken_disk(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(quality_gate, "write_baseline", broken_disk)
+    writes = _count_writes(monkeypatch)
+    gate = QualityGate(metrics=[], monitor={"val_loss": "min"}, record_baseline=str(tmp_path / "base.json"))
+    with pytest.warns(UserWarning, match="disk full"):
+        fit(tmp_path, [IterationTimer(), gate], max_epochs=1)
+    assert len(writes) == 1
+    s = find_summary(tmp_path)
+    assert s["status"] == "completed" and s["iteration_timer"]["measured_iterations"] > 0
+    assert "disk full" in s["quality_gate"]["measurement_failures"]["on_fit_end"]

@@ -240,10 +240,22 @@ class PerfCallback(Callback):
         self._trainer_ref = weakref.ref(trainer)
 
     def _write_summary(self, trainer: Trainer, exception: Optional[BaseException] = None) -> None:
+        """This callback's run has ended (or failed): the file is written once every callback of the record has
+        said so, and at once on an exception."""
         try:
-            book_for(trainer).write(trainer, exception)
+            book_for(trainer).write(trainer, exception, ended=self)
         except Exception as err:  # noqa: BLE001
             self._record_failure("write_summary", err)
+
+    def _flush_summary(self, trainer: Trainer) -> None:
+        """From ``teardown``: writes a record some callback never ended (its end hook failed before it could)."""
+        try:
+            book_for(trainer).flush(trainer)
+        except Exception as err:  # noqa: BLE001
+            self._record_failure("write_summary", err)
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        self._flush_summary(trainer)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -292,6 +304,8 @@ class SummaryBook:
         self.log_dir: Optional[str] = None
         self._written_paths: set = set()
         self._checked: set = set()
+        self._ended: set = set()  # ids of the callbacks that ended this record
+        self._deferred = False  # an end was reported and the file not yet written
         self.finished = False
 
     def attach(self, trainer: Trainer, callback: PerfCallback, stage: str = "fit") -> None:
@@ -358,13 +372,22 @@ class SummaryBook:
             data[cb.section_name] = cb.summary_section()
         return data
 
-    def write(self, trainer: Trainer, exception: Optional[BaseException] = None) -> None:
-        """Called by each callback at the end of its run or on an exception; every call writes the whole file
-        (rank 0). A call from another stage than this record's (a test raising after a completed fit) writes
+    def write(self, trainer: Trainer, exception: Optional[BaseException] = None,
+              ended: Optional["PerfCallback"] = None) -> None:
+        """Called by each callback at the end of its run (``ended``) or on an exception. At the end, the whole file
+        is written once, when the last callback of the record has ended (so a fit's end is one write, whatever the
+        number of callbacks; ``flush`` from teardown covers one whose end hook failed); on an exception at every
+        call (rank 0). A call from another stage than this record's (a test raising after a completed fit) writes
         nothing here: the fit's file keeps its record."""
         if trainer_stage(trainer) != self.stage:
             return
         self.finished = True
+        if exception is None and ended is not None:
+            self._ended.add(id(ended))
+            if any(id(cb) not in self._ended for cb in self.callbacks):
+                self._deferred = True
+                return
+        self._deferred = False
         if not trainer.is_global_zero:
             return
         data = self.build(trainer, exception)
@@ -383,6 +406,11 @@ class SummaryBook:
             if path not in self._written_paths:
                 self._written_paths.add(path)
                 rank_zero_info(f"lightning_perf: summary written to {path}")
+
+    def flush(self, trainer: Trainer) -> None:
+        """Writes a record whose end some callback never reported (called from every callback's teardown)."""
+        if self._deferred and trainer_stage(trainer) == self.stage:
+            self.write(trainer)
 
 
 #: The attribute of a Trainer that holds its SummaryBook. Not a module-level WeakKeyDictionary: the book holds the

@@ -252,6 +252,7 @@ class EvalNoGradGuard(PerfCallback):
     @guarded
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._watch.disarm()
+        self._flush_summary(trainer)
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

@@ -514,6 +514,7 @@ class SectionProfiler(PerfCallback):
     @guarded
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore(trainer)
+        self._flush_summary(trainer)
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

@@ -229,6 +229,7 @@ class VRAMMonitor(PerfCallback):
         self._sampler = None
         if stage != "fit":  # a validate/test/predict run's peaks reach its own summary file
             self._write_summary(trainer)
+        self._flush_summary(trainer)
 
     # -- phases --------------------------------------------------------------------------------------------------
     def _enter(self, phase: str) -> None:
