@@ -248,3 +248,48 @@ def test_a_clean_evaluation_runs_without_global_module_hooks_after_its_first_bat
     seen.clear()
     trainer.validate(model)
     assert seen == [0, 0, 0, 0], seen
+
+
+def _watch(found):
+    from lightning_perf.measure.autograd import EvalForwardWatch
+
+    return EvalForwardWatch(lambda site, hook, module, saved, fixed: found.append((module, saved)),
+                            lambda hook: False)
+
+
+class Boom(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(16, 16)
+
+    def forward(self, x):
+        self.inner(x)
+        raise KeyError("boom")
+
+
+def test_only_top_level_forwards_are_checked_and_every_per_call_hook_goes_away():
+    """An eval-mode child inside a train-mode parent is the parent's business; an eval-mode parent is one finding
+    however many children it has; a forward that raises is still closed, and no hook stays on any module."""
+    found = []
+    watch = _watch(found)
+    parent = nn.Sequential(nn.Linear(16, 16), nn.Sequential(nn.Linear(16, 16)).eval())
+    evaluated = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)).eval()
+    boom = Boom().eval()
+    x = torch.randn(8, 16)
+    watch.arm()
+    try:
+        parent(x)
+        assert found == []
+        evaluated(x)
+        assert [m for m, _ in found] == ["Sequential"] and found[0][1] > 0
+        with pytest.raises(KeyError):
+            boom(x)
+        assert [m for m, _ in found] == ["Sequential", "Boom"]
+        evaluated(x)  # after the exception, the watch still sees the next top-level forward
+        assert len(found) == 3
+    finally:
+        watch.disarm()
+    for module in (*parent.modules(), *evaluated.modules(), *boom.modules()):
+        assert not module._forward_hooks and not module._forward_pre_hooks
+    evaluated(x)
+    assert len(found) == 3 and not watch.armed

@@ -122,4 +122,21 @@ def test_a_running_suite_can_be_copied(tmp_path):
 
     fit(tmp_path, [suite, Copier()], max_epochs=1)
     for c in copies:
-        assert c._by_hook["on_train_batch_end"][0].__self__ is c.callbacks[0]
+        fn, cb = c._by_hook["on_train_batch_end"][0]
+        assert fn.__self__ is cb is c.callbacks[0]
+
+
+def test_a_failing_measurement_inside_the_suite_is_recorded_on_its_callback_and_training_goes_on(tmp_path,
+                                                                                                  monkeypatch):
+    """The suite calls the callbacks' hooks without their own guard and guards them itself, the same way."""
+    def broken(self, trainer):
+        raise RuntimeError("section bookkeeping broke")
+
+    monkeypatch.setattr(SectionProfiler, "_end_iteration", broken)
+    with pytest.warns(UserWarning, match="SectionProfiler: measurement failed in `on_train_batch_end`"):
+        trainer = fit(tmp_path, [PerfSuite([IterationTimer(), SectionProfiler(print_reports=False)])],
+                      max_epochs=1)
+    assert trainer.global_step == 8
+    s = find_summary(tmp_path)
+    assert "section bookkeeping broke" in s["section_profiler"]["measurement_failures"]["on_train_batch_end"]
+    assert "measurement_failures" not in s["iteration_timer"] and s["iteration_timer"]["measured_iterations"] > 0

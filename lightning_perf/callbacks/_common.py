@@ -45,6 +45,7 @@ def guarded(hook: F) -> F:
             self._record_failure(hook.__name__, err)
             return None
 
+    wrapper.__guarded__ = hook  # type: ignore[attr-defined] - PerfSuite calls it with one guard of its own
     return wrapper  # type: ignore[return-value]
 
 

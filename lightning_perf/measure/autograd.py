@@ -61,8 +61,9 @@ def calling_site(hooks: FrozenSet[str], owners: Tuple[type, ...]) -> Tuple[str, 
 class EvalForwardWatch:
     """Watches forwards of eval-mode modules while autograd is on, between :meth:`arm` and :meth:`disarm`.
 
-    Global module hooks exist only while armed, so forwards in the training step take PyTorch's fast path. Each
-    check is a flag test; only an offending top-level forward pays for a stack walk and a ``saved_tensors_hooks``
+    A global module hook exists only while armed, so forwards in the training step take PyTorch's fast path. Each
+    top-level forward while armed registers a forward hook on its module for that call (its end); nested forwards
+    cost a test; only an offending top-level forward pays for a stack walk and a ``saved_tensors_hooks``
     that sums the bytes autograd saves (distinct storages). With ``fix=True`` such a forward runs under
     ``torch.no_grad()`` instead.
 
@@ -82,33 +83,44 @@ class EvalForwardWatch:
         self.fix = fix
         self.hooks = hooks
         self.owners = owners
-        self._handles: List[Any] = []
-        self._depth = 0
+        self._handle: Any = None  # the global forward pre-hook, while armed
+        self._outer: Optional[nn.Module] = None  # the top-level module whose forward runs now
+        self._outer_handle: Any = None  # its one-shot forward hook
+        self._depth = 0  # re-entrant calls of that module
         self._active: Optional[Dict[str, Any]] = None
 
     @property
     def armed(self) -> bool:
-        return bool(self._handles)
+        return self._handle is not None
 
     def arm(self) -> None:
-        if not self._handles:
-            self._depth = 0
-            self._active = None
-            self._handles = [
-                nn.modules.module.register_module_forward_pre_hook(self._pre),
-                nn.modules.module.register_module_forward_hook(self._post, always_call=True),
-            ]
+        """One global forward pre-hook; the end of a top-level forward is seen by a hook on that module alone,
+        registered for that call (so arming and disarming between training steps is one handle each)."""
+        if self._handle is None:
+            self._end_outer()
+            self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
 
     def disarm(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        if self._active is not None:
-            self._close()
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self._end_outer()
+
+    def _end_outer(self) -> Optional[Dict[str, Any]]:
+        if self._outer_handle is not None:
+            self._outer_handle.remove()
+        self._outer = self._outer_handle = None
+        self._depth = 0
+        return self._close() if self._active is not None else None
 
     def _pre(self, module: nn.Module, args: Any) -> None:
-        self._depth += 1
-        if self._depth != 1 or module.training or not torch.is_grad_enabled() or grad_in_eval_allowed():
+        if self._outer is not None:  # inside a top-level forward: only its own re-entrant calls are counted
+            if module is self._outer:
+                self._depth += 1
+            return
+        self._outer, self._depth = module, 1
+        self._outer_handle = module.register_forward_hook(self._post, always_call=True)
+        if module.training or not torch.is_grad_enabled() or grad_in_eval_allowed():
             return
         site, hook = calling_site(self.hooks, self.owners)
         if self.is_allowed(hook):
@@ -139,12 +151,15 @@ class EvalForwardWatch:
         return active
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._depth = max(0, self._depth - 1)
-        if self._depth != 0 or self._active is None:
+        if module is not self._outer:
             return
-        active = self._close()
-        saved = 0 if self.fix else self._counter["bytes"]
-        self.on_finding(active["site"], active["hook"], active["module"], saved, self.fix)
+        self._depth -= 1
+        if self._depth > 0:
+            return
+        active = self._end_outer()
+        if active is not None:
+            saved = 0 if self.fix else self._counter["bytes"]
+            self.on_finding(active["site"], active["hook"], active["module"], saved, self.fix)
 
 
 def graph_saved_bytes(tensor: torch.Tensor, seen: Set[int], max_nodes: int = 10_000) -> int:
