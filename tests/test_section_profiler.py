@@ -229,7 +229,9 @@ def test_trainer_methods_are_restored_after_fit(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, match",
     [({"report_every_n_steps": 0}, r"SectionProfiler\(report_every_n_steps=0\)"),
-     ({"warmup_steps": -2}, r"SectionProfiler\(warmup_steps=-2\)")],
+     ({"warmup_steps": -2}, r"SectionProfiler\(warmup_steps=-2\)"),
+     ({"data_loading_boundary": "gap"},
+      r"SectionProfiler\(data_loading_boundary='gap'\)`. Expected one of 'batch_gap', 'fetch'")],
 )
 def test_bad_arguments_fail_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
