@@ -2,7 +2,7 @@ import time
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from helpers import ManualModel, TinyModel, find_summary, fit, read_scalars, trainer_kwargs
@@ -296,3 +296,26 @@ def test_logged_block_holds_the_last_value_tensorboard_got(tmp_path):
     last = max(tensorboard)[1]  # the point at the highest step
     assert s["logged"]["values"]["val_loss"] == pytest.approx(last, rel=1e-6)
     assert s["logged"]["monitor"] == "val_loss"
+
+
+def test_the_step_path_keeps_bounded_memory_and_reads_see_every_iteration(tmp_path, monkeypatch):
+    """Iteration times wait in a list for at most FOLD_EVERY iterations; any read (here the histogram mid-fit)
+    folds them first, so nothing is missing from what a reader sees."""
+    from lightning_perf.callbacks import iteration_timer as module
+
+    monkeypatch.setattr(module, "FOLD_EVERY", 4)
+    timer = IterationTimer(warmup_steps=0)
+    seen = []
+
+    class Watch(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            waiting = len(timer._pending_ms)
+            read = timer._host.count if batch_idx == 7 else None  # a read now and then
+            seen.append((waiting, read, timer.iterations))
+
+    fit(tmp_path, [timer, Watch()], max_epochs=3)
+    assert max(w for w, _, _ in seen) == 3
+    reads = [(count, iterations) for _, count, iterations in seen if count is not None]
+    assert len(reads) == 3 and all(count == iterations for count, iterations in reads)
+    s = find_summary(tmp_path)["iteration_timer"]
+    assert s["measured_iterations"] == 24 and len(timer._pending_ms) == 0

@@ -23,6 +23,7 @@ from lightning_perf.measure.stats import BlockSeries, LogHistogram
 from lightning_perf.summary.projection import project_time
 
 _MAX_EPOCH_RECORDS = 10_000
+FOLD_EVERY = 64  # counted iterations whose times wait to be folded into the histogram
 
 
 def batch_size_path(batch: Any, depth: int = 3) -> Optional[tuple]:
@@ -126,6 +127,38 @@ class IterationTimer(PerfCallback):
         self._reset()
 
     # -- state ---------------------------------------------------------------------------------------------------
+    # The step path appends each counted iteration's ms to a list; it goes into the histogram and the block series
+    # every FOLD_EVERY iterations and before any read (these properties), so memory stays bounded.
+    @property
+    def _host(self) -> LogHistogram:
+        if self._pending_ms:
+            self._fold()
+        return self._host_histogram
+
+    @_host.setter
+    def _host(self, histogram: LogHistogram) -> None:
+        self._fold()
+        self._host_histogram = histogram
+
+    @property
+    def _blocks(self) -> BlockSeries:
+        if self._pending_ms:
+            self._fold()
+        return self._block_series
+
+    @_blocks.setter
+    def _blocks(self, series: BlockSeries) -> None:
+        self._fold()
+        self._block_series = series
+
+    def _fold(self) -> None:
+        pending, self._pending_ms = self._pending_ms, []
+        if pending:
+            self._host_histogram.add_many(pending)
+            add = self._block_series.add
+            for ms in pending:
+                add(ms)
+
     def _reset(self) -> None:
         # Cumulative over the whole run (kept through checkpoints).
         self.iterations = 0
@@ -133,6 +166,7 @@ class IterationTimer(PerfCallback):
         self.samples = 0
         self._prior_train_time_s = 0.0
         self._prior_eval_time_s = 0.0
+        self._pending_ms: List[float] = []  # counted iterations not yet folded into _host and _blocks
         self._host = LogHistogram()
         self._device = LogHistogram()
         self._blocks = BlockSeries()
@@ -263,8 +297,10 @@ class IterationTimer(PerfCallback):
         reason = "warmup" if self._fit_iterations <= self.warmup_steps else None
         seconds = t - self._last_mark if self._last_mark is not None else 0.0
         if reason is None:
-            self._host.add(seconds * 1000.0)
-            self._blocks.add(seconds * 1000.0)
+            pending = self._pending_ms
+            pending.append(seconds * 1000.0)
+            if len(pending) >= FOLD_EVERY:
+                self._fold()
             self._counted_batches += self._iter_batches
             self._counted_samples += self._iter_samples
             w = self._window

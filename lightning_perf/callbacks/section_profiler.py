@@ -182,7 +182,7 @@ class SectionProfiler(PerfCallback):
         self._iterations = 0
         self._fit_iterations = 0  # warm-up is per fit, also after a resume
         self._counted = self.warmup_steps == 0  # warmup_steps=0: the first iteration counts too
-        self._last_global_step = 0
+        self._stepped = False  # an optimizer step was announced since the last batch end
         self._validation_s = 0.0
         self._validation_runs = 0
         self._val_start: Optional[float] = None
@@ -351,7 +351,7 @@ class SectionProfiler(PerfCallback):
         self._manual = not pl_module.automatic_optimization
         for name in (MANUAL_SECTIONS if self._manual else AUTO_SECTIONS):
             self._section(name)
-        self._last_global_step = trainer.global_step
+        self._stepped = False
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
         self._switch("other")
@@ -405,6 +405,7 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._stepped = True  # this batch ends an iteration (automatic optimization calls this once per step)
         self._step_hook("optimizer_step")
 
     @guarded
@@ -414,12 +415,11 @@ class SectionProfiler(PerfCallback):
             return
         t = now()
         if not self._manual:
-            step = trainer.global_step
-            if step == self._last_global_step:  # accumulating: the iteration goes on with the next batch
+            if not self._stepped:  # accumulating: the iteration goes on with the next batch
                 self._switch(self._between_batches(), t)
                 self._overhead_s += now() - t
                 return
-            self._last_global_step = step
+            self._stepped = False
         self._switch(self._between_batches(), t, iteration_end=True)
         self._end_iteration(trainer)
         self._overhead_s += now() - t
