@@ -57,6 +57,25 @@ def infer_batch_size(batch: Any) -> Optional[int]:
     return None if path is None else follow(batch, path)
 
 
+class _Folded:
+    """An IterationTimer attribute (histogram, block series) read only after the waiting iteration times are folded
+    in, so a reader never misses one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        if obj._pending_ms:
+            obj._fold()
+        return obj.__dict__[self.name]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj._fold()
+        obj.__dict__[self.name] = value
+
+
 class IterationTimer(PerfCallback):
     r"""Times every training iteration (one optimizer step) and reports how fast training really runs.
 
@@ -128,28 +147,9 @@ class IterationTimer(PerfCallback):
 
     # -- state ---------------------------------------------------------------------------------------------------
     # The step path appends each counted iteration's ms to a list; it goes into the histogram and the block series
-    # every FOLD_EVERY iterations and before any read (these properties), so memory stays bounded.
-    @property
-    def _host(self) -> LogHistogram:
-        if self._pending_ms:
-            self._fold()
-        return self._host_histogram
-
-    @_host.setter
-    def _host(self, histogram: LogHistogram) -> None:
-        self._fold()
-        self._host_histogram = histogram
-
-    @property
-    def _blocks(self) -> BlockSeries:
-        if self._pending_ms:
-            self._fold()
-        return self._block_series
-
-    @_blocks.setter
-    def _blocks(self, series: BlockSeries) -> None:
-        self._fold()
-        self._block_series = series
+    # every FOLD_EVERY iterations and before any read (these descriptors), so memory stays bounded.
+    _host = _Folded("_host_histogram")
+    _blocks = _Folded("_block_series")
 
     def _fold(self) -> None:
         pending, self._pending_ms = self._pending_ms, []
