@@ -140,3 +140,29 @@ def test_a_failing_measurement_inside_the_suite_is_recorded_on_its_callback_and_
     s = find_summary(tmp_path)
     assert "section bookkeeping broke" in s["section_profiler"]["measurement_failures"]["on_train_batch_end"]
     assert "measurement_failures" not in s["iteration_timer"] and s["iteration_timer"]["measured_iterations"] > 0
+
+
+def test_the_suite_logs_each_step_in_one_logger_call_with_the_same_keys(tmp_path):
+    """IterationTimer, SectionProfiler and VRAMMonitor each log at the end of batch 8: one log_metrics call inside a
+    suite, three apart; the keys reaching the logger are the same either way."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    def run(together, root):
+        calls = []
+
+        class Counting(CSVLogger):
+            def log_metrics(self, metrics, step=None):
+                calls.append((step, tuple(sorted(metrics))))
+                super().log_metrics(metrics, step)
+
+        callbacks = [IterationTimer(), SectionProfiler(report_every_n_steps=4, print_reports=False), VRAMMonitor()]
+        fit(root, [PerfSuite(callbacks)] if together else callbacks, max_epochs=1, log_every_n_steps=4,
+            logger=Counting(root))
+        return [(step, keys) for step, keys in calls if any(k.startswith(("perf/", "time", "vram/")) for k in keys)]
+
+    apart, together = run(False, tmp_path / "apart"), run(True, tmp_path / "together")
+    batch_end = {"perf/it_per_s", "time/forward_ms", "vram/host_rss_peak_mb"}
+    assert len([keys for step, keys in apart if step == 8 and batch_end & set(keys)]) == 3
+    assert len([keys for step, keys in together if step == 8 and batch_end & set(keys)]) == 1
+    assert len(together) == len(apart) - 2
+    assert sorted(k for _, keys in together for k in keys) == sorted(k for _, keys in apart for k in keys)

@@ -123,8 +123,30 @@ def log_scalars(trainer: Trainer, metrics: Dict[str, float], step: Optional[int]
         last[key] = step
     if not clean:
         return
+    batch = getattr(trainer, _LOG_BATCH_ATTRIBUTE, None)
+    if batch is not None:  # inside a PerfSuite hook: one logger call for all its callbacks, at the hook's end
+        batch.setdefault(step, {}).update(clean)
+        return
     for logger in trainer.loggers:
         logger.log_metrics(clean, step=step)
+
+
+#: The attribute of a Trainer that collects what the callbacks of a PerfSuite log within one hook.
+_LOG_BATCH_ATTRIBUTE = "_lightning_perf_log_batch"
+
+
+def open_log_batch(trainer: Any) -> None:
+    """From here to ``close_log_batch``, ``log_scalars`` collects instead of calling the loggers."""
+    setattr(trainer, _LOG_BATCH_ATTRIBUTE, {})
+
+
+def close_log_batch(trainer: Any) -> None:
+    """Sends what was collected since ``open_log_batch``: one ``log_metrics`` call per logger and step."""
+    batch = getattr(trainer, _LOG_BATCH_ATTRIBUTE, None)
+    setattr(trainer, _LOG_BATCH_ATTRIBUTE, None)
+    for step, metrics in (batch or {}).items():
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
 
 
 def gather_floats(trainer: Trainer, values: Sequence[Optional[float]]) -> List[List[Optional[float]]]:

@@ -8,7 +8,13 @@ from typing import Any, Dict, List, Optional
 
 from lightning.pytorch import Callback
 
-from lightning_perf.callbacks._common import PerfCallback, PerfCheckFailed, bad_argument
+from lightning_perf.callbacks._common import (
+    PerfCallback,
+    PerfCheckFailed,
+    bad_argument,
+    close_log_batch,
+    open_log_batch,
+)
 
 #: Every hook Lightning calls on a callback with (trainer, pl_module, ...): state_dict/load_state_dict are not here.
 _HOOKS = tuple(sorted(name for name in dir(Callback) if (name.startswith("on_") or name in ("setup", "teardown"))
@@ -112,7 +118,34 @@ class PerfSuite(Callback):
                 cb.load_state_dict(state_dict[cb.state_key])
 
 
+#: Hooks in which the callbacks log (periodic windows, phase ends): what they log goes to the loggers in one call.
+_LOGGING_HOOKS = frozenset({"on_train_batch_end", "on_train_epoch_end", "on_validation_end",
+                            "on_validation_epoch_end", "on_train_end"})
+
+
 def _forwarder(name: str) -> Any:
+    if name in _LOGGING_HOOKS:
+        def logging_hook(self: PerfSuite, trainer: Any, *args: Any, **kwargs: Any) -> None:
+            if name not in self._by_hook:
+                return
+            open_log_batch(trainer)
+            try:
+                plain(self, trainer, *args, **kwargs)
+            finally:
+                try:
+                    close_log_batch(trainer)
+                except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
+                    self.callbacks[0]._record_failure(f"{name} (logging)", err)
+
+        plain = _plain_forwarder(name)
+        logging_hook.__name__ = logging_hook.__qualname__ = name
+        logging_hook.__doc__ = (f"Forwards ``{name}`` to the suite's callbacks that define it; what they log goes to"
+                                " each logger in one call.")
+        return logging_hook
+    return _plain_forwarder(name)
+
+
+def _plain_forwarder(name: str) -> Any:
     def hook(self: PerfSuite, *args: Any, **kwargs: Any) -> None:
         fns = self._by_hook.get(name)
         if fns is None:
