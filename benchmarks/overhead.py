@@ -9,7 +9,9 @@ the same round, with a bootstrap 95% CI over rounds. Then, per callback:
 - dispatch: Lightning calls every hook of every callback (counted here, per step) inside its profiler context;
   the cost of one such call is timed in isolation;
 - in its hooks: time spent inside the callback's own hooks (median of several runs);
-- total, and the suite's share of a 10 ms and a 1 ms step.
+- total, and the suite's share of a 10 ms and a 1 ms step;
+- validation under ``torch.no_grad`` (``Trainer(inference_mode=False)``) with and without EvalNoGradGuard, CPU time
+  per batch in paired rounds.
 
     python benchmarks/overhead.py                  # about 2 minutes on 2 cores
     python benchmarks/overhead.py --quick          # a smoke run
@@ -114,8 +116,49 @@ class Busy(LightningModule):
         x, y = batch
         return nn.functional.mse_loss(self.net(x), y)
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class ValClock(Callback):
+    """Training-thread CPU time from the start of the first validation batch to the end of the last (listed first,
+    so a callback's batch-start work is inside)."""
+
+    def __init__(self) -> None:
+        self.start, self.end, self.batches = None, None, 0
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if self.start is None:
+            self.start = time.thread_time()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.batches += 1
+        self.end = time.thread_time()
+
+    def us_per_batch(self) -> float:
+        return 1e6 * (self.end - self.start) / self.batches
+
+
+def validation_cost(batches: int, rounds: int, root: str) -> Dict[str, List[float]]:
+    """µs per validation batch under ``torch.no_grad`` (``Trainer(inference_mode=False)``, as validation inside fit
+    runs), without and with EvalNoGradGuard, in interleaved rounds."""
+    x = torch.randn(batches * 16, 384)
+    loader = DataLoader(TensorDataset(x, x[:, :1]), batch_size=16)
+    model = Busy()
+    out: Dict[str, List[float]] = {"without": [], "with EvalNoGradGuard": []}
+    for r in range(rounds):
+        for name in (list(out) if r % 2 == 0 else list(out)[::-1]):
+            clock = ValClock()
+            callbacks = [clock] + ([lightning_perf.EvalNoGradGuard()] if name != "without" else [])
+            trainer = Trainer(accelerator="cpu", devices=1, inference_mode=False, logger=False, default_root_dir=root,
+                              callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False)
+            trainer.validate(model, loader, verbose=False)
+            out[name].append(clock.us_per_batch())
+    return out
 
 
 _HOOKS = ("setup", "on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_train_batch_end",
@@ -321,6 +364,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                          HOOK_ROUNDS, root) for name in inside_each}
         LOGGER["on"] = True
         per_step = dispatch_counts(args.steps // 2, root)
+        validation = validation_cost(2 * args.steps, 2 * args.rounds, root) if args.device == "cpu" else None
     call_us = dispatch_cost_us()
     calls = sum(per_step.values())
     dispatch = calls * call_us
@@ -359,6 +403,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             lo, hi = bootstrap_median_ci([v - b for v, b in zip(results[name], bare_runs)])
             print(f"{name} on this {step / 1000:.1f} ms GPU step: {100 * over / step:+.2f}% wall time (A/B, 95% CI"
                   f" {100 * lo / step:+.2f}% to {100 * hi / step:+.2f}%), goal < 0.5%")
+    if validation is not None:
+        base, guarded_runs = validation["without"], validation["with EvalNoGradGuard"]
+        ratios = [100.0 * (g - b) / b for g, b in zip(guarded_runs, base)]
+        lo, hi = bootstrap_median_ci(ratios)
+        print(f"validation under no_grad ({2 * args.steps} batches, {statistics.median(base):.0f} µs a batch without):"
+              f" EvalNoGradGuard {statistics.median(ratios):+.2f}% (95% CI {lo:+.2f}% to {hi:+.2f}%), goal within 2%")
     print("goal (issue 11): whole suite <= 40 µs/step, each callback <= 15 µs/step")
     return 0
 
