@@ -13,7 +13,7 @@ the same round, with a bootstrap 95% CI over rounds. Then, per callback:
 - validation under ``torch.no_grad`` (``Trainer(inference_mode=False)``) with and without EvalNoGradGuard, CPU time
   per batch in paired rounds.
 
-    python benchmarks/overhead.py                  # about 2 minutes on 2 cores
+    python benchmarks/overhead.py                  # about 2.5 minutes on 2 cores
     python benchmarks/overhead.py --quick          # a smoke run
     python benchmarks/overhead.py --device cuda    # on a GPU, about 4 minutes: see below
 
