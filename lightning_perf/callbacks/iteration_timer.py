@@ -19,11 +19,10 @@ from lightning_perf.callbacks._common import (
     spread_across_ranks,
 )
 from lightning_perf.measure.clock import DeviceIntervalClock, now
-from lightning_perf.measure.stats import BlockSeries, LogHistogram
+from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
 from lightning_perf.summary.projection import project_time
 
 _MAX_EPOCH_RECORDS = 10_000
-FOLD_EVERY = 64  # counted iterations whose times wait to be folded into the histogram
 
 
 def batch_size_path(batch: Any, depth: int = 3) -> Optional[tuple]:

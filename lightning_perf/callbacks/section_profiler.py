@@ -23,7 +23,7 @@ from lightning_perf.callbacks._common import (
 )
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import DeviceIntervalClock, now
-from lightning_perf.measure.stats import LogHistogram
+from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
 
 AUTO_SECTIONS = ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "other")
 MANUAL_SECTIONS = ("data_loading", "training_step", "checkpointing", "other")
@@ -31,7 +31,6 @@ ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
 _FETCH_ACTION = "].train_dataloader_next"
 BOUNDARIES = ("batch_gap", "fetch")
 _MAX_CALLS_PER_ITERATION = 10_000
-FOLD_EVERY = 64  # iterations whose raw host times wait to be folded into the histograms
 
 # Insight thresholds (documented in docs/section_profiler.md).
 DATA_LOADING_PCT = 15.0
@@ -40,11 +39,6 @@ FORWARD_PCT = 60.0
 OPTIMIZER_PCT = 20.0
 CHECKPOINT_PCT = 10.0
 HOST_OVER_DEVICE = 1.5
-GAP_NOTE = ("data_loading is the gap from the end of one batch (this profiler's on_train_batch_end) to the start of"
-            " the next (on_train_batch_start): the fetch and the host-to-device copy, and also what runs after this"
-            " profiler's batch-end hook (later callbacks' batch-end hooks, logger writes, LR schedulers); validation"
-            " and checkpoint writes are cut out of it. data_loading_boundary='fetch' starts it at Lightning's fetch"
-            " instead.")
 GAP_REASON = ("Lightning announced no dataloader fetch through its profiler (an action ending in"
               f" '{_FETCH_ACTION}') in 3 iterations: data loading is now timed as the whole gap from the end of one"
               " batch to the start of the next, other callbacks' batch-end hooks included, and `other` is only what"
@@ -178,7 +172,6 @@ class SectionProfiler(PerfCallback):
         self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
         self._iter_calls: List[Any] = []  # (name, seconds, failed) of user sections in this iteration
         self._iteration = _Samples()
-        self._unfolded = 0  # iterations appended since the last fold
         self._iterations = 0
         self._fit_iterations = 0  # warm-up is per fit, also after a resume
         self._counted = self.warmup_steps == 0  # warmup_steps=0: the first iteration counts too
@@ -333,7 +326,7 @@ class SectionProfiler(PerfCallback):
             self._profiler_start = trainer.profiler.start
             trainer.profiler.start = self._profiler_started  # type: ignore[method-assign]
 
-    def _restore(self, trainer: Trainer) -> None:
+    def _restore(self) -> None:
         if self._profiler_start is not None:
             if self._profiler.__dict__.get("start") is not None:
                 del self._profiler.start
@@ -381,14 +374,7 @@ class SectionProfiler(PerfCallback):
     def _step_hook(self, section: str) -> None:
         if self._active and not self._manual:
             t = now()
-            if self._clock is None:  # _switch's host part, inline: four of these run every iteration
-                current = self._current
-                if current is not None:
-                    piece = self._piece
-                    piece[current] = piece.get(current, 0.0) + (t - self._t0 - self._carved)
-                self._current, self._t0, self._carved = section, t, 0.0
-            else:
-                self._switch(section, t)
+            self._switch(section, t)
             self._overhead_s += now() - t
 
     @guarded
@@ -438,8 +424,7 @@ class SectionProfiler(PerfCallback):
                 sec = sections[name]
                 sec.raw.append(seconds)
                 sec.closed_by_exception += failed
-            self._unfolded += 1
-            if self._unfolded >= FOLD_EVERY:
+            if len(self._iteration.raw) >= FOLD_EVERY:  # one raw time per counted iteration
                 self._fold()
         self._piece, self._user_s, self._iter_calls = {}, 0.0, []
         self._iterations += 1
@@ -459,7 +444,6 @@ class SectionProfiler(PerfCallback):
         self._iteration.fold()
         for sec in self._sections.values():
             sec.fold()
-        self._unfolded = 0
 
     def _report_window(self, trainer: Trainer) -> None:
         iters, seconds = self._iteration.window_n, self._iteration.window_s
@@ -520,12 +504,12 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._restore(trainer)
+        self._restore()
         self._flush_summary(trainer)
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._restore(trainer)  # no teardown hook follows an exception
+        self._restore()  # no teardown hook follows an exception
         self._write_summary(trainer, exception)
 
     # -- checkpointing -------------------------------------------------------------------------------------------

@@ -9,7 +9,12 @@ import math
 import random
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["BlockSeries", "LogHistogram", "block_bootstrap_mean_ratio_ci"]
+__all__ = ["FOLD_EVERY", "BlockSeries", "LogHistogram", "block_bootstrap_mean_ratio_ci"]
+
+
+#: Iterations whose raw times a probe keeps in a list before folding them into its histograms (``add_many``): the
+#: step path appends a float, and memory stays bounded.
+FOLD_EVERY = 64
 
 
 class LogHistogram:
