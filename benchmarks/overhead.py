@@ -8,10 +8,12 @@ the same round, with a bootstrap 95% CI over rounds. Then, per callback:
 
 - dispatch: Lightning calls every hook of every callback (counted here, per step) inside its profiler context;
   the cost of one such call is timed in isolation;
-- in its hooks: time spent inside the callback's own hooks (median of several runs);
+- in its hooks: time spent inside the callback's own hooks (median of several runs, less what the timing wrapper
+  adds to each call; with a logger, this includes waits for the GIL that its writer thread holds);
 - total, and the suite's share of a 10 ms and a 1 ms step;
 - validation under ``torch.no_grad`` (``Trainer(inference_mode=False)``) with and without EvalNoGradGuard, CPU time
-  per batch in paired rounds.
+  per batch in paired rounds;
+- what one scalar logged to TensorBoard costs with TensorBoard's default queue of 10 events and with 1000.
 
     python benchmarks/overhead.py                  # about 2.5 minutes on 2 cores
     python benchmarks/overhead.py --quick          # a smoke run
@@ -161,29 +163,84 @@ def validation_cost(batches: int, rounds: int, root: str) -> Dict[str, List[floa
     return out
 
 
+def tensorboard_cost(root: str, queues: tuple = (10, 1000), reports: int = 60, scalars: int = 22,
+                     gap_ms: float = 10.0) -> Dict[Optional[int], tuple]:
+    """What one logged scalar costs through Lightning's TensorBoardLogger, per ``max_queue`` (10 is TensorBoard's
+    default): bursts of ``scalars`` (about what the four default callbacks log at one report) with ``gap_ms`` of
+    torch work between them, as in training. Returns {max_queue: (µs per scalar inside ``log_metrics`` on the
+    training thread, process CPU µs per scalar: the whole loop, writer thread and final flush included, less the same
+    loop without a logger (key None))}."""
+    a = torch.randn(256, 256)
+    out: Dict[Optional[int], tuple] = {}
+    for q in (None,) + tuple(queues):
+        logger = TensorBoardLogger(root, name=f"tb_queue_{q}", max_queue=q) if q is not None else None
+        metrics = {f"bench/scalar_{i}": float(i) for i in range(scalars)}
+        in_call, cpu = 0.0, time.process_time()
+        for step in range(reports):
+            end = time.perf_counter() + gap_ms / 1000
+            while time.perf_counter() < end:
+                a = torch.tanh(a @ a)  # releases the GIL, as training's kernels do: the writer thread runs meanwhile
+            if logger is not None:
+                t = time.perf_counter()
+                logger.log_metrics(metrics, step=step)
+                in_call += time.perf_counter() - t
+        if logger is not None:
+            logger.finalize("success")
+        out[q] = (1e6 * in_call / (reports * scalars), 1e6 * (time.process_time() - cpu) / (reports * scalars))
+    base = out[None][1]
+    return {q: (call, cpu - base) for q, (call, cpu) in out.items() if q is not None}
+
+
 _HOOKS = ("setup", "on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_train_batch_end",
           "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
           "on_train_epoch_end", "on_validation_start", "on_validation_end", "on_train_end")
 
 
+def step_hooks(cb: Callback) -> List[str]:
+    """The hooks of the step path that ``cb``'s class defines (calling Lightning's empty ones is the dispatch cost,
+    counted apart)."""
+    return [hook for hook in _HOOKS if hook not in ("setup", "on_train_start", "on_train_end")
+            and getattr(type(cb), hook, None) is not getattr(Callback, hook, None)]
+
+
+def timed(fn: Callable[..., Any], record: Callable[[float], Any]) -> Callable[..., Any]:
+    """``fn`` with the seconds of each call passed to ``record``, read with perf_counter (vDSO, ~50 ns).
+    thread_time would leave out a wait for the GIL (a logger's writer thread holds it at times), but it is a system
+    call that costs several times more between two steps' torch work than in a tight loop, so no calibration takes
+    it off: it added ~0.75 µs to every hook call."""
+    clock = time.perf_counter
+
+    def wrapped(*a: Any, **k: Any) -> Any:
+        t = clock()
+        try:
+            return fn(*a, **k)
+        finally:
+            record(clock() - t)
+
+    return wrapped
+
+
 def time_hooks(callbacks: List[Callback], spent: List[float]) -> None:
-    """Wraps the step-path hooks of each callback to add the seconds spent inside them to ``spent[0]``."""
+    """Wraps the step-path hooks of each callback to add the seconds spent inside them to ``spent[0]`` and count the
+    calls in ``spent[1]`` (each call's share of the clock reads themselves is taken off by ``hook_cost``)."""
+
+    def add(seconds: float) -> None:
+        spent[0] += seconds
+        spent[1] += 1
+
     for cb in callbacks:
-        for hook in _HOOKS:
-            original = getattr(cb, hook, None)
-            if original is None or hook in ("setup", "on_train_start", "on_train_end"):
-                continue
-            if getattr(type(cb), hook, None) is getattr(Callback, hook, None):
-                continue  # Lightning's empty hook: its call is the dispatch cost, counted apart
+        for hook in step_hooks(cb):
+            setattr(cb, hook, timed(getattr(cb, hook), add))
 
-            def wrapped(*a, _f=original, **k):
-                t = time.perf_counter()  # vDSO, ~50 ns; thread_time is a system call that would inflate this
-                try:
-                    return _f(*a, **k)
-                finally:
-                    spent[0] += time.perf_counter() - t
 
-            setattr(cb, hook, wrapped)
+def clock_bias_s(calls: int = 100_000) -> float:
+    """What one timed call adds by itself: the same wrapper around a function that does nothing (the call of an
+    empty hook is in the dispatch cost)."""
+    times: List[float] = []
+    empty = timed(lambda *a: None, times.append)
+    for _ in range(calls):
+        empty(None, None, None, None, 0)
+    return statistics.median(times)
 
 
 def profile_hooks(name: str, steps: int, root: str, top: int = 25) -> None:
@@ -211,16 +268,38 @@ def profile_hooks(name: str, steps: int, root: str, top: int = 25) -> None:
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
+def per_hook(names: List[str], steps: int, root: str) -> None:
+    """Median and mean µs of each step hook of each named callback (or ``PerfSuite``, the four defaults in one), timed
+    one call at a time in the loop itself: a few Python lines right after the step's torch work cost several times
+    what they cost in a tight loop, and this is where the step path's time goes."""
+    LOGGER["on"] = False
+    bias = clock_bias_s()
+    for name in names:
+        cb = lightning_perf.PerfSuite() if name == "PerfSuite" else getattr(lightning_perf, name)()
+        calls: Dict[str, List[float]] = {hook: [] for hook in step_hooks(cb)}
+        for hook, times in calls.items():
+            setattr(cb, hook, timed(getattr(cb, hook), times.append))
+        run([cb], steps=steps, skip=1, root=root)
+        print(f"\n{name}: µs per call inside each step hook, {steps} steps, logger=False (less {1e6 * bias:.2f} µs"
+              " of the timing wrapper)")
+        for hook, times in calls.items():
+            if len(times) >= steps // 2:
+                print(f"  {hook:<28}{len(times):>7} calls   median {1e6 * (statistics.median(times) - bias):6.2f}"
+                      f"   mean {1e6 * (statistics.mean(times) - bias):6.2f}")
+
+
 def hook_cost(make: Callable[[], List[Callback]], steps: int, rounds: int, root: str) -> float:
     """Median µs per step spent inside the given callbacks' step hooks (a direct measure, free of run-to-run
-    noise; wrappers a callback installs on the trainer, such as SectionProfiler's, are not included)."""
+    noise; wrappers a callback installs on the trainer, such as SectionProfiler's, are not included), less what the
+    timing wrapper's own clock reads add to each call."""
+    bias = clock_bias_s()
     costs = []
     for _ in range(rounds):
-        spent = [0.0]
+        spent = [0.0, 0]
         callbacks = make()
         time_hooks(callbacks, spent)
         run(callbacks, steps=steps, skip=1, root=root)
-        costs.append(1e6 * spent[0] / steps)
+        costs.append(1e6 * max(0.0, spent[0] - bias * spent[1]) / steps)
     return statistics.median(costs)
 
 
@@ -299,6 +378,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="200 steps, 2 rounds")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: a ~1 ms CPU step in thread CPU time; cuda: a ~10 ms GPU step in wall time")
+    parser.add_argument("--per-hook", metavar="CALLBACK", choices=lightning_perf.CALLBACKS + ("PerfSuite",), nargs="+",
+                        help="instead of the benchmark: median and mean µs of each step hook, timed call by call in"
+                             " the loop")
     parser.add_argument("--profile", metavar="CALLBACK", choices=lightning_perf.CALLBACKS, nargs="+",
                         help="instead of the benchmark: a cProfile of what these callbacks do inside their step hooks"
                              " (on CUDA, on the light host-bound step)")
@@ -319,6 +401,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     import logging
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    if args.per_hook:
+        with tempfile.TemporaryDirectory() as root:
+            run(steps=args.steps // 4, skip=1, root=root, callbacks=[])
+            per_hook(args.per_hook, args.steps, root)
+        return 0
     if args.profile:
         DEVICE["light"] = True
         with tempfile.TemporaryDirectory() as root:
@@ -365,6 +452,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         LOGGER["on"] = True
         per_step = dispatch_counts(args.steps // 2, root)
         validation = validation_cost(2 * args.steps, 2 * args.rounds, root) if args.device == "cpu" else None
+        tensorboard = tensorboard_cost(root)
     call_us = dispatch_cost_us()
     calls = sum(per_step.values())
     dispatch = calls * call_us
@@ -409,6 +497,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         lo, hi = bootstrap_median_ci(ratios)
         print(f"validation under no_grad ({2 * args.steps} batches, {statistics.median(base):.0f} µs a batch without):"
               f" EvalNoGradGuard {statistics.median(ratios):+.2f}% (95% CI {lo:+.2f}% to {hi:+.2f}%), goal within 2%")
+    (small_call, small_cpu), (big_call, big_cpu) = tensorboard[10], tensorboard[1000]
+    print(f"TensorBoard, per logged scalar (bursts of 22, 10 ms of torch work apart): TensorBoardLogger(max_queue=10),"
+          f" the default: {small_call:.1f} µs in log_metrics, {small_cpu:.1f} µs process CPU; max_queue=1000:"
+          f" {big_call:.1f} and {big_cpu:.1f} µs ({small_call / big_call:.1f}x and {small_cpu / big_cpu:.1f}x less)")
     print("goal (issue 11): whole suite <= 40 µs/step, each callback <= 15 µs/step")
     return 0
 
