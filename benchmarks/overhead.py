@@ -163,10 +163,10 @@ def validation_cost(batches: int, rounds: int, root: str) -> Dict[str, List[floa
     return out
 
 
-def tensorboard_cost(root: str, queues: tuple = (10, 1000), reports: int = 60, scalars: int = 22,
+def tensorboard_cost(root: str, queues: tuple = (10, 1000), reports: int = 60, scalars: int = 18,
                      gap_ms: float = 10.0) -> Dict[Optional[int], tuple]:
     """What one logged scalar costs through Lightning's TensorBoardLogger, per ``max_queue`` (10 is TensorBoard's
-    default): bursts of ``scalars`` (about what the four default callbacks log at one report) with ``gap_ms`` of
+    default): bursts of ``scalars`` (what the four default callbacks log at one report on CPU) with ``gap_ms`` of
     torch work between them, as in training. Returns {max_queue: (µs per scalar inside ``log_metrics`` on the
     training thread, process CPU µs per scalar: the whole loop, writer thread and final flush included, less the same
     loop without a logger (key None))}."""
@@ -498,7 +498,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"validation under no_grad ({2 * args.steps} batches, {statistics.median(base):.0f} µs a batch without):"
               f" EvalNoGradGuard {statistics.median(ratios):+.2f}% (95% CI {lo:+.2f}% to {hi:+.2f}%), goal within 2%")
     (small_call, small_cpu), (big_call, big_cpu) = tensorboard[10], tensorboard[1000]
-    print(f"TensorBoard, per logged scalar (bursts of 22, 10 ms of torch work apart): TensorBoardLogger(max_queue=10),"
+    print(f"TensorBoard, per logged scalar (bursts of 18, 10 ms of torch work apart): TensorBoardLogger(max_queue=10),"
           f" the default: {small_call:.1f} µs in log_metrics, {small_cpu:.1f} µs process CPU; max_queue=1000:"
           f" {big_call:.1f} and {big_cpu:.1f} µs ({small_call / big_call:.1f}x and {small_cpu / big_cpu:.1f}x less)")
     print("goal (issue 11): whole suite <= 40 µs/step, each callback <= 15 µs/step")

@@ -166,3 +166,21 @@ def test_the_suite_logs_each_step_in_one_logger_call_with_the_same_keys(tmp_path
     assert len([keys for step, keys in together if step == 8 and batch_end & set(keys)]) == 1
     assert len(together) == len(apart) - 2
     assert sorted(k for _, keys in together for k in keys) == sorted(k for _, keys in apart for k in keys)
+
+
+def test_a_larger_tensorboard_queue_loses_no_scalar(tmp_path):
+    """docs/perf_suite.md advises TensorBoardLogger(max_queue=1000) to make each logged scalar cheaper: the event
+    files of a fit hold the same tags at the same steps as with TensorBoard's default queue of 10."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from helpers import read_scalars
+
+    def run(root, **queue):
+        callbacks = [IterationTimer(), SectionProfiler(report_every_n_steps=2, print_reports=False), VRAMMonitor()]
+        fit(root, [PerfSuite(callbacks)], log_every_n_steps=2, logger=TensorBoardLogger(str(root), **queue))
+        return {tag: sorted(step for step, _ in points) for tag, points in read_scalars(root).items()}
+
+    default, large = run(tmp_path / "default"), run(tmp_path / "large", max_queue=1000)
+    ours = [tag for tag in default if tag.startswith(("perf/", "time/", "time_share/", "vram/"))]
+    assert len(ours) >= 15 and sum(len(default[tag]) for tag in ours) > 100
+    assert large == default
