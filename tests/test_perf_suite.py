@@ -184,3 +184,84 @@ def test_a_larger_tensorboard_queue_loses_no_scalar(tmp_path):
     ours = [tag for tag in default if tag.startswith(("perf/", "time/", "time_share/", "vram/"))]
     assert len(ours) >= 15 and sum(len(default[tag]) for tag in ours) > 100
     assert large == default
+
+
+class CountGathers(Callback):
+    """Counts the strategy's all_gather calls on each rank (in the spawned processes) and writes them to a file."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+
+    def setup(self, trainer, pl_module, stage):
+        self.calls = 0
+        original = trainer.strategy.all_gather
+
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        trainer.strategy.all_gather = counting
+
+    def teardown(self, trainer, pl_module, stage):
+        del trainer.strategy.all_gather
+        with open(f"{self.folder}/gathers_{trainer.global_rank}.txt", "w") as fh:
+            fh.write(str(self.calls))
+
+
+@pytest.mark.slow
+def test_under_ddp_the_suite_gathers_once_for_all_its_callbacks(tmp_path):
+    """Separate, IterationTimer, SectionProfiler and VRAMMonitor each make one all_gather at train end; in a PerfSuite
+    they make one together, and each still gets its per-rank figures."""
+
+    def run(root, together):
+        root.mkdir()
+        callbacks = [IterationTimer(warmup_steps=1), SectionProfiler(warmup_steps=1, print_reports=False),
+                     VRAMMonitor()]
+        fit(root, [CountGathers(root), PerfSuite(callbacks) if together else callbacks[0], *([] if together else
+            callbacks[1:])], strategy="ddp_spawn", devices=2, max_epochs=1)
+        counts = [int((root / f"gathers_{rank}.txt").read_text()) for rank in (0, 1)]
+        return counts, find_summary(root)
+
+    (apart, apart_summary), (together, summary) = run(tmp_path / "apart", False), run(tmp_path / "together", True)
+    assert apart == [3, 3] and together == [1, 1]
+    for section, key in (("iteration_timer", "median_ms_per_iter"), ("section_profiler", "forward"),
+                         ("vram", "train_peak_mb")):
+        for s in (apart_summary, summary):
+            spread = s[section]["ranks"][key]
+            assert len(spread["per_rank"]) == 2 and all(v is not None for v in spread["per_rank"]), (section, spread)
+            assert spread["min"] <= spread["median"] <= spread["max"]
+        assert "measurement_failures" not in summary[section]
+
+
+def test_one_gather_gives_each_callback_its_own_columns_and_keeps_a_failure_to_its_owner():
+    """close_gather_batch on a simulated two-rank strategy: one all_gather of the concatenated values; a `then` that
+    fails is returned with its owner, the others still get their rows."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lightning_perf.callbacks._common import close_gather_batch, gather_floats_then, open_gather_batch
+
+    gathered = []
+
+    def all_gather(tensor):  # rank 1 reports each value plus 100
+        gathered.append(tensor.tolist())
+        return torch.stack([tensor, tensor + 100])
+
+    trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(root_device=torch.device("cpu"),
+                                                                     all_gather=all_gather))
+    got = {}
+
+    def broken(rows):
+        raise RuntimeError("spread failed")
+
+    open_gather_batch(trainer)
+    gather_floats_then(trainer, [1.0, None], broken, owner="first")
+    gather_floats_then(trainer, [3.0], lambda rows: got.setdefault("second", rows), owner="second")
+    assert gathered == [] and got == {}  # nothing gathered before the batch closes
+    failures = close_gather_batch(trainer)
+    assert len(gathered) == 1
+    assert got["second"] == [[3.0], [103.0]]
+    assert [(owner, str(err)) for owner, err in failures] == [("first", "spread failed")]
+    gather_floats_then(trainer, [5.0], lambda rows: got.setdefault("after", rows))  # closed: gathers at once
+    assert got["after"] == [[5.0], [105.0]] and len(gathered) == 2

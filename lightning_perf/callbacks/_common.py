@@ -168,6 +168,46 @@ def gather_floats(trainer: Trainer, values: Sequence[Optional[float]]) -> List[L
     return [[None if math.isnan(v) else v for v in row] for row in rows]
 
 
+def gather_floats_then(trainer: Trainer, values: Sequence[Optional[float]], then: Callable[[List[List[Optional[float]]]], Any],
+                       owner: Optional["PerfCallback"] = None) -> None:
+    """``then(gather_floats(trainer, values))``. Inside a PerfSuite's ``on_train_end`` under DDP, the values of all its
+    callbacks go in one ``all_gather`` at the hook's end (``close_gather_batch``), and each ``then`` gets its rows."""
+    batch = getattr(trainer, _GATHER_BATCH_ATTRIBUTE, None)
+    if batch is None or trainer.world_size <= 1:
+        then(gather_floats(trainer, values))
+    else:
+        batch.append((list(values), then, owner))
+
+
+#: The attribute of a Trainer that collects what the callbacks of a PerfSuite gather across ranks within one hook.
+_GATHER_BATCH_ATTRIBUTE = "_lightning_perf_gather_batch"
+
+
+def open_gather_batch(trainer: Any) -> None:
+    """From here to ``close_gather_batch``, ``gather_floats_then`` collects instead of gathering."""
+    setattr(trainer, _GATHER_BATCH_ATTRIBUTE, [])
+
+
+def close_gather_batch(trainer: Any) -> List[tuple]:
+    """One ``all_gather`` of everything collected since ``open_gather_batch`` (every rank collects the same values
+    in the same order, so every rank reaches it with the same shape); each ``then`` gets its own columns. Returns
+    (owner, exception) for each ``then`` that failed."""
+    batch = getattr(trainer, _GATHER_BATCH_ATTRIBUTE, None)
+    setattr(trainer, _GATHER_BATCH_ATTRIBUTE, None)
+    if not batch:
+        return []
+    rows = gather_floats(trainer, [v for values, _, _ in batch for v in values])
+    failures, start = [], 0
+    for values, then, owner in batch:
+        end = start + len(values)
+        try:
+            then([row[start:end] for row in rows])
+        except Exception as err:  # noqa: BLE001 - one callback's figure must not cost the others theirs
+            failures.append((owner, err))
+        start = end
+    return failures
+
+
 def spread_across_ranks(per_rank: Sequence[Optional[float]], higher_is_worse: bool = True) -> Dict[str, Any]:
     """min / median / max of a per-rank figure and which rank is worst."""
     known = [(v, r) for r, v in enumerate(per_rank) if v is not None]

@@ -13,7 +13,7 @@ from lightning_perf.callbacks._common import (
     bad_argument,
     check_bool,
     check_positive_int,
-    gather_floats,
+    gather_floats_then,
     guarded,
     log_scalars,
     spread_across_ranks,
@@ -409,13 +409,8 @@ class IterationTimer(PerfCallback):
         self._finish_timing()
         median = self._host.quantile(0.5)
         mean = self._host.mean
-        # One collective, reached by every rank with the same shape.
-        rows = gather_floats(trainer, [median, mean])
-        if trainer.world_size > 1:
-            self._ranks = {
-                "median_ms_per_iter": spread_across_ranks([r[0] for r in rows]),
-                "mean_ms_per_iter": spread_across_ranks([r[1] for r in rows]),
-            }
+        # One collective, reached by every rank with the same shape (in a PerfSuite, shared with its other callbacks).
+        gather_floats_then(trainer, [median, mean], self._set_ranks, self)
         s = self._host.summary()
         log_scalars(
             trainer,
@@ -428,6 +423,13 @@ class IterationTimer(PerfCallback):
                 "perf/eval_time_s": self._eval_time_s(),
             },
         )
+
+    def _set_ranks(self, rows: List[List[Optional[float]]]) -> None:
+        if len(rows) > 1:
+            self._ranks = {
+                "median_ms_per_iter": spread_across_ranks([r[0] for r in rows]),
+                "mean_ms_per_iter": spread_across_ranks([r[1] for r in rows]),
+            }
 
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -12,7 +12,9 @@ from lightning_perf.callbacks._common import (
     PerfCallback,
     PerfCheckFailed,
     bad_argument,
+    close_gather_batch,
     close_log_batch,
+    open_gather_batch,
     open_log_batch,
 )
 
@@ -123,15 +125,29 @@ _LOGGING_HOOKS = frozenset({"on_train_batch_end", "on_train_epoch_end", "on_vali
                             "on_validation_epoch_end", "on_train_end"})
 
 
+#: Hooks in which the callbacks gather figures across ranks: one all_gather for all of them, at the hook's end.
+_GATHERING_HOOKS = frozenset({"on_train_end"})
+
+
 def _forwarder(name: str) -> Any:
     if name in _LOGGING_HOOKS:
+        gathers = name in _GATHERING_HOOKS
+
         def logging_hook(self: PerfSuite, trainer: Any, *args: Any, **kwargs: Any) -> None:
             if name not in self._by_hook:
                 return
             open_log_batch(trainer)
+            if gathers:
+                open_gather_batch(trainer)
             try:
                 plain(self, trainer, *args, **kwargs)
             finally:
+                if gathers:  # also after a failed check: every rank must reach the one collective
+                    try:
+                        for cb, err in close_gather_batch(trainer):
+                            (cb or self.callbacks[0])._record_failure(name, err)
+                    except Exception as err:  # noqa: BLE001
+                        self.callbacks[0]._record_failure(f"{name} (gather)", err)
                 try:
                     close_log_batch(trainer)
                 except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
@@ -140,7 +156,8 @@ def _forwarder(name: str) -> Any:
         plain = _plain_forwarder(name)
         logging_hook.__name__ = logging_hook.__qualname__ = name
         logging_hook.__doc__ = (f"Forwards ``{name}`` to the suite's callbacks that define it; what they log goes to"
-                                " each logger in one call.")
+                                " each logger in one call" + (", what they gather across ranks in one all_gather."
+                                                              if gathers else "."))
         return logging_hook
     return _plain_forwarder(name)
 

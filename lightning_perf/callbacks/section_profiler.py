@@ -16,7 +16,7 @@ from lightning_perf.callbacks._common import (
     bad_argument,
     check_bool,
     check_positive_int,
-    gather_floats,
+    gather_floats_then,
     guarded,
     log_scalars,
     spread_across_ranks,
@@ -485,14 +485,16 @@ class SectionProfiler(PerfCallback):
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._active:
-            gather_floats(trainer, [None] * len(AUTO_SECTIONS))  # every rank joins the same collective
+            gather_floats_then(trainer, [None] * len(AUTO_SECTIONS), lambda rows: None, self)  # every rank joins it
             return
         self._switch(None)
         self._poll_device(flush=True)
         self._fold()
         means = [self._sections[n].host.mean if n in self._sections else None for n in AUTO_SECTIONS]
-        rows = gather_floats(trainer, means)
-        if trainer.world_size > 1:
+        gather_floats_then(trainer, means, self._set_ranks, self)
+
+    def _set_ranks(self, rows: List[List[Optional[float]]]) -> None:
+        if len(rows) > 1:
             self._ranks = {name: spread_across_ranks([r[i] for r in rows]) for i, name in enumerate(AUTO_SECTIONS)
                            if any(r[i] is not None for r in rows)}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
@@ -13,7 +13,7 @@ from lightning_perf.callbacks._common import (
     check_bool,
     check_number,
     check_positive_int,
-    gather_floats,
+    gather_floats_then,
     guarded,
     log_scalars,
     spread_across_ranks,
@@ -337,8 +337,10 @@ class VRAMMonitor(PerfCallback):
         self._exit(trainer, "train")
         self._in_training = False
         self._leaks["train"] = self._train_leak.result()
-        rows = gather_floats(trainer, [self._peak_of("train"), self._peak_of("validation")])
-        if trainer.world_size > 1:
+        gather_floats_then(trainer, [self._peak_of("train"), self._peak_of("validation")], self._set_ranks, self)
+
+    def _set_ranks(self, rows: List[List[Optional[float]]]) -> None:
+        if len(rows) > 1:
             self._ranks = {
                 "train_peak_mb": spread_across_ranks([r[0] for r in rows]),
                 "eval_peak_mb": spread_across_ranks([r[1] for r in rows]),
