@@ -168,7 +168,10 @@ def gather_floats(trainer: Trainer, values: Sequence[Optional[float]]) -> List[L
     return [[None if math.isnan(v) else v for v in row] for row in rows]
 
 
-def gather_floats_then(trainer: Trainer, values: Sequence[Optional[float]], then: Callable[[List[List[Optional[float]]]], Any],
+Rows = List[List[Optional[float]]]
+
+
+def gather_floats_then(trainer: Trainer, values: Sequence[Optional[float]], then: Callable[[Rows], Any],
                        owner: Optional["PerfCallback"] = None) -> None:
     """``then(gather_floats(trainer, values))``. Inside a PerfSuite's ``on_train_end`` under DDP, the values of all its
     callbacks go in one ``all_gather`` at the hook's end (``close_gather_batch``), and each ``then`` gets its rows."""
