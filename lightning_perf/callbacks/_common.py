@@ -173,10 +173,13 @@ Rows = List[List[Optional[float]]]
 
 def gather_floats_then(trainer: Trainer, values: Sequence[Optional[float]], then: Callable[[Rows], Any],
                        owner: Optional["PerfCallback"] = None) -> None:
-    """``then(gather_floats(trainer, values))``. Inside a PerfSuite's ``on_train_end`` under DDP, the values of all its
-    callbacks go in one ``all_gather`` at the hook's end (``close_gather_batch``), and each ``then`` gets its rows."""
+    """With several ranks, ``then(gather_floats(trainer, values))`` (one row per rank); with one, nothing: there is no
+    spread across ranks to report. Inside a PerfSuite's ``on_train_end`` the values of all its callbacks go in one
+    ``all_gather`` at the hook's end (``close_gather_batch``), and each ``then`` gets its rows."""
+    if trainer.world_size <= 1:
+        return
     batch = getattr(trainer, _GATHER_BATCH_ATTRIBUTE, None)
-    if batch is None or trainer.world_size <= 1:
+    if batch is None:
         then(gather_floats(trainer, values))
     else:
         batch.append((list(values), then, owner))

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._common import (
     PerfCallback,
+    Rows,
     bad_argument,
     check_bool,
     check_positive_int,
@@ -424,12 +425,11 @@ class IterationTimer(PerfCallback):
             },
         )
 
-    def _set_ranks(self, rows: List[List[Optional[float]]]) -> None:
-        if len(rows) > 1:
-            self._ranks = {
-                "median_ms_per_iter": spread_across_ranks([r[0] for r in rows]),
-                "mean_ms_per_iter": spread_across_ranks([r[1] for r in rows]),
-            }
+    def _set_ranks(self, rows: Rows) -> None:
+        self._ranks = {
+            "median_ms_per_iter": spread_across_ranks([r[0] for r in rows]),
+            "mean_ms_per_iter": spread_across_ranks([r[1] for r in rows]),
+        }
 
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
 from lightning_perf.callbacks._common import (
     PerfCallback,
+    Rows,
     bad_argument,
     check_bool,
     check_positive_int,
@@ -493,10 +494,9 @@ class SectionProfiler(PerfCallback):
         means = [self._sections[n].host.mean if n in self._sections else None for n in AUTO_SECTIONS]
         gather_floats_then(trainer, means, self._set_ranks, self)
 
-    def _set_ranks(self, rows: List[List[Optional[float]]]) -> None:
-        if len(rows) > 1:
-            self._ranks = {name: spread_across_ranks([r[i] for r in rows]) for i, name in enumerate(AUTO_SECTIONS)
-                           if any(r[i] is not None for r in rows)}
+    def _set_ranks(self, rows: Rows) -> None:
+        self._ranks = {name: spread_across_ranks([r[i] for r in rows]) for i, name in enumerate(AUTO_SECTIONS)
+                       if any(r[i] is not None for r in rows)}
 
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

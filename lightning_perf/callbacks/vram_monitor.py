@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._common import (
     PerfCallback,
+    Rows,
     bad_argument,
     check_bool,
     check_number,
@@ -339,12 +340,11 @@ class VRAMMonitor(PerfCallback):
         self._leaks["train"] = self._train_leak.result()
         gather_floats_then(trainer, [self._peak_of("train"), self._peak_of("validation")], self._set_ranks, self)
 
-    def _set_ranks(self, rows: List[List[Optional[float]]]) -> None:
-        if len(rows) > 1:
-            self._ranks = {
-                "train_peak_mb": spread_across_ranks([r[0] for r in rows]),
-                "eval_peak_mb": spread_across_ranks([r[1] for r in rows]),
-            }
+    def _set_ranks(self, rows: Rows) -> None:
+        self._ranks = {
+            "train_peak_mb": spread_across_ranks([r[0] for r in rows]),
+            "eval_peak_mb": spread_across_ranks([r[1] for r in rows]),
+        }
 
     def _peak_of(self, phase: str) -> Optional[float]:
         held = self._phases.get(phase, {})
