@@ -29,6 +29,7 @@ the queue never fills and a hook's time is what it costs the host.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -163,7 +164,11 @@ def validation_cost(batches: int, rounds: int, root: str) -> Dict[str, List[floa
     return out
 
 
-def tensorboard_cost(root: str, queues: tuple = (10, 1000), reports: int = 60, scalars: int = 18,
+#: Scalars the four default callbacks log at one report on CPU (a burst in ``tensorboard_cost``).
+REPORT_SCALARS = 18
+
+
+def tensorboard_cost(root: str, queues: tuple = (10, 1000), reports: int = 60, scalars: int = REPORT_SCALARS,
                      gap_ms: float = 10.0) -> Dict[Optional[int], tuple]:
     """What one logged scalar costs through Lightning's TensorBoardLogger, per ``max_queue`` (10 is TensorBoard's
     default): bursts of ``scalars`` (what the four default callbacks log at one report on CPU) with ``gap_ms`` of
@@ -233,9 +238,10 @@ def time_hooks(callbacks: List[Callback], spent: List[float]) -> None:
             setattr(cb, hook, timed(getattr(cb, hook), add))
 
 
+@functools.lru_cache(maxsize=None)
 def clock_bias_s(calls: int = 100_000) -> float:
     """What one timed call adds by itself: the same wrapper around a function that does nothing (the call of an
-    empty hook is in the dispatch cost)."""
+    empty hook is in the dispatch cost). Measured once per process."""
     times: List[float] = []
     empty = timed(lambda *a: None, times.append)
     for _ in range(calls):
@@ -250,12 +256,9 @@ def profile_hooks(name: str, steps: int, root: str, top: int = 25) -> None:
 
     profiler = cProfile.Profile()
     cb = getattr(lightning_perf, name)()
-    for hook in _HOOKS:
-        original = getattr(cb, hook, None)
-        if original is None or hook in ("setup", "on_train_start", "on_train_end"):
-            continue
+    for hook in step_hooks(cb):
 
-        def wrapped(*a, _f=original, **k):
+        def wrapped(*a, _f=getattr(cb, hook), **k):
             profiler.enable()
             try:
                 return _f(*a, **k)
@@ -498,7 +501,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"validation under no_grad ({2 * args.steps} batches, {statistics.median(base):.0f} µs a batch without):"
               f" EvalNoGradGuard {statistics.median(ratios):+.2f}% (95% CI {lo:+.2f}% to {hi:+.2f}%), goal within 2%")
     (small_call, small_cpu), (big_call, big_cpu) = tensorboard[10], tensorboard[1000]
-    print(f"TensorBoard, per logged scalar (bursts of 18, 10 ms of torch work apart): TensorBoardLogger(max_queue=10),"
+    print(f"TensorBoard, per logged scalar (bursts of {REPORT_SCALARS}, 10 ms of torch work apart): TensorBoardLogger(max_queue=10),"
           f" the default: {small_call:.1f} µs in log_metrics, {small_cpu:.1f} µs process CPU; max_queue=1000:"
           f" {big_call:.1f} and {big_cpu:.1f} µs ({small_call / big_call:.1f}x and {small_cpu / big_cpu:.1f}x less)")
     print("goal (issue 11): whole suite <= 40 µs/step, each callback <= 15 µs/step")
