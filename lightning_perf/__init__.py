@@ -16,6 +16,8 @@ _LAZY = {
     "PerfSuite": "lightning_perf.callbacks.perf_suite",
     "profile_section": "lightning_perf.measure.sections",
     "allow_grad_in_eval": "lightning_perf.measure.autograd",
+    "PerfCheckFailed": "lightning_perf.errors",
+    "PerfConfigError": "lightning_perf.errors",
 }
 
 #: The callbacks of the suite, in the order they appear in a summary.

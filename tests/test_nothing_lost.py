@@ -83,7 +83,7 @@ from lightning.pytorch import Trainer  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 from helpers import trainer_kwargs  # noqa: E402
-from lightning_perf.callbacks._common import PerfConfigError  # noqa: E402
+from lightning_perf import PerfConfigError  # noqa: E402
 from suite import SUITE  # noqa: E402
 
 NAMES = sorted(SUITE)
@@ -209,17 +209,17 @@ def test_an_unwritable_record_baseline_fails_before_training(tmp_path):
 
 
 def test_a_disk_that_fails_at_the_end_sends_the_summary_to_the_log_dir(tmp_path, monkeypatch):
-    from lightning_perf.callbacks import _common
+    from lightning_perf.callbacks import _summary_book
 
     target = tmp_path / "elsewhere" / "s.json"
-    real = _common.write_json_atomic
+    real = _summary_book.write_json_atomic
 
     def flaky(path, data):
         if str(path) == str(target):
             raise OSError("disk full")
         return real(path, data)
 
-    monkeypatch.setattr(_common, "write_json_atomic", flaky)
+    monkeypatch.setattr(_summary_book, "write_json_atomic", flaky)
     with pytest.warns(UserWarning, match="disk full.*the summary went to"):
         fit(tmp_path / "run", [IterationTimer(summary_path=str(target))], max_epochs=1)
     assert find_summary(tmp_path / "run")["status"] == "completed"
@@ -281,16 +281,16 @@ def test_a_finished_fit_leaves_nothing_alive(name, tmp_path):
 
 
 def _count_writes(monkeypatch):
-    from lightning_perf.callbacks import _common
+    from lightning_perf.callbacks import _summary_book
 
     writes = []
-    real = _common.write_json_atomic
+    real = _summary_book.write_json_atomic
 
     def counting(path, data):
         writes.append((path, data["status"], sorted(k for k in data if k in SECTIONS)))
         return real(path, data)
 
-    monkeypatch.setattr(_common, "write_json_atomic", counting)
+    monkeypatch.setattr(_summary_book, "write_json_atomic", counting)
     return writes
 
 

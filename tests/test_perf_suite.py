@@ -14,7 +14,7 @@ from lightning_perf import (
     SectionProfiler,
     VRAMMonitor,
 )
-from lightning_perf.callbacks._common import PerfCheckFailed
+from lightning_perf import PerfCheckFailed
 
 
 class CountCalls(Callback):
@@ -240,7 +240,7 @@ def test_one_gather_gives_each_callback_its_own_columns_and_keeps_a_failure_to_i
 
     import torch
 
-    from lightning_perf.callbacks._common import close_gather_batch, gather_floats_then, open_gather_batch
+    from lightning_perf.callbacks._rank_gather import close_gather_batch, gather_floats_then, open_gather_batch
 
     gathered = []
 

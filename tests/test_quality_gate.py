@@ -241,7 +241,7 @@ class DivergedModel(ImageModel):
 
 
 def test_a_diverged_model_fails_the_gate_and_records_no_baseline(tmp_path):
-    from lightning_perf.callbacks._common import PerfCheckFailed
+    from lightning_perf import PerfCheckFailed
 
     _, functional = reference_values()
     gate = QualityGate(metrics=["psnr", "l1"], baseline={"psnr": functional["psnr"], "l1": functional["l1"]},

@@ -9,14 +9,10 @@ import torch
 
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
-from lightning_perf.callbacks._common import (
-    PerfCallback,
-    PerfCheckFailed,
-    bad_argument,
-    check_bool,
-    guarded,
-    log_scalars,
-)
+from lightning_perf.callbacks._arguments import bad_argument, check_bool
+from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.errors import PerfCheckFailed
 from lightning_perf.measure.autograd import EvalForwardWatch, find_retained_graphs
 
 MODES = ("warn", "raise", "fix")

@@ -8,15 +8,11 @@ from typing import Any, Dict, List, Optional
 
 from lightning.pytorch import Callback
 
-from lightning_perf.callbacks._common import (
-    PerfCallback,
-    PerfCheckFailed,
-    bad_argument,
-    close_gather_batch,
-    close_log_batch,
-    open_gather_batch,
-    open_log_batch,
-)
+from lightning_perf.callbacks._arguments import bad_argument
+from lightning_perf.callbacks._base import PerfCallback
+from lightning_perf.callbacks._rank_gather import close_gather_batch, open_gather_batch
+from lightning_perf.callbacks._scalars import close_log_batch, open_log_batch
+from lightning_perf.errors import PerfCheckFailed
 
 #: Every hook Lightning calls on a callback with (trainer, pl_module, ...): state_dict/load_state_dict are not here.
 _HOOKS = tuple(sorted(name for name in dir(Callback) if (name.startswith("on_") or name in ("setup", "teardown"))

@@ -10,18 +10,11 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_perf.callbacks._common import (
-    PerfCallback,
-    PerfCheckFailed,
-    PerfConfigError,
-    bad_argument,
-    check_bool,
-    check_path,
-    check_positive_int,
-    check_writable,
-    guarded,
-    log_scalars,
-)
+from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_path, check_positive_int
+from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._summary_book import check_writable
+from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 from lightning_perf.measure.image_quality import (
     IMAGE_METRICS,
     LPIPS_NETS,

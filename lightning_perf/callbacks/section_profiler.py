@@ -11,17 +11,10 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
-from lightning_perf.callbacks._common import (
-    PerfCallback,
-    Rows,
-    bad_argument,
-    check_bool,
-    check_positive_int,
-    gather_floats_then,
-    guarded,
-    log_scalars,
-    spread_across_ranks,
-)
+from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
+from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
+from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import DeviceIntervalClock, now
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
