@@ -142,3 +142,40 @@ class ManualModel(TinyModel):
         if (batch_idx + 1) % self.step_every == 0:
             opt.step()
         return loss
+
+
+class VirtualClock:
+    """A stand-in for ``lightning_perf.measure.clock.now`` that moves only when a test advances it.
+
+    Tests that compare the timings of two real fits use it: on a shared machine, two runs of one setup differ by
+    more than any tolerance a test could keep (with one core busy, a 7 ms sleep took 40 ms at the median). Timed on
+    this clock, a real ``Trainer.fit`` records exactly the cost the model injects (``advance``), so a test proves
+    what the suite computes from what it measured; the suite's other tests keep real clocks for what they measure.
+    """
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def use_virtual_clock(monkeypatch: Any) -> VirtualClock:
+    """Puts a :class:`VirtualClock` in place of ``now`` in every lightning_perf module that reads it."""
+    import importlib
+    import sys
+
+    from lightning_perf.measure import clock as clock_module
+
+    for name in ("lightning_perf.callbacks.iteration_timer", "lightning_perf.callbacks.section_profiler",
+                 "lightning_perf.callbacks._timed_checkpoint_io", "lightning_perf.measure.sections"):
+        importlib.import_module(name)
+    clock = VirtualClock()
+    real = clock_module.now
+    for name, module in list(sys.modules.items()):
+        if name.startswith("lightning_perf") and getattr(module, "now", None) is real:
+            monkeypatch.setattr(module, "now", clock)
+    return clock

@@ -1,6 +1,14 @@
-"""The headline figures a user acts on, checked against the wall clock: speed, its CI, time to N, best variant."""
+"""The headline figures a user acts on, checked against the clock: speed, its CI, time to N, best variant.
+
+The tests that compare two fits time them on a :class:`helpers.VirtualClock` that the model advances by a known cost
+per step: two real runs of one setup on a shared machine differ by more than any tolerance could hold (the first
+version of these tests, on the real clock, failed about half the CI runs). The rule behind "significant" is proven on
+synthetic series in test_speed_verdict.py, and one test here keeps two real-clock runs, checking what does not depend
+on the machine's load.
+"""
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -9,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers import TinyModel, find_summary, fit
+from helpers import TinyModel, find_summary, fit, use_virtual_clock
 from lightning_perf import IterationTimer, SectionProfiler
 from lightning_perf.bench.matrix import best_variant, matrix_rows
 from lightning_perf.summary.compare import compare_summaries
@@ -17,23 +25,29 @@ from lightning_perf.summary.report import format_report, report_rows
 
 
 class PacedModel(TinyModel):
-    """Each training step sleeps ``step_s``; every ``stall_every``-th sleeps ``stall_s`` instead (a checkpoint, a
-    data stall): sleeping makes the wall time of a step known in advance, up to the scheduler's jitter."""
+    """Each training step costs ``step_s``; every ``stall_every``-th costs ``stall_s`` instead (a checkpoint, a data
+    stall). ``pace`` spends the cost: ``time.sleep`` on the real clock, or a virtual clock's ``advance``, where each
+    cost gets a seeded jitter of 2% so that a run's iterations are not all equal."""
 
-    def __init__(self, step_s=0.010, stall_every=0, stall_s=0.0, batch_size=8, val_s=0.0):
+    def __init__(self, step_s=0.010, stall_every=0, stall_s=0.0, batch_size=8, val_s=0.0, pace=time.sleep, seed=0):
         super().__init__()
         self.step_s, self.stall_every, self.stall_s = step_s, stall_every, stall_s
         self.batch_size, self.val_s = batch_size, val_s
         self.steps = 0
+        self.pace = pace
+        self.jitter = random.Random(seed) if pace is not time.sleep else None
+
+    def spend(self, seconds):
+        self.pace(seconds if self.jitter is None else seconds * (1.0 + 0.02 * self.jitter.uniform(-1.0, 1.0)))
 
     def training_step(self, batch, batch_idx):
         self.steps += 1
         stall = self.stall_every and self.steps % self.stall_every == 0
-        time.sleep(self.stall_s if stall else self.step_s)
+        self.spend(self.stall_s if stall else self.step_s)
         return super().training_step(batch, batch_idx)
 
     def validation_step(self, batch, batch_idx):
-        time.sleep(self.val_s)
+        self.spend(self.val_s)
         return super().validation_step(batch, batch_idx)
 
     def train_dataloader(self):
@@ -57,8 +71,11 @@ def steady_and_stalling(tmp_path_factory):
     """A: 10 ms every step. B: 7 ms steps, but every 5th stalls 40 ms: B's median is lower, its mean higher
     ((4 x 7 + 40) / 5 = 13.6 ms), and its wall time is longer."""
     root = tmp_path_factory.mktemp("headline")
-    a = run(root, "steady", PacedModel(step_s=0.010), max_steps=60)
-    b = run(root, "stalling", PacedModel(step_s=0.007, stall_every=5, stall_s=0.040), max_steps=60)
+    with pytest.MonkeyPatch.context() as mp:
+        clock = use_virtual_clock(mp)
+        a = run(root, "steady", PacedModel(step_s=0.010, pace=clock.advance), max_steps=60)
+        b = run(root, "stalling", PacedModel(step_s=0.007, stall_every=5, stall_s=0.040, pace=clock.advance),
+                max_steps=60)
     return a, b
 
 
@@ -105,14 +122,15 @@ def test_cli_compare_text_lists_the_distribution_and_fails_the_slower_candidate(
     assert "steady:" in out and "stalling:" in out  # names: the part of the path that differs
 
 
-def test_samples_per_second_is_the_headline_when_batch_sizes_differ(tmp_path):
+def test_samples_per_second_is_the_headline_when_batch_sizes_differ(tmp_path, monkeypatch):
     """Batch 8 -> 32 at a step cost of 10 -> 20 ms: half the it/s, twice the samples/s. Best is the big batch."""
-    a, pa = run(tmp_path, "bs8", PacedModel(step_s=0.010, batch_size=8), max_steps=30)
-    b, pb = run(tmp_path, "bs32", PacedModel(step_s=0.020, batch_size=32), max_steps=30)
+    clock = use_virtual_clock(monkeypatch)
+    a, pa = run(tmp_path, "bs8", PacedModel(step_s=0.010, batch_size=8, pace=clock.advance), max_steps=30)
+    b, pb = run(tmp_path, "bs32", PacedModel(step_s=0.020, batch_size=32, pace=clock.advance), max_steps=30)
     result = compare_summaries(a, b)
     assert result["speedup_basis"] == "samples/s"
     assert result["speedup"] == pytest.approx(result["samples_per_s_speedup"], rel=1e-9)
-    assert result["speedup"] > 1.5 and b["iteration_timer"]["it_per_s"] < a["iteration_timer"]["it_per_s"]
+    assert result["speedup"] == pytest.approx(2.0, rel=0.03) and b["iteration_timer"]["it_per_s"] < a["iteration_timer"]["it_per_s"]
     rows = report_rows([a, b], ["bs8", "bs32"])
     assert rows[1]["change_pct"] > 50 and "(samples/s)" in format_report(rows)
     results = [{"name": n, "overrides": [], "exit_code": 0, "wall_s": 1.0, "summary": s, "log": p}
@@ -120,21 +138,35 @@ def test_samples_per_second_is_the_headline_when_batch_sizes_differ(tmp_path):
     assert best_variant(matrix_rows(results))["variant"] == "bs32"
 
 
-def test_two_runs_of_one_configuration_are_not_called_significant(tmp_path):
-    (a, _), (b, _) = [run(tmp_path, name, PacedModel(step_s=0.006, stall_every=7, stall_s=0.030), max_steps=70)
-                      for name in ("first", "second")]
+def test_compare_of_two_real_runs_of_one_setup_is_consistent_whatever_the_load(tmp_path):
+    """Two real-clock runs of one setup, back to back. Whether they come out "significant" depends on the machine
+    (a neighbour, a clock boost): the false-positive rate of the rule is tested on synthetic series in
+    test_speed_verdict.py. Here: every field is there, the verdict follows from the interval and the effect, the
+    interval holds the speedup, and the text says what the interval does not cover."""
+    (a, pa), (b, pb) = [run(tmp_path, name, PacedModel(step_s=0.006, stall_every=7, stall_s=0.030), max_steps=70)
+                        for name in ("first", "second")]
     result = compare_summaries(a, b)
-    assert result["speedup_ci95"] is not None
-    assert result["speedup_significant"] is False, result["speedup_ci95"]
+    lo, hi = result["speedup_ci95"]
+    assert lo <= result["speedup"] <= hi
+    excludes_one = lo > 1.0 or hi < 1.0
+    big_enough = abs(result["speedup"] - 1.0) * 100.0 >= result["min_effect_pct"]
+    assert result["speedup_significant"] is (excludes_one and big_enough)
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "compare", pa, pb], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "95% CI" in proc.stdout and "same host" in proc.stdout
 
 
 @pytest.mark.parametrize("stalls", [False, True])
-def test_time_to_n_predicts_the_measured_train_and_eval_time(tmp_path, stalls):
+def test_time_to_n_predicts_the_measured_train_and_eval_time(tmp_path, monkeypatch, stalls):
     """A run of N projects to N within 5% of its own train and train + eval time; projected to 2N, it predicts a
-    second run of 2N within 8% (two runs of one setup on a shared machine differ by a few percent themselves).
-    Validation every 20 iterations, 4 batches of 40 ms; checkpointing off, so the disk's speed is not the test."""
+    second run of 2N within 8%. Validation every 20 iterations, 4 batches of 40 ms; checkpointing off. On the
+    virtual clock (see the module's docstring): on the real one, a loaded machine moves the second run by more."""
+    clock = use_virtual_clock(monkeypatch)
+
     def model():
-        return PacedModel(step_s=0.030, stall_every=5 if stalls else 0, stall_s=0.090, val_s=0.040)
+        return PacedModel(step_s=0.030, stall_every=5 if stalls else 0, stall_s=0.090, val_s=0.040,
+                          pace=clock.advance)
 
     args = dict(val_check_interval=20, limit_val_batches=4, check_val_every_n_epoch=None, enable_checkpointing=False)
     short, _ = run(tmp_path, "short", model(), max_steps=40, **args)
@@ -165,34 +197,44 @@ def test_compare_reads_a_schema_1_summary(steady_and_stalling, tmp_path):
         30000 * a["iteration_timer"]["ms_per_iter"]["mean"] / 1000.0)
 
 
-class SlowBackward(torch.autograd.Function):
+class PacedBackward(torch.autograd.Function):
+    """Identity whose backward costs ``seconds``, spent by ``pace``: ``time.sleep``, or a virtual clock's
+    ``advance``."""
+
+    pace = staticmethod(time.sleep)
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(0.02)
-        return grad
+        PacedBackward.pace(ctx.seconds)
+        return grad, None
 
 
 class SlowBackwardModel(TinyModel):
+    """2 ms of forward, 20 ms of backward: 10x, far past the usual 2x."""
+
     def training_step(self, batch, batch_idx):
         x, y = batch
-        out = SlowBackward.apply(self(x))
+        PacedBackward.pace(0.002)
+        out = PacedBackward.apply(self(x), 0.020)
         return torch.nn.functional.mse_loss(out, y)
 
 
 class UserSectionInForward(TinyModel):
-    """Like the demo: the whole forward inside a user section, so the automatic `forward` remainder is tiny."""
+    """Like the demo: the whole forward inside a user section, so the automatic `forward` remainder is tiny. 4 ms of
+    forward, 67% of the iteration, and 2 ms of backward, which reads as a slow backward if the section is left out."""
 
     def training_step(self, batch, batch_idx):
         from lightning_perf import profile_section
 
         x, y = batch
         with profile_section("net_forward"):
-            time.sleep(0.004)
-            out = self(x)
+            PacedBackward.pace(0.004)
+            out = PacedBackward.apply(self(x), 0.002)
         loss = torch.nn.functional.mse_loss(out, y)
         return loss
 
@@ -202,7 +244,10 @@ def _insights(tmp_path, model):
     return find_summary(tmp_path)["section_profiler"]
 
 
-def test_backward_insight_fires_for_a_truly_slow_backward_only(tmp_path):
+def test_backward_insight_fires_for_a_truly_slow_backward_only(tmp_path, monkeypatch):
+    """On the virtual clock: on a loaded machine, the sleeps' overshoot and Lightning's own time move the shares
+    across the insights' thresholds."""
+    monkeypatch.setattr(PacedBackward, "pace", staticmethod(use_virtual_clock(monkeypatch).advance))
     slow = _insights(tmp_path / "slow", SlowBackwardModel())
     assert any(i.startswith("Backward takes") for i in slow["insights"]), slow["insights"]
     carved = _insights(tmp_path / "carved", UserSectionInForward())

@@ -6,7 +6,7 @@ import pytest
 
 import numpy as np
 
-from lightning_perf.measure.stats import BlockSeries, LogHistogram, block_bootstrap_mean_ratio_ci
+from lightning_perf.measure.stats import BlockSeries, LogHistogram, batch_means_ratio_ci, student_t_quantile
 
 
 def exact_quantile(sorted_values, q):
@@ -117,31 +117,60 @@ def test_block_series_keeps_bounded_memory_and_the_exact_total():
     assert again.blocks() == blocks
 
 
-def test_block_bootstrap_stays_quiet_between_identical_runs_with_bursty_stalls():
-    """The same process twice: resampling single iterations would call many of these pairs different; blocks
-    keep the bursts together and the interval covers 1 for nearly all of them."""
+def test_batch_means_stay_quiet_between_identical_runs_with_bursty_stalls():
+    """The same process twice: treating iterations as independent would call many of these pairs different;
+    batches keep the bursts together and the interval covers 1 for nearly all of them."""
     fired = 0
     for seed in range(20):
         rng = random.Random(seed)
         a, b = _stalling_series(rng, 600), _stalling_series(rng, 600)
-        lo, hi = block_bootstrap_mean_ratio_ci(_series(a), _series(b), resamples=500, seed=seed)
+        lo, hi = batch_means_ratio_ci(_series(a), _series(b))
         fired += not (lo <= 1.0 <= hi)
     assert fired <= 2
 
 
-def test_block_bootstrap_finds_a_real_gain_and_covers_it():
+def test_batch_means_find_a_real_gain_and_cover_it():
     """Every fifth step stalls (a checkpoint, a log flush): regular, so a 10% gain is resolved."""
     rng = random.Random(11)
 
     def periodic(scale):
         return [rng.gauss(40.0 if i % 5 == 4 else 7.0, 0.5) / scale for i in range(2000)]
 
-    lo, hi = block_bootstrap_mean_ratio_ci(_series(periodic(1.0)), _series(periodic(1.10)))
+    lo, hi = batch_means_ratio_ci(_series(periodic(1.0)), _series(periodic(1.10)))
     assert 1.0 < lo < 1.10 < hi
 
 
-def test_block_bootstrap_needs_enough_values():
-    assert block_bootstrap_mean_ratio_ci(_series([1.0] * 3), _series([1.0] * 100)) is None
+def test_batch_means_need_four_batches_of_eight():
+    assert batch_means_ratio_ci(_series([1.0] * 31), _series([1.0] * 100)) is None
+    assert batch_means_ratio_ci(_series([1.0] * 32), _series([1.0] * 100)) == (1.0, 1.0)
+
+
+def test_batch_means_interval_is_the_welch_t_interval_of_the_batch_means():
+    """Equal batches: the interval of the log ratio is Welch's t interval on the log scale, computed independently
+    with numpy and scipy from the batch means."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(4)
+    a = [rng.uniform(8, 12) for _ in range(96)]  # 12 batches of 8
+    b = [rng.uniform(9, 14) for _ in range(64)]  # 8 batches of 8
+    parts = []
+    for values in (a, b):
+        means = np.array(values).reshape(-1, 8).mean(axis=1)
+        parts.append((math.log(means.mean()), means.var(ddof=1) / len(means) / means.mean() ** 2, len(means)))
+    (la, va, na), (lb, vb, nb) = parts
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
+    half = scipy_stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    lo, hi = batch_means_ratio_ci(_series(a), _series(b))
+    assert lo == pytest.approx(math.exp(la - lb - half), rel=1e-3)
+    assert hi == pytest.approx(math.exp(la - lb + half), rel=1e-3)
+
+
+@pytest.mark.parametrize("df", [3, 5, 8, 15, 40, 200])
+@pytest.mark.parametrize("p", [0.9, 0.975, 0.995])
+def test_student_t_quantile_matches_scipy(df, p):
+    scipy_stats = pytest.importorskip("scipy.stats")
+    """The accuracy the docstring states: 0.15% up to p = 0.975 from df = 3; at 0.995, 0.8% at df 3, 0.1% from 5."""
+    tolerance = 0.0015 if p <= 0.975 else (0.008 if df < 5 else 0.001)
+    assert student_t_quantile(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), rel=tolerance)
 
 
 @pytest.mark.parametrize("chunks", [[1], [7, 1, 64], [200]])

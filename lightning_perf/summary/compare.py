@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional
 
-from lightning_perf.measure.stats import block_bootstrap_mean_ratio_ci
+from lightning_perf.measure.stats import batch_means_ratio_ci
 from lightning_perf.summary.fields import (
     IMAGE_METRIC_DIRECTIONS,
     blocks,
@@ -40,9 +40,9 @@ def headline(base: Dict[str, Any], candidate: Dict[str, Any], with_ci: bool = Tr
 
     Speed is wall-time throughput over the measured iterations: it/s = 1000 / mean ms/iter. When the runs process
     different samples per iteration (a batch size changed), iterations are not the same work and the headline is
-    the samples/s ratio instead. The 95% CI is a block bootstrap of the ratio of mean ms/iter (blocks of consecutive
-    iterations, so bursts of slow steps are resampled together), scaled by the samples-per-iteration ratio where
-    samples/s is the basis. ``speedup`` > 1 means the candidate is faster. ``significant`` needs both: the interval
+    the samples/s ratio instead. The 95% CI is a batch-means interval of the ratio of mean ms/iter (batches of at least 8
+    consecutive iterations, so bursts of slow steps stay together; Student's t for few batches), scaled by the
+    samples-per-iteration ratio where samples/s is the basis. ``speedup`` > 1 means the candidate is faster. ``significant`` needs both: the interval
     excludes 1 and the change is at least ``min_effect_pct``.
     """
     b, c = speed(base), speed(candidate)
@@ -68,14 +68,27 @@ def headline(base: Dict[str, Any], candidate: Dict[str, Any], with_ci: bool = Tr
         if sb is None or sc is None:
             out["reason"] = "no CI: a run has no iteration blocks (a schema 1 summary)"
         else:
-            ci = block_bootstrap_mean_ratio_ci(sb, sc)
+            ci = batch_means_ratio_ci(sb, sc)
             if ci is None:
-                out["reason"] = "no CI: a run has fewer than 8 measured iterations"
+                out["reason"] = "no CI: a run has fewer than 32 measured iterations"
             else:
                 out["ci95"] = [scale * ci[0], scale * ci[1]]
                 excludes_one = out["ci95"][0] > 1.0 or out["ci95"][1] < 1.0
                 out["significant"] = excludes_one and abs(out["speedup"] - 1.0) * 100.0 >= min_effect_pct
     return out
+
+
+def between_runs_note(base: Dict[str, Any], candidate: Dict[str, Any]) -> Optional[str]:
+    """What the speedup's interval does not cover, in one line, when the two runs ran at different times: the
+    interval is built from the variation within each run, and two runs of one setup also differ between them."""
+    hosts = (dig(base, "run", "host"), dig(candidate, "run", "host"))
+    starts = (dig(base, "run", "started_at"), dig(candidate, "run", "started_at"))
+    if not all(isinstance(h, str) and h for h in hosts) or starts[0] == starts[1]:
+        return None
+    where = f"the same host ({hosts[0]})" if hosts[0] == hosts[1] else f"different hosts ({hosts[0]}, {hosts[1]})"
+    return (f"both runs ran on {where} at different times: the CI covers the variation within each run, not the"
+            " drift between two runs of one setup (other load, clocks, caches); run the baseline again beside the"
+            " candidate to see that drift")
 
 
 def compare_summaries(
@@ -97,6 +110,7 @@ def compare_summaries(
         notes.append(f"runs used different devices ({devices[0]} vs {devices[1]}): speed is not comparable")
     head = headline(base, candidate, min_effect_pct=min_effect_pct)
     speedup = head["speedup"]
+    between = between_runs_note(base, candidate) if head["ci95"] else None
     if speedup is None:
         notes.append(f"speedup unavailable: {head['reason']}")
     elif head["reason"]:
@@ -138,6 +152,7 @@ def compare_summaries(
         "speedup_ci95": head["ci95"],
         "speedup_significant": head["significant"],
         "min_effect_pct": min_effect_pct,
+        "between_runs": between,
         "change_pct": None if speedup is None else 100.0 * (speedup - 1.0),
         "typical_iteration_speedup": head["typical_speedup"],
         "samples_per_s_speedup": sample_speedup,
@@ -201,6 +216,7 @@ def format_text(result: Dict[str, Any]) -> str:
         f"  {'Speedup:':<{width}}{_speedup_text(result)}",
         f"  {'Typical:':<{width}}"
         + ("n/a" if typical is None else f"{typical:.2f}x the median iteration (stalls and slow steps left out)"),
+        *([f"  {'Between:':<{width}}{result['between_runs']}"] if result.get("between_runs") else []),
         "",
         "Iteration time distribution:",
         f"  {b['name'] + ':':<{width}}{_spread_line(b)}",
@@ -266,6 +282,8 @@ def format_markdown(result: Dict[str, Any]) -> str:
         f"**Speedup:** {_speedup_text(result)}. **Time saved:** {fmt_duration(result['time_saved_s'])}"
         f" ({fmt_pct(result['time_saved_pct'])}).",
     ]
+    if result.get("between_runs"):
+        parts += ["", f"**Between runs:** {result['between_runs']}."]
     if result["memory_mb"]:
         mem_rows = [
             [label, fmt_mb(d["base"]), fmt_mb(d["candidate"]), fmt_pct(d["delta_pct"])]
