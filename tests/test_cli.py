@@ -4,28 +4,37 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
-from helpers import TinyModel, fit
+from helpers import TinyModel, fit, use_virtual_clock
 from lightning_perf import IterationTimer
 
 
-class SlowerModel(TinyModel):
+class PacedModel(TinyModel):
+    """Each training step costs ``step_s`` on the test's virtual clock (``helpers.VirtualClock``): what the files
+    say is then known, whatever else runs on the machine."""
+
+    def __init__(self, clock, step_s):
+        super().__init__()
+        self.clock, self.step_s = clock, step_s
+
     def training_step(self, batch, batch_idx):
-        time.sleep(0.004)
+        self.clock.advance(self.step_s)
         return super().training_step(batch, batch_idx)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """"fast" costs 2 ms a step, "slow" 6 ms; 5 epochs of 8 batches, 39 measured iterations (32 give an interval)."""
     root = tmp_path_factory.mktemp("runs")
     paths = {}
-    for name, model in (("fast", TinyModel()), ("slow", SlowerModel())):
-        fit(root / name, [IterationTimer(warmup_steps=1, summary_path=str(root / name / "perf_summary.json"))],
-            model=model, max_epochs=3)
-        paths[name] = str(root / name / "perf_summary.json")
+    with pytest.MonkeyPatch.context() as mp:
+        clock = use_virtual_clock(mp)
+        for name, step_s in (("fast", 0.002), ("slow", 0.006)):
+            fit(root / name, [IterationTimer(warmup_steps=1, summary_path=str(root / name / "perf_summary.json"))],
+                model=PacedModel(clock, step_s), max_epochs=5)
+            paths[name] = str(root / name / "perf_summary.json")
     return paths
 
 
@@ -56,7 +65,7 @@ def test_compare_json_is_consistent_with_the_files(runs):
         fast["histogram_ms"]["sum"] / fast["measured_iterations"])
     assert result["speedup"] == pytest.approx(speedup)
     assert result["speedup_basis"] == "it/s"
-    assert speedup > 1.0  # 4 ms of sleep per step is the difference
+    assert speedup == pytest.approx(3.0, rel=1e-6)  # 6 ms against 2 ms a step
     lo, hi = result["speedup_ci95"]
     assert lo <= result["speedup"] <= hi
     warmup_extra = slow["warmup_time_s"] - slow["excluded"]["warmup"] * slow["ms_per_iter"]["mean"] / 1000
@@ -102,7 +111,7 @@ def test_bad_arguments_exit_2(runs):
 
 
 def test_report_markdown_and_csv(runs):
-    out = cli("report", runs["slow"], runs["fast"], "--notes", "reference", "4 ms less sleep",
+    out = cli("report", runs["slow"], runs["fast"], "--notes", "reference", "4 ms less a step",
               check_rc=0).stdout.splitlines()
     assert out[0].startswith("| Run | Date | Speed (it/s) |")
     assert out[2].startswith("| slow |") and out[3].startswith("| fast |")
@@ -111,7 +120,7 @@ def test_report_markdown_and_csv(runs):
     with open(runs["slow"]) as fh:
         slow = json.load(fh)
     assert cells[2] == slow["run"]["started_at"][:16].replace("T", " ")
-    assert cells[-2] == "reference" and out[3].split("|")[-2].strip() == "4 ms less sleep"
+    assert cells[-2] == "reference" and out[3].split("|")[-2].strip() == "4 ms less a step"
     # the model logs val_loss: the report shows each run's last value with no extra set-up
     header = [c.strip() for c in out[0].split("|")]
     assert "val_loss" in header
