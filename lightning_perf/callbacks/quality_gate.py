@@ -11,8 +11,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_path, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import check_writable
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 from lightning_perf.measure.image_quality import (
@@ -563,9 +564,32 @@ class QualityGate(PerfCallback):
         return {"results": self.results, "checks": self._checks, "failed": list(self._failed),
                 "failed_count": self._failed_count, "step": self._step}
 
+    @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self._results = dict(state_dict.get("results", {}))
-        self._checks = int(state_dict.get("checks", 0))
-        self._failed = list(state_dict.get("failed", []))
-        self._failed_count = int(state_dict.get("failed_count", len(self._failed)))
-        self._step = state_dict.get("step")
+        s = StateReader(state_dict)
+        results: Dict[str, Dict[str, Any]] = {}
+        for name, data in s.mapping("results").data.items():
+            r = StateReader(data, f"results.{name}")
+            if not isinstance(name, str) or r.text("mode", allow_none=False) not in MODES:
+                raise StateError(f"results.{name} is not a metric's result (a name, and `mode` 'max' or 'min')")
+            if r.text("tolerance_mode", "relative", allow_none=False) not in TOLERANCE_MODES:
+                raise StateError(f"results.{name}.tolerance_mode is {data['tolerance_mode']!r}")
+            if "passed" in r and r.data["passed"] is not None:
+                r.flag("passed")
+            numbers = {key: r.number(key, None, minimum=None, allow_none=True)
+                       for key in ("value", "baseline", "delta", "delta_pct", "tolerance", "allowed_delta") if key in r}
+            results[name] = {**data, **numbers, "value": numbers.get("value"), "reason": r.text("reason"),
+                             **({"step": r.count("step")} if "step" in r else {})}
+            if results[name]["reason"] is None:
+                del results[name]["reason"]
+        failed = []
+        for f in s.records("failed"):
+            metrics = f.data.get("metrics", [])
+            if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+                raise StateError(f"{f.where}.metrics is {metrics!r}, expected a list of metric names")
+            failed.append({"step": f.count("step"), "metrics": list(metrics)})
+        read = dict(_results=results, _checks=s.count("checks"), _failed=failed[:_MAX_FAILED_RECORDS],
+                    _failed_count=s.count("failed_count", len(failed)),
+                    _step=None if s.data.get("step") is None else s.count("step"))
+        for name, value in read.items():  # all read: nothing is assigned from a state that fails halfway
+            setattr(self, name, value)
