@@ -26,7 +26,8 @@ class PerfSuite(Callback):
     Lightning calls every hook of every callback on every step (about 1.7 µs a call with its profiler context):
     five separate callbacks pay that five times. Inside a ``PerfSuite`` they pay it once; each hook is forwarded
     only to the callbacks that define it. The callbacks keep their arguments, summary sections, logged keys and
-    checkpoint state (under the suite's ``state_key``, one entry per callback by its own ``state_key``). A check that
+    checkpoint state (under the suite's ``state_key``, one entry per callback by its own ``state_key``; a resume finds
+    each callback's state by its own key in a checkpoint of separate callbacks or of another suite too). A check that
     is asked to fail (``QualityGate(action="fail")``, ``EvalNoGradGuard(mode="raise")``) still fails the fit, after
     every callback has run that hook.
 
@@ -36,7 +37,8 @@ class PerfSuite(Callback):
 
     Raises:
         ValueError: for something that is not a lightning_perf callback, or two callbacks with one ``state_key``
-            (their checkpoint state would collide).
+            (their checkpoint state would collide); ``PerfConfigError`` at setup when a callback's key is also used
+            by another lightning_perf callback of the Trainer (beside the suite or in another suite).
 
     Example::
 
