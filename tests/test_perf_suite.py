@@ -60,7 +60,7 @@ def test_checkpoint_state_goes_through_the_suite_and_resume_covers_the_run(tmp_p
     fit(tmp_path / "a", [PerfSuite(children()), ckpt], max_epochs=1)
     import torch
 
-    state = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["callbacks"]["PerfSuite"]
+    state = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["callbacks"][PerfSuite(children()).state_key]
     assert set(state) == {"IterationTimer", "SectionProfiler", "VRAMMonitor", "EvalNoGradGuard"}
     trainer = Trainer(callbacks=[PerfSuite(children())], **trainer_kwargs(tmp_path / "b", max_epochs=2))
     trainer.fit(TinyModel(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))

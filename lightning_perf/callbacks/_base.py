@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import weakref
-from typing import Any, Callable, Dict, Optional, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_perf.callbacks._arguments import check_path, check_text
-from lightning_perf.callbacks._summary_book import book_for
-from lightning_perf.errors import PerfCheckFailed
+from lightning_perf.callbacks._state import StateError
+from lightning_perf.callbacks._summary_book import book_for, trainer_stage
+from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,6 +33,45 @@ def guarded(hook: F) -> F:
 
     wrapper.__guarded__ = hook  # type: ignore[attr-defined] - PerfSuite calls it with one guard of its own
     return wrapper  # type: ignore[return-value]
+
+
+def reads_state(load: F) -> F:
+    """Wraps a callback's ``load_state_dict``: state this version cannot read (another version's, edited by hand) is
+    warned about once, recorded under the section's ``unavailable.checkpoint_state`` and left out; the callback goes
+    on with what it had (fresh, on a resume) and training resumes. The loaders read everything (with
+    :class:`~lightning_perf.callbacks._state.StateReader`) before they assign anything, so nothing is half-loaded."""
+
+    @functools.wraps(load)
+    def wrapper(self: "PerfCallback", state_dict: Any) -> None:
+        try:
+            if not isinstance(state_dict, dict):
+                raise StateError(f"the state is a {type(state_dict).__name__}, expected a dict")
+            known = set(self.state_dict())
+            if not known & set(state_dict):
+                raise StateError(f"the state has none of the keys this version writes ({', '.join(sorted(known))})"
+                                 if state_dict else "the state is empty")
+            load(self, state_dict)
+        except Exception as err:  # noqa: BLE001 - a checkpoint's measurements must never stop a resume
+            self._state_unreadable(err)
+
+    return wrapper  # type: ignore[return-value]
+
+
+#: The checkpoint key of a PerfSuite starts with this: its entry holds its callbacks' states by their own keys.
+SUITE_KEY = "PerfSuite"
+
+
+def callback_states(checkpoint: Any) -> Dict[Any, Any]:
+    """The checkpoint's ``callbacks`` dict (state_key -> state), or an empty one."""
+    states = checkpoint.get("callbacks") if isinstance(checkpoint, dict) else None
+    return states if isinstance(states, dict) else {}
+
+
+def state_locations(states: Dict[Any, Any]) -> List[Tuple[Optional[str], Dict[Any, Any]]]:
+    """Where a lightning_perf callback's state can be in a checkpoint: (None, the top level) for a callback given to
+    the Trainer itself, then (the suite's key, its entry) for each PerfSuite."""
+    return [(None, states)] + [(key, entry) for key, entry in states.items()
+                               if isinstance(key, str) and key.startswith(SUITE_KEY) and isinstance(entry, dict)]
 
 
 class PerfCallback(Callback):
@@ -70,6 +111,7 @@ class PerfCallback(Callback):
         self.run_notes = check_text(owner, "run_notes", run_notes)
         self._warned: set = set()
         self._failures: Dict[str, str] = {}
+        self._state_problem: Optional[str] = None  # why the checkpoint's state of this callback was not used
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def _warn_once(self, key: str, message: str) -> None:
@@ -96,14 +138,81 @@ class PerfCallback(Callback):
             section = {"error": f"{type(err).__name__}: {err}"}
         if self._failures:
             section["measurement_failures"] = dict(self._failures)
+        if getattr(self, "_state_problem", None):
+            unavailable = section.get("unavailable")
+            section["unavailable"] = {**(unavailable if isinstance(unavailable, dict) else {}),
+                                      "checkpoint_state": self._state_problem}
         return section
+
+    # -- checkpoint state ----------------------------------------------------------------------------------------
+    def _state_unreadable(self, err: BaseException) -> None:
+        reason = str(err) if isinstance(err, StateError) else f"{type(err).__name__}: {err}"
+        self._state_problem = (f"the checkpoint's {type(self).__name__} state could not be read ({reason}); the"
+                               " measurements from before the resume are not in this summary")
+        self._warn_once("state", f"{self._state_problem}. It starts fresh and training resumes.")
+
+    def _state_missing(self, step: Any) -> None:
+        at = f" at step {step}" if isinstance(step, int) and not isinstance(step, bool) else ""
+        self._state_problem = (f"resumed{at} from a checkpoint without {type(self).__name__} state (saved without"
+                               " this callback, or with another `summary_path`); the measurements from before the"
+                               " resume are not in this summary")
+        self._warn_once("state", f"{self._state_problem}.")
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        """Lightning gives ``load_state_dict`` only the entry under this callback's own ``state_key``: a state saved
+        by this callback inside a :class:`PerfSuite` is found here, in the whole checkpoint."""
+        try:
+            states = callback_states(checkpoint)
+            if self.state_key in states:
+                if not states[self.state_key]:  # Lightning passes no empty state on: said here
+                    self.load_state_dict(states[self.state_key])
+                return
+        except Exception as err:  # noqa: BLE001 - a checkpoint's measurements must never stop a resume
+            self._state_unreadable(err)
+            return
+        self._restore_state(trainer, checkpoint, delivered_from=None)
+
+    def _restore_state(self, trainer: Trainer, checkpoint: Dict[str, Any], delivered_from: Optional[str]) -> None:
+        """Loads this callback's state from wherever the checkpoint holds it, except ``delivered_from`` (where
+        Lightning looks: None for the top level, else a suite's key); none found: the resume goes on without the
+        earlier measurements, and the summary says so. Only when fitting: validate/test/predict keep no run."""
+        try:
+            if trainer_stage(trainer) != "fit":
+                return
+            for where, entry in state_locations(callback_states(checkpoint)):
+                if where != delivered_from and self.state_key in entry:
+                    self.load_state_dict(copy.deepcopy(entry[self.state_key]))
+                    return
+            self._state_missing(checkpoint.get("global_step") if isinstance(checkpoint, dict) else None)
+        except Exception as err:  # noqa: BLE001 - a checkpoint's measurements must never stop a resume
+            self._state_unreadable(err)
 
     # -- summary plumbing ----------------------------------------------------------------------------------------
     def _start_run(self, trainer: Trainer, stage: str = "fit") -> None:
         """Called from ``setup``: forgets the last run's failures and joins this trainer's summary file of ``stage``
         (a fit's file, or a validate/test/predict file beside it). Fails fast on an output path it cannot write."""
         self._failures.clear()
+        self._state_problem = None
+        self._check_unique(trainer)
         book_for(trainer).attach(trainer, self, stage)
+
+    def _check_unique(self, trainer: Trainer) -> None:
+        """Two lightning_perf callbacks of one key in one Trainer (one given to the Trainer, one inside a PerfSuite,
+        or in two suites) would share a checkpoint entry and a summary section: refused, naming both places."""
+        places = []
+        for cb in trainer.callbacks:
+            if isinstance(cb, PerfCallback):
+                places.append((cb, "the Trainer's callbacks"))
+            elif isinstance(cb.state_key, str) and cb.state_key.startswith(SUITE_KEY):
+                places += [(inner, f"`{cb.state_key}`") for inner in getattr(cb, "callbacks", ())
+                           if isinstance(inner, PerfCallback)]
+        mine = [where for cb, where in places if cb is self]
+        others = [where for cb, where in places if cb is not self and cb.state_key == self.state_key]
+        if others:
+            raise PerfConfigError(
+                f"{type(self).__name__}: this Trainer has two lightning_perf callbacks with the state key"
+                f" {self.state_key!r} (in {(mine or ['?'])[0]} and in {others[0]}); their checkpoint state and summary"
+                " section would collide. Keep one, or give them different `summary_path`s.")
 
     def _carry_or_reset(self, trainer: Trainer, reset: Callable[[], None]) -> None:
         """A new fit on the same Trainer (``fit_loop.max_epochs`` raised, ``fit`` again) continues the run like a

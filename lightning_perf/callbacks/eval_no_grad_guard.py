@@ -10,8 +10,9 @@ import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.errors import PerfCheckFailed
 from lightning_perf.measure.autograd import EvalForwardWatch, find_retained_graphs
 
@@ -290,8 +291,24 @@ class EvalNoGradGuard(PerfCallback):
     def state_dict(self) -> Dict[str, Any]:
         return {"findings": self.findings, "retained": self.retained}
 
+    @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        for f in state_dict.get("findings", []):
-            self._findings[(f.get("site"), f.get("module"))] = dict(f)
-        for r in state_dict.get("retained", []):
-            self._retained[r.get("attribute")] = dict(r)
+        s = StateReader(state_dict)
+        findings = {}
+        for f in s.records("findings"):
+            entry = {"site": f.text("site", allow_none=False), "hook": f.text("hook"),
+                     "module": f.text("module", allow_none=False), "count": f.count("count"),
+                     "saved_for_backward_bytes": f.count("saved_for_backward_bytes"), "fixed": f.flag("fixed")}
+            if entry["site"] is None or entry["module"] is None:
+                raise StateError(f"{f.where} lacks its site or module")
+            findings[(entry["site"], entry["module"])] = {**f.data, **entry}
+        retained = {}
+        for r in s.records("retained"):
+            record = {"attribute": r.text("attribute", allow_none=False), "seen_at": r.text("seen_at"),
+                      "max_count": r.count("max_count"), "max_bytes_kept": r.count("max_bytes_kept"),
+                      "epochs_seen": r.count("epochs_seen")}
+            if record["attribute"] is None:
+                raise StateError(f"{r.where} lacks its attribute")
+            retained[record["attribute"]] = {**r.data, **record}
+        self._findings.update(findings)  # all read: nothing is assigned from a state that fails halfway
+        self._retained.update(retained)

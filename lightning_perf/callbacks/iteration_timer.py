@@ -9,9 +9,10 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._state import StateReader
 from lightning_perf.measure.clock import DeviceIntervalClock, now
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
 from lightning_perf.summary.projection import project_time
@@ -553,24 +554,25 @@ class IterationTimer(PerfCallback):
         return {"epoch": self._trainer_epoch, "iterations": self.iterations - self._epoch_iter_start,
                 "time_s": self._epoch_prior_s + now() - self._epoch_start - eval_s, "eval_time_s": eval_s}
 
+    @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self.iterations = int(state_dict.get("iterations", 0))
-        self.batches = int(state_dict.get("batches", 0))
-        self.samples = int(state_dict.get("samples", 0))
-        self._prior_train_time_s = float(state_dict.get("train_time_s", 0.0))
-        self._prior_eval_time_s = float(state_dict.get("eval_time_s", 0.0))
-        self._counted_samples = int(state_dict.get("counted_samples", 0))
-        self._counted_batches = int(state_dict.get("counted_batches", 0))
-        self._excluded["warmup"] = int(state_dict.get("excluded", {}).get("warmup", 0))
-        self._warmup_time_s = float(state_dict.get("warmup_time_s", 0.0))
-        self._validation_runs = int(state_dict.get("validation_runs", 0))
-        self._fits = int(state_dict.get("fits", 0))
-        self._epochs = list(state_dict.get("epochs", []))
-        self._open_epoch = state_dict.get("open_epoch")
-        if "histogram_ms" in state_dict:
-            self._host = LogHistogram.from_dict(state_dict["histogram_ms"])
-        if "blocks_ms" in state_dict:
-            self._blocks = BlockSeries.from_dict(state_dict["blocks_ms"])
-        if "device_histogram_ms" in state_dict:
-            self._device = LogHistogram.from_dict(state_dict["device_histogram_ms"])
+        s = StateReader(state_dict)
+        epochs = [{"epoch": e.count("epoch"), "time_s": e.number("time_s"), "iterations": e.count("iterations"),
+                   "it_per_s": e.number("it_per_s", None, allow_none=True), "eval_time_s": e.number("eval_time_s")}
+                  for e in s.records("epochs")[:_MAX_EPOCH_RECORDS]]
+        carried = s.mapping("open_epoch", allow_none=True)
+        open_epoch = None if carried is None or not carried.data else {
+            "epoch": carried.count("epoch"), "iterations": carried.count("iterations"),
+            "time_s": carried.number("time_s"), "eval_time_s": carried.number("eval_time_s")}
+        read = dict(
+            iterations=s.count("iterations"), batches=s.count("batches"), samples=s.count("samples"),
+            _prior_train_time_s=s.number("train_time_s"), _prior_eval_time_s=s.number("eval_time_s"),
+            _counted_samples=s.count("counted_samples"), _counted_batches=s.count("counted_batches"),
+            _excluded={**self._excluded, "warmup": s.mapping("excluded").count("warmup")},
+            _warmup_time_s=s.number("warmup_time_s"), _validation_runs=s.count("validation_runs"),
+            _fits=s.count("fits"), _epochs=epochs, _open_epoch=open_epoch,
+            _host=s.histogram("histogram_ms", self._host), _blocks=s.series("blocks_ms", self._blocks),
+            _device=s.histogram("device_histogram_ms", self._device))
+        for name, value in read.items():  # all read: nothing is assigned from a state that fails halfway
+            setattr(self, name, value)
         self._resumed_at = self.iterations

@@ -9,14 +9,15 @@ from typing import Any, Dict, List, Optional
 from lightning.pytorch import Callback
 
 from lightning_perf.callbacks._arguments import bad_argument
-from lightning_perf.callbacks._base import PerfCallback
+from lightning_perf.callbacks._base import PerfCallback, callback_states
 from lightning_perf.callbacks._rank_gather import close_gather_batch, open_gather_batch
 from lightning_perf.callbacks._scalars import close_log_batch, open_log_batch
 from lightning_perf.errors import PerfCheckFailed
 
-#: Every hook Lightning calls on a callback with (trainer, pl_module, ...): state_dict/load_state_dict are not here.
+#: Every hook Lightning calls on a callback with (trainer, pl_module, ...): state_dict/load_state_dict are not here,
+#: nor on_load_checkpoint, which the suite answers itself (it knows where Lightning delivers each callback's state).
 _HOOKS = tuple(sorted(name for name in dir(Callback) if (name.startswith("on_") or name in ("setup", "teardown"))
-                      and callable(getattr(Callback, name))))
+                      and callable(getattr(Callback, name)) and name != "on_load_checkpoint"))
 
 
 class PerfSuite(Callback):
@@ -25,7 +26,8 @@ class PerfSuite(Callback):
     Lightning calls every hook of every callback on every step (about 1.7 µs a call with its profiler context):
     five separate callbacks pay that five times. Inside a ``PerfSuite`` they pay it once; each hook is forwarded
     only to the callbacks that define it. The callbacks keep their arguments, summary sections, logged keys and
-    checkpoint state (under the suite's ``state_key``, one entry per callback by its own ``state_key``). A check that
+    checkpoint state (under the suite's ``state_key``, one entry per callback by its own ``state_key``; a resume finds
+    each callback's state by its own key in a checkpoint of separate callbacks or of another suite too). A check that
     is asked to fail (``QualityGate(action="fail")``, ``EvalNoGradGuard(mode="raise")``) still fails the fit, after
     every callback has run that hook.
 
@@ -35,7 +37,8 @@ class PerfSuite(Callback):
 
     Raises:
         ValueError: for something that is not a lightning_perf callback, or two callbacks with one ``state_key``
-            (their checkpoint state would collide).
+            (their checkpoint state would collide); ``PerfConfigError`` at setup when a callback's key is also used
+            by another lightning_perf callback of the Trainer (beside the suite or in another suite).
 
     Example::
 
@@ -107,13 +110,36 @@ class PerfSuite(Callback):
         state.pop("_by_hook", None)
         return state
 
+    @property
+    def state_key(self) -> str:
+        """``PerfSuite`` with the state keys of its callbacks, so two suites of different callbacks in one Trainer
+        keep their checkpoint state apart. A resume finds each callback's state by the callback's own key, in any
+        suite's entry or beside it, so a suite whose callbacks changed (or a checkpoint of an older version, saved
+        under ``PerfSuite``) still resumes."""
+        return self._generate_state_key(callbacks=[cb.state_key for cb in self.callbacks])
+
     def state_dict(self) -> Dict[str, Any]:
         return {cb.state_key: cb.state_dict() for cb in self.callbacks}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         for cb in self.callbacks:
-            if cb.state_key in state_dict:
+            if not isinstance(state_dict, dict):
+                cb.load_state_dict(state_dict)  # not readable: each callback says so and starts fresh
+            elif cb.state_key in state_dict:
                 cb.load_state_dict(state_dict[cb.state_key])
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
+        """Lightning gives ``load_state_dict`` only the suite's own entry: a callback whose state is not there (the
+        checkpoint was saved with separate callbacks, or by another suite) finds it by its own ``state_key``."""
+        for cb in self.callbacks:
+            try:
+                mine = callback_states(checkpoint).get(self.state_key)
+                if mine and (not isinstance(mine, dict) or cb.state_key in mine):
+                    continue  # Lightning delivers it through load_state_dict
+            except Exception as err:  # noqa: BLE001 - a checkpoint's measurements must never stop a resume
+                cb._state_unreadable(err)
+                continue
+            cb._restore_state(trainer, checkpoint, delivered_from=self.state_key)
 
 
 #: Hooks in which the callbacks log (periodic windows, phase ends): what they log goes to the loggers in one call.

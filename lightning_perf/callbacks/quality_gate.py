@@ -11,8 +11,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_path, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import check_writable
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 from lightning_perf.measure.image_quality import (
@@ -57,7 +58,9 @@ class QualityGate(PerfCallback):
             or metric -> number.
         tolerance_mode: ``"relative"`` or ``"absolute"``, or metric -> mode.
         action: ``"warn"``; ``"fail"`` (the fit ends with an error after the summary is written); ``"stop"`` (stop
-            training at the first failing check, the same decision on every rank).
+            training at the first failing check, the same decision on every rank). A gate with a baseline that ran no
+            check by the end of the fit has not passed (``passed: false``, ``reason: "never checked: ..."``): with
+            ``"fail"`` the fit fails, with ``"warn"`` and ``"stop"`` it warns.
         at_steps: check only at validations run at these global steps; ``every_n_steps``: or at multiples of N.
             Neither: every validation run.
         record_baseline: write this run's last checked values to this path at fit end, as a baseline file.
@@ -81,7 +84,8 @@ class QualityGate(PerfCallback):
 
     Raises:
         ValueError: at construction for an unknown metric, mode, action, tolerance mode or LPIPS net, a negative
-            tolerance, a bad ``at_steps``/``every_n_steps``/``data_range``, or a baseline that is missing, not JSON or
+            or infinite tolerance, a bad ``at_steps`` (``[]`` included)/``every_n_steps``/``data_range`` (infinite
+            included), or a baseline that is missing, not JSON or
             lacks a gated metric; at the first validation batch (sanity check included) for outputs without the
             configured keys or preds and target of different shapes; at the first check for a monitored name that
             was not logged.
@@ -133,12 +137,16 @@ class QualityGate(PerfCallback):
             raise bad_argument(owner, "action", action, f"Possible choices are: {', '.join(ACTIONS)}.")
         if lpips_net not in LPIPS_NETS:
             raise bad_argument(owner, "lpips_net", lpips_net, f"Possible choices are: {', '.join(LPIPS_NETS)}.")
-        if isinstance(data_range, bool) or not isinstance(data_range, (int, float)) or not data_range > 0:
-            raise bad_argument(owner, "data_range", data_range, "Expected a number > 0 (1.0 for [0, 1] images).")
+        if (isinstance(data_range, bool) or not isinstance(data_range, (int, float)) or not data_range > 0
+                or not math.isfinite(data_range)):
+            raise bad_argument(owner, "data_range", data_range, "Expected a finite number > 0 (1.0 for [0, 1] images).")
         check_positive_int(owner, "every_n_steps", every_n_steps, allow_none=True)
         if at_steps is not None and (isinstance(at_steps, (str, int)) or any(
                 isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in at_steps)):
             raise bad_argument(owner, "at_steps", at_steps, "Expected a list of global steps (integers >= 0).")
+        if at_steps is not None and not list(at_steps):  # a gate that can never check would pass silently
+            raise bad_argument(owner, "at_steps", at_steps, "Expected at least one global step; None checks every"
+                               " validation run.")
         self.metrics = list(metrics)
         self.monitor = monitor
         self.gated = self.metrics + [m for m in monitor if m not in self.metrics]
@@ -191,8 +199,9 @@ class QualityGate(PerfCallback):
 
     @staticmethod
     def _check_tolerance(owner: str, name: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
-            raise bad_argument(owner, name, value, "Expected a tolerance >= 0 (0.005 is 0.5% when relative).")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
+            raise bad_argument(owner, name, value,
+                               "Expected a finite tolerance >= 0 (0.005 is 0.5% when relative).")
         return float(value)
 
     @staticmethod
@@ -216,6 +225,9 @@ class QualityGate(PerfCallback):
         self._failed_count = 0
         self._last_passed: Optional[bool] = None
         self._step: Optional[int] = None
+        self._validation_runs = 0  # validations of this fit (sanity check not counted): why a gate never checked
+        self._validation_steps: List[int] = []  # the global steps of the last few of them
+        self._never_checked: Optional[str] = None  # set at fit end when a gate with a baseline ran no check
 
     # -- set-up --------------------------------------------------------------------------------------------------
     @guarded
@@ -225,6 +237,10 @@ class QualityGate(PerfCallback):
             self._start_run(trainer)
             if self.record_baseline and trainer.is_global_zero:
                 check_writable("QualityGate(record_baseline)", str(self.record_baseline))
+            unreachable = self._unreachable(trainer.max_steps)
+            if unreachable and self.baseline is not None:
+                self._warn_once("unreachable", f"{unreachable}: this gate will not check in this run, and at fit end"
+                                f" it counts as failed ({self._on_never_checked()}).")
         else:
             self._reset()
         for name, reason in self._baseline_gaps.items():
@@ -244,6 +260,49 @@ class QualityGate(PerfCallback):
             for name, metric in build_image_metrics(self.metrics, self.data_range, self._lpips_model).items()
         }
 
+    def _unreachable(self, last_step: Optional[int]) -> Optional[str]:
+        """Why no scheduled check can happen up to ``last_step`` (None when one can, or when the schedule is every
+        validation run)."""
+        if last_step is None or last_step < 0 or (self.at_steps is None and self.every_n_steps is None):
+            return None
+        if self.at_steps is not None and any(0 < s <= last_step for s in self.at_steps):
+            return None
+        if self.every_n_steps is not None and self.every_n_steps <= last_step:
+            return None
+        parts = []
+        if self.at_steps is not None:
+            steps = self.at_steps if len(self.at_steps) <= 5 else self.at_steps[:5] + ["..."]
+            verb = "is" if len(self.at_steps) == 1 else "are"
+            parts.append(f"at_steps=[{', '.join(map(str, steps))}] {verb} past")
+        if self.every_n_steps is not None:
+            parts.append(f"every_n_steps={self.every_n_steps} is larger than")
+        return " and ".join(parts) + f" the run's last step {last_step}"
+
+    def _never_checked_reason(self, last_step: int) -> str:
+        """Why a fit ended with no check: said in the summary, the warning and the error of action='fail'."""
+        if self._validation_runs == 0:
+            why = (f"no validation ran in this fit, which ended at step {last_step} (no validation loop,"
+                   " `limit_val_batches=0`, or validation scheduled after the last step)")
+        else:
+            earlier = "..., " if self._validation_runs > len(self._validation_steps) else ""
+            ran = f"validations ran at steps {earlier}{', '.join(map(str, self._validation_steps))}"
+            why = self._unreachable(last_step)
+            if why is None and (self.at_steps is not None or self.every_n_steps is not None):
+                schedule = " or ".join(
+                    ([f"at_steps={self.at_steps}"] if self.at_steps is not None else [])
+                    + ([f"a multiple of every_n_steps={self.every_n_steps}"] if self.every_n_steps is not None
+                       else []))
+                why = f"no validation ran at {schedule} ({ran})"
+            elif why is None:
+                why = f"no validation completed a check ({ran}; see measurement_failures)"
+            else:
+                why = f"{why} ({ran})"
+        return f"never checked: {why}"
+
+    def _on_never_checked(self) -> str:
+        return {"fail": "action='fail' fails the fit", "warn": "action='warn' warns",
+                "stop": "action='stop' warns: there is no training left to stop"}[self.action]
+
     def _scheduled(self, step: int) -> bool:
         if self.at_steps is None and self.every_n_steps is None:
             return True
@@ -256,6 +315,9 @@ class QualityGate(PerfCallback):
         if not self._metrics_built:
             self._build_metrics(trainer)
         self._active = not trainer.sanity_checking and self._scheduled(trainer.global_step)
+        if not trainer.sanity_checking:
+            self._validation_runs += 1
+            self._validation_steps = (self._validation_steps + [trainer.global_step])[-5:]
         self._images = 0
         for metric in self._image_metrics.values():
             metric.reset()
@@ -404,6 +466,12 @@ class QualityGate(PerfCallback):
     # -- end -----------------------------------------------------------------------------------------------------
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._checks == 0 and self.baseline is not None:
+            # Fail closed: a gate asked for a verdict that never decided has not passed.
+            self._never_checked = self._never_checked_reason(trainer.global_step)
+            if self.action != "fail":
+                self._warn_once("never_checked", f"{self._never_checked}; the summary records the gate as not"
+                                f" passed ({self._on_never_checked()}).")
         if self.record_baseline and trainer.is_global_zero:
             bad = [n for n, r in self._results.items() if r.get("value") is None]
             if not self._results or bad:
@@ -415,6 +483,9 @@ class QualityGate(PerfCallback):
         self._write_summary(trainer)
         if trainer.is_global_zero:
             rank_zero_info(self.verdict())
+        if self.action == "fail" and self._never_checked:
+            raise PerfCheckFailed(f"QualityGate: {self._never_checked} (action='fail'). See the quality_gate section"
+                                  " of the summary.")
         if self.action == "fail" and self._failed_count:
             first = self._failed[0]
             raise PerfCheckFailed(
@@ -428,6 +499,8 @@ class QualityGate(PerfCallback):
     def verdict(self) -> str:
         """One line for the console: the final verdict and every failed check (the first 10, then a count)."""
         values = ", ".join(f"{n} {r['value']:.4g}" for n, r in self._results.items() if r.get("value") is not None)
+        if self._never_checked:
+            return f"QualityGate: not passed, {self._never_checked}"
         if self._checks == 0:
             return "QualityGate: no validation was checked"
         if self.baseline is None:
@@ -457,12 +530,16 @@ class QualityGate(PerfCallback):
         if self.baseline is None:
             unavailable["passed"] = "no baseline: metrics measured, nothing gated"
         if self._checks == 0:
-            unavailable["metrics"] = "no validation ran at a checked step"
+            unavailable["metrics"] = self._never_checked or "no validation ran at a checked step"
         if self._record_problem:
             unavailable["recorded_baseline"] = self._record_problem
-        passed = None if self.baseline is None or self._checks == 0 else self._failed_count == 0
+        if self._never_checked:
+            passed: Optional[bool] = False
+        else:
+            passed = None if self.baseline is None or self._checks == 0 else self._failed_count == 0
         return {
             "passed": passed,
+            "reason": self._never_checked,
             "last_check_passed": self._last_passed,
             "action": self.action,
             "metrics": self.results,
@@ -487,9 +564,32 @@ class QualityGate(PerfCallback):
         return {"results": self.results, "checks": self._checks, "failed": list(self._failed),
                 "failed_count": self._failed_count, "step": self._step}
 
+    @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self._results = dict(state_dict.get("results", {}))
-        self._checks = int(state_dict.get("checks", 0))
-        self._failed = list(state_dict.get("failed", []))
-        self._failed_count = int(state_dict.get("failed_count", len(self._failed)))
-        self._step = state_dict.get("step")
+        s = StateReader(state_dict)
+        results: Dict[str, Dict[str, Any]] = {}
+        for name, data in s.mapping("results").data.items():
+            r = StateReader(data, f"results.{name}")
+            if not isinstance(name, str) or r.text("mode", allow_none=False) not in MODES:
+                raise StateError(f"results.{name} is not a metric's result (a name, and `mode` 'max' or 'min')")
+            if r.text("tolerance_mode", "relative", allow_none=False) not in TOLERANCE_MODES:
+                raise StateError(f"results.{name}.tolerance_mode is {data['tolerance_mode']!r}")
+            if "passed" in r and r.data["passed"] is not None:
+                r.flag("passed")
+            numbers = {key: r.number(key, None, minimum=None, allow_none=True)
+                       for key in ("value", "baseline", "delta", "delta_pct", "tolerance", "allowed_delta") if key in r}
+            results[name] = {**data, **numbers, "value": numbers.get("value"), "reason": r.text("reason"),
+                             **({"step": r.count("step")} if "step" in r else {})}
+            if results[name]["reason"] is None:
+                del results[name]["reason"]
+        failed = []
+        for f in s.records("failed"):
+            metrics = f.data.get("metrics", [])
+            if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+                raise StateError(f"{f.where}.metrics is {metrics!r}, expected a list of metric names")
+            failed.append({"step": f.count("step"), "metrics": list(metrics)})
+        read = dict(_results=results, _checks=s.count("checks"), _failed=failed[:_MAX_FAILED_RECORDS],
+                    _failed_count=s.count("failed_count", len(failed)),
+                    _step=None if s.data.get("step") is None else s.count("step"))
+        for name, value in read.items():  # all read: nothing is assigned from a state that fails halfway
+            setattr(self, name, value)

@@ -12,9 +12,10 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import DeviceIntervalClock, now
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
@@ -521,21 +522,31 @@ class SectionProfiler(PerfCallback):
             "overhead_s": self._overhead_s,
         }
 
+    @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self._iterations = int(state_dict.get("iterations", 0))
-        if "iteration_ms" in state_dict:
-            self._iteration.host = LogHistogram.from_dict(state_dict["iteration_ms"])
-        for name, data in (state_dict.get("sections") or {}).items():
-            sec = self._section(name, data.get("kind", "auto"), data.get("parent"))
-            if "host_ms" in data:
-                sec.host = LogHistogram.from_dict(data["host_ms"])
-            if "device_ms" in data:
-                sec.device = LogHistogram.from_dict(data["device_ms"])
-            sec.closed_by_exception = int(data.get("closed_by_exception", 0))
-        validation = state_dict.get("validation") or {}
-        self._validation_runs = int(validation.get("runs", 0))
-        self._validation_s = float(validation.get("total_s", 0.0))
-        self._overhead_s = float(state_dict.get("overhead_s", 0.0))
+        s = StateReader(state_dict)
+        sections = {}
+        for name, data in (s.mapping("sections", allow_none=True) or StateReader({})).data.items():
+            sec = StateReader(data, f"sections.{name}")
+            if not isinstance(name, str):
+                raise StateError(f"sections has a key {name!r}, expected section names")
+            sections[name] = (sec.text("kind", "auto", allow_none=False), sec.text("parent"), sec.histogram("host_ms"),
+                              sec.histogram("device_ms"), sec.count("closed_by_exception"))
+        validation = s.mapping("validation", allow_none=True) or StateReader({}, "validation")
+        iterations, iteration_ms = s.count("iterations"), s.histogram("iteration_ms")
+        runs, total_s, overhead_s = validation.count("runs"), validation.number("total_s"), s.number("overhead_s")
+        # all read: nothing is assigned from a state that fails halfway
+        self._iterations = iterations
+        if iteration_ms is not None:
+            self._iteration.host = iteration_ms
+        for name, (kind, parent, host, device, closed) in sections.items():
+            sec = self._section(name, kind, parent)
+            if host is not None:
+                sec.host = host
+            if device is not None:
+                sec.device = device
+            sec.closed_by_exception = closed
+        self._validation_runs, self._validation_s, self._overhead_s = runs, total_s, overhead_s
 
     # -- results -------------------------------------------------------------------------------------------------
     def table(self) -> Dict[str, Dict[str, Any]]:

@@ -8,9 +8,10 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure.memory import (
     AllocatorPeaks,
     LeakDetector,
@@ -476,8 +477,17 @@ class VRAMMonitor(PerfCallback):
     def state_dict(self) -> Dict[str, Any]:
         return {"phases": self.peaks, "lifetime": dict(self._lifetime)}
 
+    @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        for phase, values in state_dict.get("phases", {}).items():
+        s = StateReader(state_dict)
+        phases = {}
+        for phase, values in s.mapping("phases").data.items():
+            if phase not in PHASES:
+                raise StateError(f"phases has a phase {phase!r}, expected one of {', '.join(PHASES)}")
+            held = StateReader(values, f"phases.{phase}")
+            phases[phase] = {key: held.number(key, None, allow_none=True) for key in held.data}
+        lifetime = s.mapping("lifetime")
+        peaks = {key: lifetime.number(key, None, allow_none=True) for key in self._lifetime}
+        for phase, values in phases.items():  # all read: nothing is assigned from a state that fails halfway
             _hold_max(self._phases.setdefault(phase, {}), values)
-        lifetime = state_dict.get("lifetime", {})
-        _hold_max(self._lifetime, {key: lifetime.get(key) for key in self._lifetime})
+        _hold_max(self._lifetime, peaks)

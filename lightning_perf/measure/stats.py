@@ -185,24 +185,53 @@ class LogHistogram:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "LogHistogram":
-        """Restores a histogram written by :meth:`to_dict`; raises ``ValueError`` on a malformed one."""
+        """Restores a histogram written by :meth:`to_dict`; raises ``ValueError`` on a malformed one (wrong types,
+        non-finite figures, counts that do not add up), so a checkpoint edited by hand is refused, not half-read."""
+        if not isinstance(data, dict):
+            raise ValueError(f"malformed histogram: a {type(data).__name__}, expected a dict")
         try:
-            hist = cls(float(data.get("relative_accuracy", 0.005)))
-            keys = [int(k) for k in data.get("bin_keys", [])]
-            counts = [int(c) for c in data.get("bin_counts", [])]
+            hist = cls(_finite(data.get("relative_accuracy", 0.005), "relative_accuracy"))
+            keys = [_integer(k, "bin_keys", minimum=None) for k in _sequence(data.get("bin_keys", []), "bin_keys")]
+            counts = [_integer(c, "bin_counts") for c in _sequence(data.get("bin_counts", []), "bin_counts")]
             if len(keys) != len(counts):
                 raise ValueError("bin_keys and bin_counts differ in length")
             hist.bins = dict(zip(keys, counts))
-            hist.zero_count = int(data.get("zero_count", 0))
-            hist.count = int(data.get("count", sum(counts) + hist.zero_count))
-            hist.total = float(data.get("sum", 0.0))
-            hist.min = float(data["min"]) if data.get("min") is not None else math.inf
-            hist.max = float(data["max"]) if data.get("max") is not None else -math.inf
-            hist._mean = float(data.get("mean", 0.0))
-            hist._m2 = float(data.get("m2", 0.0))
+            hist.zero_count = _integer(data.get("zero_count", 0), "zero_count")
+            hist.count = _integer(data.get("count", sum(counts) + hist.zero_count), "count")
+            if hist.count != sum(counts) + hist.zero_count:
+                raise ValueError(f"count {hist.count} is not the sum of the bins and zero_count")
+            hist.total = _finite(data.get("sum", 0.0), "sum")
+            empty = hist.count == 0
+            hist.min = math.inf if empty or data.get("min") is None else _finite(data["min"], "min")
+            hist.max = -math.inf if empty or data.get("max") is None else _finite(data["max"], "max")
+            hist._mean = _finite(data.get("mean", 0.0), "mean")
+            hist._m2 = _finite(data.get("m2", 0.0), "m2")
+            if not empty and (math.isinf(hist.min) or math.isinf(hist.max) or hist.min > hist.max):
+                raise ValueError("min and max missing or out of order")
         except (TypeError, KeyError, AttributeError) as err:
             raise ValueError(f"malformed histogram: {err}") from err
+        except ValueError as err:
+            raise ValueError(f"malformed histogram: {err}") from None
         return hist
+
+
+def _sequence(value: Any, name: str) -> List[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} is a {type(value).__name__}, expected a list")
+    return list(value)
+
+
+def _integer(value: Any, name: str, minimum: Optional[int] = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        raise ValueError(f"{name} holds {value!r}, expected an integer" + (f" >= {minimum}" if minimum is not None
+                                                                           else ""))
+    return value
+
+
+def _finite(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} is {value!r}, expected a finite number")
+    return float(value)
 
 
 class BlockSeries:
@@ -256,14 +285,18 @@ class BlockSeries:
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "BlockSeries":
         """Restores a series written by :meth:`to_dict`; raises ``ValueError`` on a malformed one."""
+        if not isinstance(data, dict):
+            raise ValueError(f"malformed block series: a {type(data).__name__}, expected a dict")
         try:
-            series = cls(int(data.get("max_blocks", 256)))
-            series.block_len = int(data["block_len"])
-            series.sums = [float(v) for v in data["sums"]]
-            series._open_sum = float(data.get("open_sum", 0.0))
-            series._open_count = int(data.get("open_count", 0))
+            series = cls(_integer(data.get("max_blocks", 256), "max_blocks", minimum=2))
+            series.block_len = _integer(data["block_len"], "block_len", minimum=1)
+            series.sums = [_finite(v, "sums") for v in _sequence(data["sums"], "sums")]
+            series._open_sum = _finite(data.get("open_sum", 0.0), "open_sum")
+            series._open_count = _integer(data.get("open_count", 0), "open_count")
         except (TypeError, KeyError, AttributeError) as err:
-            raise ValueError(f"malformed block series: {err}") from err
+            raise ValueError(f"malformed block series: {err!r}") from err
+        except ValueError as err:
+            raise ValueError(f"malformed block series: {err}") from None
         if series.block_len < 1 or not 0 <= series._open_count < series.block_len + 1:
             raise ValueError("malformed block series: bad block_len or open_count")
         return series
