@@ -8,7 +8,7 @@ import os
 import sys
 from typing import List, Optional
 
-from lightning_perf.summary.io import load_summary, probe_folder
+from lightning_perf.summary.io import load_summary, probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
 
 EXIT_OK, EXIT_SLOWER, EXIT_ERROR = 0, 1, 2
@@ -39,12 +39,27 @@ def _positive_float(text: str) -> float:
 
 def _check_output(path: str, flag: str) -> None:
     """An output file that cannot be written fails before the work, as exit 2, not as a traceback after it."""
-    if os.path.isdir(path):
+    kind = special_kind(path)
+    if kind == "a directory":
         raise SummaryError(f"{flag} {path!r} is a directory; expected a file path")
+    if kind is not None:  # never opened: writing to a named pipe blocks, and a device is not ours to replace
+        raise SummaryError(f"{flag} {path!r} is {kind}, not a regular file; write to a file path")
     try:
         if os.path.exists(path) and not os.access(path, os.W_OK):  # written in place, not replaced
             raise PermissionError(13, "permission denied")
         probe_folder(path)
+    except (OSError, ValueError) as err:
+        raise SummaryError(f"{flag} {path!r} cannot be written: {getattr(err, 'strerror', None) or err}") from None
+
+
+def _write_text(path: str, flag: str, text: str) -> None:
+    """Writes an output checked before the work; checked again, as something may have appeared there meanwhile."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise SummaryError(f"{flag} {path!r} is {kind}, not a regular file; nothing was written there")
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
     except OSError as err:
         raise SummaryError(f"{flag} {path!r} cannot be written: {err.strerror or err}") from None
 
@@ -234,7 +249,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from lightning_perf.bench.matrix import format_matrix, matrix_header, matrix_rows, parse_variants, run_matrix
+    from lightning_perf.bench.matrix import (
+        check_outputs,
+        format_matrix,
+        matrix_header,
+        matrix_rows,
+        parse_variants,
+        run_matrix,
+    )
 
     try:
         variants = parse_variants(args.variant)
@@ -248,6 +270,11 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     for path, flag in ((args.report, "--report"), (args.csv, "--csv")):
         if path:
             _check_output(path, flag)
+    try:
+        check_outputs(args.out, variants)
+    except ValueError as err:
+        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
                          log=lambda m: print(m, file=sys.stderr))
     rows = matrix_rows(results)
@@ -255,11 +282,9 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     text = format_matrix(rows, args.format, header)
     print(text)
     if args.report:
-        with open(args.report, "w") as fh:
-            fh.write(format_matrix(rows, "markdown", header) + "\n")
+        _write_text(args.report, "--report", format_matrix(rows, "markdown", header) + "\n")
     if args.csv:
-        with open(args.csv, "w") as fh:
-            fh.write(format_matrix(rows, "csv") + "\n")
+        _write_text(args.csv, "--csv", format_matrix(rows, "csv") + "\n")
     return EXIT_OK if all(r["status"] == "completed" for r in rows) else 1
 
 

@@ -13,7 +13,7 @@ from lightning.pytorch import Callback
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import IterationTimer, SectionProfiler, VRAMMonitor
-from lightning_perf.summary.io import write_json_atomic
+from lightning_perf.summary.io import _temporary_prefix, write_json_atomic
 
 
 class CopyDuringFit(Callback):
@@ -52,8 +52,8 @@ def test_summary_file_gets_the_process_umask_like_lightnings_files(tmp_path):
 def test_temporaries_of_a_killed_writer_are_removed_at_the_next_write(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
-    stale = tmp_path / f".perf_summary.{dead_pid}.abc123.tmp"
-    alive = tmp_path / f".perf_summary.{os.getppid()}.def456.tmp"  # a living process: maybe still writing
+    stale = tmp_path / f"{_temporary_prefix(dead_pid)}abc123.tmp"  # named like this host's writers' files
+    alive = tmp_path / f"{_temporary_prefix(os.getppid())}def456.tmp"  # a living process: maybe still writing
     stale.write_text("{half")
     alive.write_text("{half")
     write_json_atomic(str(tmp_path / "perf_summary.json"), {"a": 1})

@@ -49,6 +49,8 @@ def parse_variants(specs: Sequence[str]) -> List[Tuple[str, List[str]]]:
         name = name.strip()
         if not name or not all(c.isalnum() or c in "_-.+" for c in name):
             raise ValueError(f"--variant {spec!r}: a name of letters, digits, '_', '-', '.' or '+' comes first")
+        if name.startswith("."):  # '.', '..' and hidden names: each name becomes a folder under --out
+            raise ValueError(f"--variant {spec!r}: a name cannot start with '.' (it names a folder under --out)")
         if not sep:
             parts = name.split("+")
             unknown = [p for p in parts if ALIASES.get(p, p) not in PRESETS]
@@ -74,16 +76,48 @@ def variant_command(python: str, script: str, config: Optional[str], overrides: 
     return cmd
 
 
+def variant_dir(out_dir: str, name: str) -> str:
+    """The folder of variant ``name``: directly under ``out_dir``, never elsewhere, whatever the name."""
+    if (not name or name in (os.curdir, os.pardir) or "\0" in name
+            or any(sep and sep in name for sep in (os.sep, os.altsep, "/", "\\"))):
+        raise ValueError(f"--variant {name!r} cannot name a folder under --out")
+    return os.path.join(out_dir, name)
+
+
+def check_outputs(out_dir: str, variants: List[Tuple[str, List[str]]]) -> None:
+    """Before any variant runs: ``out_dir`` is a folder we can write, and each variant's folder, summary and log are
+    a folder and regular files (or nothing yet). Raises ``ValueError`` with a one-line reason."""
+    from lightning_perf.summary.io import probe_folder, special_kind
+
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out {out_dir!r} is {special_kind(out_dir) or 'a file'}; expected a folder")
+    try:
+        probe_folder(os.path.join(out_dir, "perf_summary.json"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--out {out_dir!r} cannot be written: {getattr(err, 'strerror', None) or err}") from None
+    for name, _ in variants:
+        run_dir = variant_dir(out_dir, name)
+        if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+            raise ValueError(f"--variant {name!r}: {run_dir!r} is {special_kind(run_dir) or 'a file'}; expected a"
+                             " folder")
+        for file_name in ("perf_summary.json", "output.log"):
+            kind = special_kind(os.path.join(run_dir, file_name))
+            if kind is not None:
+                raise ValueError(f"--variant {name!r}: {os.path.join(run_dir, file_name)!r} is {kind}, not a"
+                                 " regular file; lightning_perf replaces only regular files")
+
+
 def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str, config: Optional[str] = None,
                python: str = sys.executable, timeout_s: Optional[float] = None,
                log=print) -> List[Dict[str, Any]]:
     """Runs each variant in its own process; returns one result per variant (summary or the reason it has none)."""
+    check_outputs(out_dir, variants)
     results = []
     for name, overrides in variants:
-        run_dir = os.path.join(out_dir, name)
+        run_dir = variant_dir(out_dir, name)
         os.makedirs(run_dir, exist_ok=True)
         summary_path = os.path.join(run_dir, "perf_summary.json")
-        if os.path.exists(summary_path):
+        if os.path.isfile(summary_path):  # an earlier run's file: this run writes its own (never a pipe or device)
             os.unlink(summary_path)
         cmd = variant_command(python, script, config, overrides, run_dir)
         env = dict(os.environ, **{SUMMARY_ENV: summary_path})

@@ -17,6 +17,16 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(fig: Any, path: str) -> None:
+    """Saves into a regular file (or a new one) only: matplotlib would open a named pipe and block on it."""
+    from lightning_perf.summary.io import special_kind
+
+    kind = special_kind(path)
+    if kind is not None:
+        raise ValueError(f"--plot {path!r} is {kind}, not a regular file")
+    fig.savefig(path, dpi=110)
+
+
 def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
     """Memory vs size, throughput vs size (one line per batch size), time breakdown, memory-throughput frontier."""
     plt = _pyplot()
@@ -64,8 +74,10 @@ def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
         f"{r['tile_size']}/b{r['batch_size']} {r['error'][:20]}" for r in failed[:4]) + ")" if failed else ""
     fig.suptitle((title or f"{ok[0]['mode'] if ok else ''} sweep on {device}") + note)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        _save(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def plot_report(rows: List[Dict[str, Any]], path: str) -> None:
@@ -95,5 +107,7 @@ def plot_report(rows: List[Dict[str, Any]], path: str) -> None:
         ax.tick_params(axis="x", rotation=30)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        _save(fig, path)
+    finally:
+        plt.close(fig)

@@ -251,6 +251,11 @@ def run_sweep(
     rows: List[Dict[str, Any]] = []
     fh = writer = None
     if csv_path:
+        from lightning_perf.summary.io import special_kind
+
+        kind = special_kind(csv_path)
+        if kind is not None:  # appending to a named pipe blocks; a device is not ours to write
+            raise BenchError(f"--csv {csv_path!r} is {kind}, not a regular file")
         os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
         fh = open(csv_path, "a", newline="", encoding="utf-8")
         writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)

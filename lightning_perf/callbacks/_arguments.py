@@ -47,11 +47,13 @@ def check_text(owner: str, name: str, value: Any) -> Optional[str]:
 
 
 def check_path(owner: str, name: str, value: Any) -> Optional[str]:
-    """None, a string or an ``os.PathLike``: ``summary_path=123`` would write a file named 123."""
+    """None, a string or an ``os.PathLike`` without a NUL byte: ``summary_path=123`` would write a file named 123."""
     if value is None:
         return None
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
         raise bad_argument(owner, name, value, "Expected a file path (a non-empty string or os.PathLike) or None.")
+    if "\0" in value:  # no file can have it: the run would train and then write nowhere
+        raise bad_argument(owner, name, value, "A file path cannot contain a NUL byte ('\\x00').")
     return value

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import json
+import multiprocessing
 import os
+import signal
+import tempfile
+import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from lightning.pytorch import Trainer
@@ -10,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_perf.callbacks._run_info import iso_now, logged_scalars, run_info
 from lightning_perf.errors import PerfConfigError
-from lightning_perf.summary.io import probe_folder, write_json_atomic
+from lightning_perf.summary.io import probe_folder, special_kind, write_json_atomic
 from lightning_perf.summary.schema import SCHEMA_VERSION, SUMMARY_FILENAME
 
 if TYPE_CHECKING:
@@ -28,13 +35,19 @@ def trainer_stage(trainer: Trainer) -> str:
 
 def check_writable(what: str, path: str) -> None:
     """Fails at set-up, naming the argument, when ``path`` cannot be written: a run must not train for hours and
-    then lose its file. Creates the folder, writes and removes a probe file."""
-    if os.path.isdir(path):
+    then lose its file. Tries the real path: refuses what is not a regular file (a named pipe, a device: the
+    package never replaces one), creates the folder as the writer will, and creates and removes a probe file with
+    the target's name (or its length)."""
+    kind = special_kind(path)
+    if kind == "a directory":
         raise PerfConfigError(f"{what}={path!r} is a directory; expected a file path such as"
                               f" {os.path.join(path, SUMMARY_FILENAME)!r}.")
+    if kind is not None:
+        raise PerfConfigError(f"{what}={path!r} is {kind}, not a regular file; lightning_perf replaces only regular"
+                              " files. Choose a file path.")
     try:
         probe_folder(path)
-    except OSError as err:
+    except (OSError, ValueError) as err:
         raise PerfConfigError(f"{what}={path!r} cannot be written ({type(err).__name__}: {err}); choose a writable"
                               " path. Checked before training so that no run loses its results.") from None
 
@@ -45,6 +58,58 @@ def stage_path(path: str, stage: str) -> str:
         return path
     root, ext = os.path.splitext(path)
     return f"{root}_{stage}{ext or '.json'}"
+
+
+#: The longest error message kept; a longer one keeps its start and its end (a traceback's last line says most).
+MESSAGE_LIMIT = 4000
+
+
+def error_message(exception: BaseException) -> str:
+    """The exception's message, at most ``MESSAGE_LIMIT`` characters. One whose ``__str__`` raises still gets a
+    record: its ``repr`` when that works, else a note that it could not be read."""
+    try:
+        text = str(exception)
+    except Exception as err:  # noqa: BLE001 - any user exception may break here
+        try:
+            text = f"<the message could not be read: {type(err).__name__} in __str__; repr: {exception!r}>"
+        except Exception as err2:  # noqa: BLE001
+            text = (f"<the message could not be read: {type(err).__name__} in __str__, {type(err2).__name__} in"
+                    " __repr__>")
+    if not isinstance(text, str):  # a __str__ that returns something else already raised TypeError above
+        text = f"<the message could not be read: {type(text).__name__} from __str__>"
+    if len(text) > MESSAGE_LIMIT:
+        head = MESSAGE_LIMIT // 4
+        text = f"{text[:head]} [...] {text[-(MESSAGE_LIMIT - head - 7):]}"
+    return text
+
+
+class WorkerExit(RuntimeError):
+    """What a spawned worker's record says when its process exits before the end of the fit: Lightning runs a
+    ``ddp_spawn`` fit in its workers without its exception handling, so no ``on_exception`` tells them why."""
+
+
+def in_spawned_worker(trainer: Trainer) -> bool:
+    """True in a process that a spawning launcher (``ddp_spawn``, ``ddp_fork``) started for this fit. There the
+    callbacks are copies of the parent's, and a failure ends the process without ``on_exception``."""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    return type(launcher).__name__ == "_MultiProcessingLauncher" and multiprocessing.parent_process() is not None
+
+
+def handoff_path(parent_pid: int, trainer: Trainer) -> str:
+    """Where rank 0's worker tells its parent which files hold its record: the parent learns nothing else from a
+    worker that failed. Keyed by the parent process and the trainer's root folder, on this machine."""
+    root = os.path.abspath(str(trainer.default_root_dir))
+    key = hashlib.sha256(root.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"lightning_perf.handoff.{parent_pid}.{key}.json")
+
+
+def _read_json(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 class SummaryBook:
@@ -64,11 +129,15 @@ class SummaryBook:
         self._ended: set = set()  # ids of the callbacks that ended this record
         self._deferred = False  # an end was reported and the file not yet written
         self.finished = False
+        self._handoff: Optional[str] = None  # in rank 0's spawned worker: the file that names ours to the parent
+        self._exit_hook: Any = None
+        self._handed_paths: List[str] = []  # in the parent of spawned workers: the files rank 0's worker named
 
     def attach(self, trainer: Trainer, callback: PerfCallback, stage: str = "fit") -> None:
         """Called from ``setup`` on every rank: the only place ``trainer.log_dir`` (a broadcast under DDP) is read."""
         stage = str(getattr(stage, "value", stage))  # Lightning passes a str enum (TrainerFn)
         if self.finished or stage != self.stage:  # a new fit, or another stage: a new record and file
+            self._close_hand_off()
             self.__init__(stage)  # type: ignore[misc]
         if self.log_dir is None:
             self.log_dir = trainer.log_dir or trainer.default_root_dir
@@ -81,6 +150,80 @@ class SummaryBook:
                 if path not in self._checked:
                     check_writable(what, path)
                     self._checked.add(path)
+            if in_spawned_worker(trainer):
+                self._hand_off(trainer)
+
+    # -- a spawned worker (ddp_spawn) --------------------------------------------------------------------------------
+    def _hand_off(self, trainer: Trainer) -> None:
+        """In rank 0's spawned worker: names this record's files to the parent, and writes the record when the
+        process exits before the fit's end (a failure on any rank ends the workers without ``on_exception``; the
+        parent then adds the error it alone receives)."""
+        self._handoff = handoff_path(os.getppid(), trainer)
+        try:
+            write_json_atomic(self._handoff, {"paths": [os.path.abspath(p) for p in self.paths(trainer)],
+                                              "pid": os.getpid()})
+        except OSError as err:
+            rank_zero_warn(f"lightning_perf: cannot tell the parent process where the summary goes ({err}); a"
+                           " failure in a worker will leave a summary without measurements")
+            self._handoff = None
+        if self._exit_hook is None:
+            self._exit_hook = lambda: self._write_at_exit(trainer)
+            atexit.register(self._exit_hook)
+
+    def _write_at_exit(self, trainer: Trainer) -> None:
+        """The worker exits: a record that never ended is written with what was measured up to here."""
+        if self.finished or not self.callbacks:
+            return
+        if threading.current_thread() is threading.main_thread():
+            # the parent SIGTERMs the workers that are left, and Lightning's handler raises mid-write: we are ending
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for _ in range(2):
+            try:
+                self.write(trainer, WorkerExit("the worker process of rank 0 exited before the end of fit (a rank"
+                                               " failed or the run was stopped); measurements up to then"))
+                return
+            except BaseException:  # noqa: BLE001 - a signal handler may have raised mid-write: try once more
+                continue
+
+    def _close_hand_off(self) -> None:
+        if self._exit_hook is not None:
+            atexit.unregister(self._exit_hook)
+            self._exit_hook = None
+        if self._handoff is not None:
+            try:
+                os.unlink(self._handoff)
+            except OSError:
+                pass
+            self._handoff = None
+
+    def _take_over(self, trainer: Trainer, data: Dict[str, Any]) -> Optional[List[str]]:
+        """In the parent of spawned workers (it never ran ``setup``): the error it received goes into the record rank
+        0's worker wrote, with the measurements up to the failure; None when no worker named its files."""
+        handoff = _read_json(handoff_path(os.getpid(), trainer))
+        if self._handoff is None and handoff is None:
+            return None
+        if handoff is not None:
+            self._handoff = handoff_path(os.getpid(), trainer)
+            self._handed_paths = [str(p) for p in handoff.get("paths") or [] if isinstance(p, str)]
+        paths = self._handed_paths
+        if not paths:
+            return None
+        for path in paths:
+            written = _read_json(path)
+            if written is not None and written.get("run") and written.get("stage", "fit") == self.stage:
+                merged = dict(written)
+                merged["status"], merged["error"] = data["status"], data["error"]
+            else:  # the worker could not write (killed): what the parent knows, where the user looks for it
+                merged = dict(data)
+                if isinstance(merged.get("error"), dict):
+                    merged["error"] = dict(merged["error"], message=(
+                        f"{merged['error'].get('message', '')}\n[lightning_perf: no measurements: the worker"
+                        " processes exited without writing them]"))
+            write_json_atomic(path, merged)
+            if path not in self._written_paths:
+                self._written_paths.add(path)
+                rank_zero_info(f"lightning_perf: summary written to {path}")
+        return paths
 
     def sources(self, trainer: Trainer) -> List[tuple]:
         """(path, where it came from) of each file this record goes to."""
@@ -109,7 +252,7 @@ class SummaryBook:
             # Ctrl-C, and SIGTERM (Lightning raises SIGTERMException, a SystemExit, when its handler sees one)
             interrupted = isinstance(exception, (KeyboardInterrupt, SystemExit))
             status = "interrupted" if interrupted else "failed"
-            error = {"type": type(exception).__name__, "message": str(exception)[:4000]}
+            error = {"type": type(exception).__name__, "message": error_message(exception)}
             if interrupted:
                 error["signal"] = "SIGINT" if isinstance(exception, KeyboardInterrupt) else (
                     "SIGTERM" if type(exception).__name__ == "SIGTERMException" else None)
@@ -149,6 +292,12 @@ class SummaryBook:
             return
         data = self.build(trainer, exception)
         data["stage"] = self.stage
+        if not self.callbacks and exception is not None and self._take_over(trainer, data) is not None:
+            try:
+                os.unlink(str(self._handoff))
+            except OSError:
+                pass
+            return
         for path in self.paths(trainer):
             try:
                 write_json_atomic(path, data)
@@ -163,6 +312,8 @@ class SummaryBook:
             if path not in self._written_paths:
                 self._written_paths.add(path)
                 rank_zero_info(f"lightning_perf: summary written to {path}")
+        if exception is None:
+            self._close_hand_off()  # the worker's record ended normally: nothing for the parent to take over
 
     def flush(self, trainer: Trainer) -> None:
         """Writes a record whose end some callback never reported (called from every callback's teardown)."""
