@@ -335,3 +335,20 @@ def test_the_umask_is_read_without_setting_it(tmp_path, monkeypatch):
         real(old)
     assert calls == []
     assert stat.S_IMODE(os.stat(tmp_path / "perf_summary.json").st_mode) == 0o640
+
+
+def test_a_measurement_failure_whose_message_cannot_be_read_is_still_recorded(tmp_path):
+    """A probe that raises an exception whose ``__str__`` raises: the callback records the failure (with a note that
+    the message could not be read) instead of losing it in a second exception, and training goes on."""
+
+    class Unprintable(RuntimeError):
+        def __str__(self):
+            raise ValueError("no text")
+
+    class Breaks(IterationTimer):
+        def _summary_section(self):
+            raise Unprintable()
+
+    fit(tmp_path, [Breaks(warmup_steps=1)], max_steps=3)
+    section = find_summary(tmp_path)["iteration_timer"]
+    assert section["error"].startswith("Unprintable: <the message could not be read")

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_perf.callbacks._arguments import check_path, check_text
 from lightning_perf.callbacks._state import StateError
-from lightning_perf.callbacks._summary_book import book_for, trainer_stage
+from lightning_perf.callbacks._summary_book import book_for, error_message, trainer_stage
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -120,7 +120,7 @@ class PerfCallback(Callback):
             rank_zero_warn(f"{type(self).__name__}: {message}")
 
     def _record_failure(self, where: str, err: BaseException) -> None:
-        reason = f"{type(err).__name__}: {err}"
+        reason = f"{type(err).__name__}: {error_message(err)}"
         self._failures.setdefault(where, reason)
         self._warn_once(
             f"failure:{where}", f"measurement failed in `{where}` and was skipped ({reason}); training goes on."
@@ -135,7 +135,7 @@ class PerfCallback(Callback):
         try:
             section = dict(self._summary_section())
         except Exception as err:  # noqa: BLE001
-            section = {"error": f"{type(err).__name__}: {err}"}
+            section = {"error": f"{type(err).__name__}: {error_message(err)}"}
         if self._failures:
             section["measurement_failures"] = dict(self._failures)
         if getattr(self, "_state_problem", None):
