@@ -25,7 +25,7 @@ from lightning_perf import (
 
 # ImageModel trains 4 steps an epoch; with max_epochs=1 the run's last step is 4.
 NEVER = [
-    ({"at_steps": [5000]}, {}, r"never checked: at_steps=\[5000\] is past the run's last step 4"),
+    ({"at_steps": [5000]}, {}, r"never checked: at_steps=\[5000\] is outside the run's steps 1 to 4"),
     ({"every_n_steps": 1000}, {}, r"never checked: every_n_steps=1000 is larger than the run's last step 4"),
     ({}, {"limit_val_batches": 0, "num_sanity_val_steps": 0}, r"never checked: no validation ran in this fit"),
     ({}, {"check_val_every_n_epoch": 5}, r"never checked: no validation ran in this fit, which ended at step 4"),
@@ -50,17 +50,17 @@ def test_a_failing_gate_that_never_checked_fails_the_fit_with_the_reason(tmp_pat
 
 @pytest.mark.parametrize("action", ["warn", "stop"])
 def test_a_warning_or_stopping_gate_that_never_checked_warns_and_records_it(tmp_path, action):
-    with pytest.warns(UserWarning, match=r"never checked: at_steps=\[5000\] is past the run's last step 4"):
+    with pytest.warns(UserWarning, match=r"never checked: at_steps=\[5000\] is outside the run's steps 1 to 4"):
         fit(tmp_path, [gate(action=action, at_steps=[5000])], model=ImageModel(), max_epochs=1)
     s = find_summary(tmp_path)
     assert s["status"] == "completed"
     assert s["quality_gate"]["passed"] is False
-    assert s["quality_gate"]["reason"] == "never checked: at_steps=[5000] is past the run's last step 4 (validations" \
+    assert s["quality_gate"]["reason"] == "never checked: at_steps=[5000] is outside the run's steps 1 to 4 (validations" \
                                           " ran at steps 4)"
 
 
 def test_an_unreachable_schedule_is_said_at_setup(tmp_path):
-    with pytest.warns(UserWarning, match=r"at_steps=\[5000\] is past the run's last step 4: this gate will not check"):
+    with pytest.warns(UserWarning, match=r"at_steps=\[5000\] is outside the run's steps 1 to 4: this gate will not check"):
         fit(tmp_path, [gate(at_steps=[5000])], model=ImageModel(), max_epochs=None, max_steps=4)
 
 
@@ -77,8 +77,9 @@ def test_a_gate_that_checked_or_has_no_baseline_is_not_never_checked(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"tolerance": math.inf}, r"`QualityGate\(tolerance=inf\)`. Expected a finite tolerance >= 0"),
-        ({"tolerance": {"psnr": math.inf}}, r"`QualityGate\(tolerance=inf\)`. Expected a finite tolerance"),
+        ({"tolerance": math.inf}, r"`QualityGate\(tolerance=inf\)`. Expected a tolerance from 0 to 1e\+06"),
+        ({"tolerance": 1e308}, r"`QualityGate\(tolerance=1e\+308\)`. Expected a tolerance from 0 to 1e\+06"),
+        ({"tolerance": {"psnr": math.inf}}, r"`QualityGate\(tolerance=inf\)`. Expected a tolerance from 0"),
         ({"data_range": math.inf}, r"`QualityGate\(data_range=inf\)`. Expected a finite number > 0"),
         ({"at_steps": []}, r"`QualityGate\(at_steps=\[\]\)`. Expected at least one global step"),
     ],
@@ -289,3 +290,65 @@ def test_one_callback_twice_across_suites_is_refused_at_setup(tmp_path, callback
 def test_two_identical_suites_are_refused_when_the_trainer_is_built(tmp_path):
     with pytest.raises(RuntimeError, match=r"state_key` must be unique"):
         Trainer(callbacks=[PerfSuite(), PerfSuite()], **trainer_kwargs(tmp_path))
+
+
+def test_the_same_callback_object_in_a_suite_and_in_the_trainer_is_refused(tmp_path):
+    """One object in two places would run every hook twice and count each iteration twice."""
+    timer = IterationTimer(warmup_steps=1)
+    trainer = Trainer(callbacks=[PerfSuite([timer]), timer], **trainer_kwargs(tmp_path, max_epochs=1))
+    with pytest.raises(PerfConfigError, match=r"the same callback object is given twice, in .* and in .*; every hook"
+                                              r" would run twice"):
+        trainer.fit(TinyModel())
+    assert trainer.global_step == 0
+
+
+def test_at_steps_may_be_any_iterable_of_steps(tmp_path):
+    """An iterator is read once at construction: the checks and the gate see the same steps."""
+    gate = QualityGate(metrics=["psnr"], baseline={"psnr": 1.0}, at_steps=iter([4]), action="fail")
+    assert gate.at_steps == [4]
+    fit(tmp_path, [gate], model=ImageModel(), max_epochs=1)
+    s = find_summary(tmp_path)["quality_gate"]
+    assert s["passed"] is True and s["checks"] == 1
+
+
+def test_a_failing_gate_fails_the_fit_when_its_baseline_cannot_be_written(tmp_path, monkeypatch):
+    """The disk fails when the baseline is written at fit end: the verdict, the summary and the failure still come
+    (before, the write's OSError ended the hook: no summary, and a failing gate passed)."""
+    from lightning_perf.callbacks import quality_gate
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(quality_gate, "write_baseline", disk_full)
+    gate = QualityGate(metrics=["psnr"], baseline={"psnr": 1000.0}, action="fail",
+                       record_baseline=str(tmp_path / "base.json"))
+    with pytest.raises(PerfCheckFailed, match="checks failed"):
+        fit(tmp_path, [gate], model=ImageModel(), max_epochs=1)
+    s = find_summary(tmp_path)
+    assert s["status"] == "failed" and s["quality_gate"]["passed"] is False
+    assert "No space left on device" in s["quality_gate"]["unavailable"]["recorded_baseline"]
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda h: {"renamed": 1}, "no count, bin_keys, bin_counts"),
+    (lambda h: {**h, "bin_keys": [10**400] + h["bin_keys"][1:]}, "bin_keys holds a huge integer"),
+    (lambda h: {**h, "relative_accuracy": 1e-300}, "relative_accuracy is 1e-300"),
+    (lambda h: {**h, "count": 10**18, "zero_count": 10**18 - 3}, "zero_count holds 999999999999999997"),
+])
+def test_a_histogram_from_another_version_or_out_of_range_is_refused(edit, match):
+    from lightning_perf.measure.stats import LogHistogram
+
+    good = LogHistogram()
+    for v in (1.0, 2.0, 3.0):
+        good.add(v)
+    with pytest.raises(ValueError, match=match):
+        LogHistogram.from_dict(edit(good.to_dict()))
+
+
+def test_a_count_past_any_real_run_is_refused_in_checkpoint_state():
+    from lightning_perf.callbacks._state import StateError, StateReader
+
+    assert StateReader({"iterations": 12}).count("iterations") == 12
+    for bad in (10**18, 10**400, -1, 1.5):
+        with pytest.raises(StateError, match="expected an integer from 0 to"):
+            StateReader({"iterations": bad}).count("iterations")

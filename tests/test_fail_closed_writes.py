@@ -352,3 +352,23 @@ def test_a_measurement_failure_whose_message_cannot_be_read_is_still_recorded(tm
     fit(tmp_path, [Breaks(warmup_steps=1)], max_steps=3)
     section = find_summary(tmp_path)["iteration_timer"]
     assert section["error"].startswith("Unprintable: <the message could not be read")
+
+
+@pytest.mark.parametrize("argument", ["summary_path", "record_baseline"])
+def test_a_path_ending_with_a_separator_is_refused_at_setup(tmp_path, argument):
+    """``results/`` names a folder: the writer would refuse it at the end and the file would land in log_dir."""
+    folder = str(tmp_path / "results") + os.sep
+    callback = (IterationTimer(summary_path=folder) if argument == "summary_path"
+                else QualityGate(metrics=["psnr"], record_baseline=folder))
+    with pytest.raises(PerfConfigError, match=rf"\({argument}\)=.*ends with a path separator"):
+        fit(tmp_path, [callback], max_steps=2)
+
+
+def test_a_variant_name_too_long_for_a_folder_is_refused_before_anything_runs(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('a variant must not run')\n")
+    assert main(["matrix", "--script", str(script), "--variant", "ok=--x", "--variant", "v" * 300 + "=--x",
+                 "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "at most 100 characters, got 300" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m").exists()

@@ -156,7 +156,7 @@ def test_lpips_with_a_random_backbone_computes_through_the_same_path(tmp_path):
     [
         ({"metrics": ["psnr", "fid"]}, r"QualityGate\(metrics=\['psnr', 'fid'\]\).*psnr, ssim, l1, lpips"),
         ({"action": "explode"}, r"QualityGate\(action='explode'\).*warn, fail, stop"),
-        ({"tolerance": -0.1}, r"QualityGate\(tolerance=-0.1\).*>= 0"),
+        ({"tolerance": -0.1}, r"QualityGate\(tolerance=-0.1\).*from 0 to"),
         ({"tolerance_mode": "percent"}, r"relative, absolute"),
         ({"monitor": {"val/acc": "up"}}, r"'val/acc' -> 'max' or 'min'"),
         ({"baseline": "/no/such/baseline.json"}, r"does not exist"),

@@ -40,6 +40,9 @@ SUITE = ["IterationTimer", "SectionProfiler", "VRAMMonitor", "EvalNoGradGuard"]
 SUMMARY_ENV = "LIGHTNING_PERF_SUMMARY_PATH"
 
 
+#: The longest variant name: it becomes a folder name, and file systems refuse names over 255 bytes.
+MAX_VARIANT_NAME = 100
+
 def parse_variants(specs: Sequence[str]) -> List[Tuple[str, List[str]]]:
     """``name`` (a preset), ``a+b+c`` (presets combined: their overrides in order) or ``name=--overrides ...``; the
     first variant is the baseline of the report."""
@@ -51,6 +54,9 @@ def parse_variants(specs: Sequence[str]) -> List[Tuple[str, List[str]]]:
             raise ValueError(f"--variant {spec!r}: a name of letters, digits, '_', '-', '.' or '+' comes first")
         if name.startswith("."):  # '.', '..' and hidden names: each name becomes a folder under --out
             raise ValueError(f"--variant {spec!r}: a name cannot start with '.' (it names a folder under --out)")
+        if len(name) > MAX_VARIANT_NAME:  # a folder name the file system refuses would fail after earlier variants ran
+            raise ValueError(f"--variant {name[:40]!r}...: a name is at most {MAX_VARIANT_NAME} characters, got"
+                             f" {len(name)} (it names a folder under --out)")
         if not sep:
             parts = name.split("+")
             unknown = [p for p in parts if ALIASES.get(p, p) not in PRESETS]

@@ -207,6 +207,10 @@ class PerfCallback(Callback):
                 places += [(inner, f"`{cb.state_key}`") for inner in getattr(cb, "callbacks", ())
                            if isinstance(inner, PerfCallback)]
         mine = [where for cb, where in places if cb is self]
+        if len(mine) > 1:  # one object in two places: Lightning would call each of its hooks twice a step
+            raise PerfConfigError(
+                f"{type(self).__name__}: the same callback object is given twice, in {mine[0]} and in {mine[1]}; every"
+                " hook would run twice and each figure count twice. Give it once.")
         others = [where for cb, where in places if cb is not self and cb.state_key == self.state_key]
         if others:
             raise PerfConfigError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-from lightning_perf.measure.stats import BlockSeries, LogHistogram
+from lightning_perf.measure.stats import MAX_COUNT, BlockSeries, LogHistogram
 
 
 class StateError(ValueError):
@@ -40,13 +40,13 @@ class StateReader:
         return key in self.data
 
     def count(self, key: str, default: int = 0) -> int:
-        """An integer >= 0 (an integral float from a hand-edited file is accepted)."""
+        """An integer from 0 to ``MAX_COUNT`` (an integral float from a hand-edited file is accepted)."""
         if key not in self.data:
             return default
         value = self.data[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 < value <= MAX_COUNT \
                 or value != int(value):
-            raise self._bad(key, "an integer >= 0")
+            raise self._bad(key, f"an integer from 0 to {MAX_COUNT}")
         return int(value)
 
     def number(self, key: str, default: Optional[float] = 0.0, minimum: Optional[float] = 0.0,

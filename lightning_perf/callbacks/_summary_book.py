@@ -39,6 +39,9 @@ def check_writable(what: str, path: str) -> None:
     package never replaces one), creates the folder as the writer will, and creates and removes a probe file with
     the target's name (or its length)."""
     kind = special_kind(path)
+    if path.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+        raise PerfConfigError(f"{what}={path!r} ends with a path separator: a folder, where a file path is expected,"
+                              f" such as {os.path.join(path, SUMMARY_FILENAME)!r}.")
     if kind == "a directory":
         raise PerfConfigError(f"{what}={path!r} is a directory; expected a file path such as"
                               f" {os.path.join(path, SUMMARY_FILENAME)!r}.")

@@ -14,7 +14,7 @@ from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
-from lightning_perf.callbacks._summary_book import check_writable
+from lightning_perf.callbacks._summary_book import check_writable, error_message
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 from lightning_perf.measure.image_quality import (
     IMAGE_METRICS,
@@ -39,6 +39,9 @@ DEFAULT_TOLERANCE = 0.005  # seed 001's +-0.5%
 DEFAULT_TOLERANCE_MODE = "relative"
 _MAX_FAILED_RECORDS = 100
 
+
+#: The largest tolerance accepted: a baseline times a larger one can overflow to infinity, a gate that never fails.
+MAX_TOLERANCE = 1e6
 
 class QualityGate(PerfCallback):
     r"""Measures image quality during validation and gates it against a baseline within a tolerance.
@@ -141,7 +144,12 @@ class QualityGate(PerfCallback):
                 or not math.isfinite(data_range)):
             raise bad_argument(owner, "data_range", data_range, "Expected a finite number > 0 (1.0 for [0, 1] images).")
         check_positive_int(owner, "every_n_steps", every_n_steps, allow_none=True)
-        if at_steps is not None and (isinstance(at_steps, (str, int)) or any(
+        if at_steps is not None and not isinstance(at_steps, (str, bytes, int)):
+            try:  # an iterator is read once, here: the checks below and the gate see the same steps
+                at_steps = list(at_steps)
+            except TypeError:
+                raise bad_argument(owner, "at_steps", at_steps, "Expected a list of global steps (integers >= 0).")
+        if at_steps is not None and (isinstance(at_steps, (str, bytes, int)) or any(
                 isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in at_steps)):
             raise bad_argument(owner, "at_steps", at_steps, "Expected a list of global steps (integers >= 0).")
         if at_steps is not None and not list(at_steps):  # a gate that can never check would pass silently
@@ -199,9 +207,10 @@ class QualityGate(PerfCallback):
 
     @staticmethod
     def _check_tolerance(owner: str, name: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
-            raise bad_argument(owner, name, value,
-                               "Expected a finite tolerance >= 0 (0.005 is 0.5% when relative).")
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value)
+                or value > MAX_TOLERANCE):
+            raise bad_argument(owner, name, value, f"Expected a tolerance from 0 to {MAX_TOLERANCE:g} (0.005 is 0.5%"
+                               " when relative; a larger one overflows with the baseline and can never fail).")
         return float(value)
 
     @staticmethod
@@ -273,10 +282,10 @@ class QualityGate(PerfCallback):
         if self.at_steps is not None:
             steps = self.at_steps if len(self.at_steps) <= 5 else self.at_steps[:5] + ["..."]
             verb = "is" if len(self.at_steps) == 1 else "are"
-            parts.append(f"at_steps=[{', '.join(map(str, steps))}] {verb} past")
+            parts.append(f"at_steps=[{', '.join(map(str, steps))}] {verb} outside the run's steps 1 to {last_step}")
         if self.every_n_steps is not None:
-            parts.append(f"every_n_steps={self.every_n_steps} is larger than")
-        return " and ".join(parts) + f" the run's last step {last_step}"
+            parts.append(f"every_n_steps={self.every_n_steps} is larger than the run's last step {last_step}")
+        return " and ".join(parts)
 
     def _never_checked_reason(self, last_step: int) -> str:
         """Why a fit ended with no check: said in the summary, the warning and the error of action='fail'."""
@@ -479,7 +488,11 @@ class QualityGate(PerfCallback):
                                         else "not written: no validation was checked")
                 self._warn_once("record", f"record_baseline={self.record_baseline!r} {self._record_problem}.")
             else:
-                write_baseline(self.record_baseline, self._results, self._step, self._images_scored)
+                try:
+                    write_baseline(self.record_baseline, self._results, self._step, self._images_scored)
+                except Exception as err:  # noqa: BLE001 - the verdict and the summary must still come, and a fail
+                    self._record_problem = f"not written: {type(err).__name__}: {error_message(err)}"
+                    self._warn_once("record", f"record_baseline={self.record_baseline!r} {self._record_problem}.")
         self._write_summary(trainer)
         if trainer.is_global_zero:
             rank_zero_info(self.verdict())

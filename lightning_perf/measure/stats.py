@@ -17,6 +17,12 @@ __all__ = ["FOLD_EVERY", "BlockSeries", "LogHistogram", "batch_means_ratio_ci", 
 FOLD_EVERY = 64
 
 
+#: Bounds of a restored histogram: its accuracy, and its bucket indices (a bucket of 1e300 ms at the finest
+#: accuracy is index ~3.5 million).
+MIN_RELATIVE_ACCURACY = 1e-4
+MAX_BIN_KEY = 10**7
+
+
 class LogHistogram:
     """Histogram of positive values in log-spaced buckets (the DDSketch layout).
 
@@ -189,9 +195,16 @@ class LogHistogram:
         non-finite figures, counts that do not add up), so a checkpoint edited by hand is refused, not half-read."""
         if not isinstance(data, dict):
             raise ValueError(f"malformed histogram: a {type(data).__name__}, expected a dict")
+        missing = [key for key in ("count", "bin_keys", "bin_counts") if key not in data]
+        if missing:  # another version's keys, or another object: read as empty, it would silently lose the run
+            raise ValueError(f"malformed histogram: no {', '.join(missing)} (keys: {', '.join(map(str, data))})")
         try:
-            hist = cls(_finite(data.get("relative_accuracy", 0.005), "relative_accuracy"))
-            keys = [_integer(k, "bin_keys", minimum=None) for k in _sequence(data.get("bin_keys", []), "bin_keys")]
+            accuracy = _finite(data.get("relative_accuracy", 0.005), "relative_accuracy")
+            if not MIN_RELATIVE_ACCURACY <= accuracy <= 0.1:
+                raise ValueError(f"relative_accuracy is {accuracy!r}, expected {MIN_RELATIVE_ACCURACY:g} to 0.1")
+            hist = cls(accuracy)
+            keys = [_integer(k, "bin_keys", minimum=None, maximum=MAX_BIN_KEY)
+                    for k in _sequence(data.get("bin_keys", []), "bin_keys")]
             counts = [_integer(c, "bin_counts") for c in _sequence(data.get("bin_counts", []), "bin_counts")]
             if len(keys) != len(counts):
                 raise ValueError("bin_keys and bin_counts differ in length")
@@ -221,10 +234,17 @@ def _sequence(value: Any, name: str) -> List[Any]:
     return list(value)
 
 
-def _integer(value: Any, name: str, minimum: Optional[int] = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-        raise ValueError(f"{name} holds {value!r}, expected an integer" + (f" >= {minimum}" if minimum is not None
-                                                                           else ""))
+#: The largest count a restored state may hold: every integer up to here is exact as a float (a count of 10**18
+#: iterations is an edited file, not a run).
+MAX_COUNT = 2**53
+
+
+def _integer(value: Any, name: str, minimum: Optional[int] = 0, maximum: int = MAX_COUNT) -> int:
+    if (isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum)
+            or abs(value) > maximum):
+        low = f"{minimum} to " if minimum is not None else f"-{maximum} to "
+        text = repr(value) if abs(value if isinstance(value, int) else 0) < 10**30 else "a huge integer"
+        raise ValueError(f"{name} holds {text}, expected an integer from {low}{maximum}")
     return value
 
 
