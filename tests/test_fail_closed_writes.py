@@ -372,3 +372,24 @@ def test_a_variant_name_too_long_for_a_folder_is_refused_before_anything_runs(tm
     err = capsys.readouterr().err
     assert "at most 100 characters, got 300" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m").exists()
+
+
+class ChangesFolder(TinyModel):
+    """Changes the working folder in the middle of training, as some user code does."""
+
+    def __init__(self, to):
+        super().__init__()
+        self.folder = str(to)
+
+    def on_train_epoch_start(self):
+        os.chdir(self.folder)
+
+
+def test_a_relative_summary_path_lands_where_it_was_checked_when_the_folder_changes(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    fit(tmp_path / "root", [IterationTimer(summary_path="out/s.json")], model=ChangesFolder(tmp_path / "b"),
+        max_steps=3)
+    assert json.loads((tmp_path / "a" / "out" / "s.json").read_text())["status"] == "completed"
+    assert not (tmp_path / "b" / "out").exists()

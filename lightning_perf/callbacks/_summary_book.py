@@ -127,6 +127,7 @@ class SummaryBook:
         self.callbacks: List[PerfCallback] = []
         self.started_at: Optional[str] = None
         self.log_dir: Optional[str] = None
+        self.cwd: Optional[str] = None  # relative paths are resolved against the folder of the set-up check
         self._written_paths: set = set()
         self._checked: set = set()
         self._ended: set = set()  # ids of the callbacks that ended this record
@@ -143,7 +144,8 @@ class SummaryBook:
             self._close_hand_off()
             self.__init__(stage)  # type: ignore[misc]
         if self.log_dir is None:
-            self.log_dir = trainer.log_dir or trainer.default_root_dir
+            self.log_dir = os.path.abspath(trainer.log_dir or trainer.default_root_dir)
+            self.cwd = os.getcwd()
         if callback not in self.callbacks:
             self.callbacks.append(callback)
         if self.started_at is None:
@@ -241,7 +243,8 @@ class SummaryBook:
         else:
             found = [(os.path.join(self.log_dir or trainer.default_root_dir, SUMMARY_FILENAME),
                       "the summary file (in trainer.log_dir)")]
-        return [(stage_path(p, self.stage), w) for p, w in found]
+        # a relative path means the folder it was checked in, also when the user's code changes folder later
+        return [(stage_path(os.path.join(self.cwd or "", p), self.stage), w) for p, w in found]
 
     def paths(self, trainer: Trainer) -> List[str]:
         """Explicit ``summary_path`` arguments, else $LIGHTNING_PERF_SUMMARY_PATH, else <log_dir>/perf_summary.json
