@@ -17,7 +17,8 @@ import os
 import sys
 from typing import Annotated, Any, Callable, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from annotated_types import Ge, Le
+from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
 from lightning_perf.summary.schema import SCHEMA_VERSION, STATUSES, SummaryError
@@ -55,17 +56,18 @@ def _refuse(reason: str) -> PydanticCustomError:
     return PydanticCustomError("summary_field", "{reason}", {"reason": reason})
 
 
-def _number(integer: bool = False, ge: Optional[float] = None, gt: Optional[float] = None) -> Callable[[Any], Any]:
+def _number(integer: bool = False, ge: Optional[float] = None, gt: Optional[float] = None,
+            null: bool = True) -> Callable[[Any], Any]:
     """The check of one numeric field: the type first (booleans are no numbers), then finite, then the range."""
-    kind = "an integer" if integer else "a number"
+    kind = ("an integer" if integer else "a number") + (" or null" if null else "")
     bound = f" >= {ge:g}" if ge is not None else (f" > {gt:g}" if gt is not None else "")
     rule = f"{'an integer' if integer else 'a finite number'}{bound}"
 
     def check(value: Any) -> Any:
-        if value is None:
+        if value is None and null:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _refuse(f"must be {kind} or null, got {show(value)}")
+            raise _refuse(f"must be {kind}, got {show(value)}")
         if isinstance(value, int) and abs(value) > MAX_INT:
             raise _refuse(f"must be {rule}, got {show(value)} (beyond {MAX_INT})")
         if isinstance(value, float):
@@ -91,6 +93,12 @@ def _typed(python_type: type, what: str) -> Callable[[Any], Any]:
     return check
 
 
+def _text_item(value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    raise _refuse(f"must be a string, got {show(value)}")
+
+
 def _obj(value: Any) -> Any:
     if value is None or isinstance(value, Mapping):
         return value
@@ -104,11 +112,12 @@ def _seq(value: Any) -> Any:
 
 
 # Field types. Each is nullable: a figure that could not be measured is null, with its reason under `unavailable`.
-Real = Annotated[Optional[Annotated[float, Field(allow_inf_nan=False)]], BeforeValidator(_number())]
-NonNegative = Annotated[Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]], BeforeValidator(_number(ge=0))]
-Count = Annotated[Optional[Annotated[int, Field(ge=0, le=MAX_INT)]], BeforeValidator(_number(integer=True, ge=0))]
-Positive = Annotated[Optional[Annotated[int, Field(ge=1, le=MAX_INT)]], BeforeValidator(_number(integer=True, ge=1))]
-Integer = Annotated[Optional[Annotated[int, Field(ge=-MAX_INT, le=MAX_INT)]], BeforeValidator(_number(integer=True))]
+FiniteFloat = Annotated[float, AllowInfNan(False)]
+Real = Annotated[Optional[FiniteFloat], BeforeValidator(_number())]
+NonNegative = Annotated[Optional[Annotated[FiniteFloat, Ge(0)]], BeforeValidator(_number(ge=0))]
+Count = Annotated[Optional[Annotated[int, Ge(0), Le(MAX_INT)]], BeforeValidator(_number(integer=True, ge=0))]
+Positive = Annotated[Optional[Annotated[int, Ge(1), Le(MAX_INT)]], BeforeValidator(_number(integer=True, ge=1))]
+Integer = Annotated[Optional[Annotated[int, Ge(-MAX_INT), Le(MAX_INT)]], BeforeValidator(_number(integer=True))]
 Flag = Annotated[Optional[bool], BeforeValidator(_typed(bool, "true or false"))]
 Text = Annotated[Optional[str], BeforeValidator(_typed(str, "a string"))]
 Reasons = Annotated[Optional[Dict[str, Text]], BeforeValidator(_obj)]
@@ -211,13 +220,13 @@ class Histogram(Section):
     mean: Ms = None
     m2: NonNegative = None
     zero_count: Count = None
-    bin_keys: Seq(Annotated[int, BeforeValidator(_number(integer=True)), Field(ge=-MAX_INT, le=MAX_INT)]) = None
-    bin_counts: Seq(Annotated[int, BeforeValidator(_number(integer=True, ge=0)), Field(ge=0, le=MAX_INT)]) = None
+    bin_keys: Seq(Annotated[int, Ge(-MAX_INT), Le(MAX_INT), BeforeValidator(_number(integer=True, null=False))]) = None
+    bin_counts: Seq(Annotated[int, Ge(0), Le(MAX_INT), BeforeValidator(_number(integer=True, ge=0, null=False))]) = None
 
 
 class Blocks(Section):
     block_len: Positive = Field(None, description="iterations per stored block")
-    sums: Seq(Annotated[float, BeforeValidator(_number(ge=0)), Field(ge=0, allow_inf_nan=False)]) = None
+    sums: Seq(Annotated[FiniteFloat, Ge(0), BeforeValidator(_number(ge=0, null=False))]) = None
     open_sum: Ms = None
     open_count: Count = Field(None, description="iterations in the partly filled last block, at most `block_len`")
     max_blocks: Positive = None
@@ -342,7 +351,7 @@ class SectionProfiler(Section):
     iteration_ms: Obj(IterStats) = None
     sections: Map(Obj(Section_)) = None
     slowest_section: Text = None
-    insights: Seq(Annotated[str, BeforeValidator(_typed(str, "a string"))]) = None
+    insights: Seq(Annotated[str, BeforeValidator(_text_item)]) = None
     overhead_us_per_step: Real = None
     unavailable: Reasons = None
     measurement_failures: Reasons = None
@@ -453,15 +462,20 @@ def as_summary(data: Any, source: str = "<summary>") -> PerfSummary:
 
 # -- what is derived from the model: JSON Schema and the docs' field table ------------------------------------------
 
-SCHEMA_ID = "https://github.com/lightning-perf/lightning-perf/docs/perf_summary.schema.json"
-
-
 def json_schema() -> Dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a summary, for other tools; generated from :class:`PerfSummary`."""
-    schema = PerfSummary.model_json_schema(mode="validation")
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
-              "title": "lightning_perf perf_summary.json", **{k: v for k, v in schema.items() if k != "title"}}
-    return schema
+    schema = _without_titles(PerfSummary.model_json_schema(mode="validation"))
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "lightning_perf perf_summary.json",
+            **schema}
+
+
+def _without_titles(node: Any) -> Any:
+    """pydantic titles every property after its name ("Block Len"): noise in a published schema."""
+    if isinstance(node, dict):
+        return {k: _without_titles(v) for k, v in node.items() if not (k == "title" and isinstance(v, str))}
+    if isinstance(node, list):
+        return [_without_titles(v) for v in node]
+    return node
 
 
 def json_schema_text() -> str:
