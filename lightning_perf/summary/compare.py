@@ -138,7 +138,15 @@ def compare_summaries(
     sample_speedup = ratio(c["samples_per_s"], b["samples_per_s"])
 
     def timer_dict(run: PerfSummary) -> Dict[str, Any]:
-        return run.iteration_timer.model_dump() if run.iteration_timer is not None else {}
+        """What the projection reads, field by field: a dump would walk unknown (maybe very deep) extra fields."""
+        timer = run.iteration_timer
+        if timer is None:
+            return {}
+        stats = timer.ms_per_iter
+        return {"ms_per_iter": {"mean": stats.mean} if stats is not None else None,
+                "warmup_time_s": timer.warmup_time_s, "excluded": dict(timer.excluded or {}), "fits": timer.fits,
+                "validation_runs": timer.validation_runs, "iterations": timer.iterations,
+                "eval_time_s": timer.eval_time_s}
 
     times = {key: project_time(timer_dict(run), iterations) for key, run in (("base", base), ("candidate", candidate))}
 

@@ -105,7 +105,9 @@ def blocks(summary: SummaryLike) -> Optional[BlockSeries]:
     if data is None or data.block_len is None or data.sums is None:
         return None
     try:
-        return BlockSeries.from_dict(data.model_dump(exclude_none=True))
+        fields = {"block_len": data.block_len, "sums": data.sums, "open_sum": data.open_sum,
+                  "open_count": data.open_count, "max_blocks": data.max_blocks}
+        return BlockSeries.from_dict({k: v for k, v in fields.items() if v is not None})
     except ValueError:
         return None
 

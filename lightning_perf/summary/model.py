@@ -121,6 +121,8 @@ Integer = Annotated[Optional[Annotated[int, Ge(-MAX_INT), Le(MAX_INT)]], BeforeV
 Flag = Annotated[Optional[bool], BeforeValidator(_typed(bool, "true or false"))]
 Text = Annotated[Optional[str], BeforeValidator(_typed(str, "a string"))]
 Reasons = Annotated[Optional[Dict[str, Text]], BeforeValidator(_obj)]
+#: Per-rank figures under DDP: documented in each callback's page, read by no reader of the file.
+Ranks = Annotated[Optional[Dict[str, Any]], BeforeValidator(_obj), Field(description="under DDP: figures per rank")]
 
 #: Times and sizes: ms, s, MB, percentages, rates. Counts: iterations, samples, runs.
 Ms = Seconds = MB = Pct = Rate = NonNegative
@@ -262,6 +264,7 @@ class IterationTimer(Section):
     projected_remaining_with_eval_s: Seconds = None
     histogram_ms: Obj(Histogram) = None
     blocks_ms: Obj(Blocks) = Field(None, description="what compare's block bootstrap resamples")
+    ranks: Ranks = None
     unavailable: Reasons = None
     measurement_failures: Reasons = None
 
@@ -299,6 +302,7 @@ class Vram(Section):
     leak_threshold_mb_per_100_iters: Rate = None
     nvml_interval_s: Seconds = None
     sampler_samples: Count = None
+    ranks: Ranks = None
     unavailable: Reasons = None
     measurement_failures: Reasons = None
 
@@ -353,6 +357,7 @@ class SectionProfiler(Section):
     slowest_section: Text = None
     insights: Seq(Annotated[str, BeforeValidator(_text_item)]) = None
     overhead_us_per_step: Real = None
+    ranks: Ranks = None
     unavailable: Reasons = None
     measurement_failures: Reasons = None
 
