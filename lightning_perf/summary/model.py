@@ -56,12 +56,10 @@ def _refuse(reason: str) -> PydanticCustomError:
     return PydanticCustomError("summary_field", "{reason}", {"reason": reason})
 
 
-def _number(integer: bool = False, ge: Optional[float] = None, gt: Optional[float] = None,
-            null: bool = True) -> Callable[[Any], Any]:
+def _number(integer: bool = False, ge: Optional[float] = None, null: bool = True) -> Callable[[Any], Any]:
     """The check of one numeric field: the type first (booleans are no numbers), then finite, then the range."""
     kind = ("an integer" if integer else "a number") + (" or null" if null else "")
-    bound = f" >= {ge:g}" if ge is not None else (f" > {gt:g}" if gt is not None else "")
-    rule = f"{'an integer' if integer else 'a finite number'}{bound}"
+    rule = f"{'an integer' if integer else 'a finite number'}" + (f" >= {ge:g}" if ge is not None else "")
 
     def check(value: Any) -> Any:
         if value is None and null:
@@ -77,7 +75,7 @@ def _number(integer: bool = False, ge: Optional[float] = None, gt: Optional[floa
                 if not value.is_integer() or abs(value) > MAX_INT:
                     raise _refuse(f"must be {rule}, got {show(value)}")
                 value = int(value)
-        if (ge is not None and value < ge) or (gt is not None and value <= gt):
+        if ge is not None and value < ge:
             raise _refuse(f"must be {rule}, got {show(value)}")
         return value
 

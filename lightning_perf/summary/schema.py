@@ -1,4 +1,5 @@
-"""The perf_summary.json schema: version, statuses, section names and the checks a reader applies."""
+"""The perf_summary.json file's constants (version, statuses, section names) and its error; the checks a reader
+applies are the typed definition in :mod:`lightning_perf.summary.model`."""
 
 from __future__ import annotations
 
