@@ -20,15 +20,8 @@ from lightning_perf.bench.matrix import format_matrix, matrix_rows
 from lightning_perf.cli import main
 from lightning_perf.summary import load_summary
 from lightning_perf.summary.compare import compare_summaries, headline
-from lightning_perf.summary.model import (
-    TABLE_END,
-    TABLE_START,
-    PerfSummary,
-    field_rows,
-    json_schema_text,
-    parse,
-    summary_doc_with_table,
-)
+from lightning_perf.summary.derived import TABLE_END, TABLE_START, field_rows, json_schema_text, summary_doc_with_table
+from lightning_perf.summary.model import PerfSummary, parse
 from lightning_perf.summary.report import format_report, report_rows
 from lightning_perf.summary.schema import SummaryError
 
@@ -243,14 +236,14 @@ def test_pipes_and_newlines_in_notes_and_names_stay_in_their_cell(runs, tmp_path
 def test_the_committed_json_schema_is_the_models():
     with open(os.path.join(DOCS, "perf_summary.schema.json"), encoding="utf-8") as fh:
         committed = fh.read()
-    assert committed == json_schema_text(), "run: python -m lightning_perf.summary.model --write"
+    assert committed == json_schema_text(), "run: python -m lightning_perf.summary.derived --write"
 
 
 def test_the_field_table_of_the_docs_is_the_models():
     with open(os.path.join(DOCS, "summary.md"), encoding="utf-8") as fh:
         doc = fh.read()
     assert TABLE_START in doc and TABLE_END in doc
-    assert doc == summary_doc_with_table(doc), "run: python -m lightning_perf.summary.model --write"
+    assert doc == summary_doc_with_table(doc), "run: python -m lightning_perf.summary.derived --write"
     for path, _, _, _ in field_rows():
         assert f"| `{path}` |" in doc
 
