@@ -217,9 +217,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _one_line(err: BaseException) -> str:
+def _one_line(err: BaseException, limit: Optional[int] = 300) -> str:
+    """An error's text on one line (a file name may hold a line break); cut at ``limit`` characters where the text
+    is not ours (ours name short values already)."""
     text = " ".join(str(err).split()) or type(err).__name__
-    return text if len(text) <= 300 else text[:300] + "..."
+    return text if limit is None or len(text) <= limit else text[:limit] + "..."
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -337,7 +339,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except SummaryError as err:
-        _say(f"lightning-perf: error: {_one_line(err)}", sys.stderr)
+        _say(f"lightning-perf: error: {_one_line(err, limit=None)}", sys.stderr)
         return EXIT_ERROR
     except (RecursionError, MemoryError) as err:
         _say(f"lightning-perf: error: the input is too large or too deeply nested to read ({type(err).__name__})",
