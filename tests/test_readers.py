@@ -292,3 +292,9 @@ def test_load_summary_names_the_file_the_field_the_value_and_the_rule(runs, tmp_
     with pytest.raises(SummaryError) as err:
         load_summary(bad)
     assert str(err.value) == f"{bad}: `iteration_timer.ms_per_iter.mean` must be a finite number >= 0, got NaN"
+
+
+def test_a_path_with_a_nul_byte_is_one_line(runs):
+    rc, _, err = in_process("compare", "runs/a\x00b.json", runs["cand"])
+    assert rc == 2
+    one_error_line(err, "'runs/a\\x00b.json': cannot read")

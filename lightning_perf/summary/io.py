@@ -100,8 +100,8 @@ def _decode(path: str) -> Any:
         raise SummaryError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise SummaryError(f"{path}: is a directory, expected a perf_summary.json file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise SummaryError(f"{path}: cannot read: {err}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: a NUL byte in the path
+        raise SummaryError(f"{path!r}: cannot read: {err}" if "\0" in path else f"{path}: cannot read: {err}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
