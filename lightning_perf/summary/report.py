@@ -53,7 +53,7 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
                 metric_names.append(name)
     # a logged or metric name equal to a fixed column ("run", "status", ...) would overwrite it
     losses = [n for n in _loss_names(typed) if n not in _FIXED]
-    metric_names = [n for n in metric_names if n not in _FIXED and n not in losses]
+    metric_names = [n for n in metric_names if n not in _FIXED]
     for i, (summary, name) in enumerate(zip(typed, names)):
         s = speed(summary)
         head = headline(typed[0], summary, with_ci=False)
