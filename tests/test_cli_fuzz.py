@@ -168,7 +168,7 @@ def scratch(tmp_path_factory):
 
 
 def test_readers_answer_every_mutant_with_0_1_or_2_and_one_line(real, scratch):
-    @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)), deadline=None, database=None,
+    @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 300)), deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(data=st.data())
     def check(data):
@@ -189,7 +189,7 @@ def test_readers_answer_every_mutant_with_0_1_or_2_and_one_line(real, scratch):
 def test_report_plot_answers_every_mutant(real, scratch):
     pytest.importorskip("matplotlib")
 
-    @settings(max_examples=int(os.environ.get("FUZZ_PLOT_EXAMPLES", 15)), deadline=None, database=None,
+    @settings(max_examples=int(os.environ.get("FUZZ_PLOT_EXAMPLES", 25)), deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(data=st.data())
     def check(data):
