@@ -298,3 +298,19 @@ def test_a_path_with_a_nul_byte_is_one_line(runs):
     rc, _, err = in_process("compare", "runs/a\x00b.json", runs["cand"])
     assert rc == 2
     one_error_line(err, "'runs/a\\x00b.json': cannot read")
+
+
+def test_matrix_names_a_variant_whose_summary_breaks_the_definition(runs, tmp_path):
+    from lightning_perf.summary.io import load_summary as load
+
+    bad = edited(runs, tmp_path, **{"quality_gate.passed": "yes"})
+    try:
+        load(bad)
+    except SummaryError as err:
+        problem = str(err)
+    results = [{"name": "base", "overrides": [], "exit_code": 0, "wall_s": 1.0, "summary": read(runs["base"]),
+                "log": ""},
+               {"name": "amp", "overrides": [], "exit_code": 0, "wall_s": 1.0, "summary": None, "log": "",
+                "problem": problem}]
+    rows = matrix_rows(results)
+    assert rows[1]["status"] == f"summary unreadable: {problem}" and "`quality_gate.passed`" in rows[1]["status"]

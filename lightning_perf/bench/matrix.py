@@ -113,6 +113,8 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
 def _status(result: Dict[str, Any], summary: Optional[PerfSummary]) -> str:
     if result["exit_code"] is None:
         return "timed out"
+    if summary is None and result["exit_code"] == 0 and result.get("problem") and "no such file" not in result["problem"]:
+        return f"summary unreadable: {result['problem']}"  # the run ended well; its file breaks the definition
     if summary is None:
         tail = ""
         try:
