@@ -6,9 +6,9 @@ import argparse
 import math
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, TextIO
 
-from lightning_perf.summary.io import load_summary, probe_folder, special_kind
+from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
 
 EXIT_OK, EXIT_SLOWER, EXIT_ERROR = 0, 1, 2
@@ -74,6 +74,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+#: More iterations than any run makes; beyond it the time to N would overflow a float.
+MAX_ITERATIONS = 10**15
+
+
+def _iterations(text: str) -> int:
+    too_many = f"expected a positive integer up to {MAX_ITERATIONS:.0e}, got"
+    if len(text.strip()) > 20:  # int() of 400 digits works, float() of its product does not
+        raise argparse.ArgumentTypeError(f"{too_many} a value of {len(text.strip())} characters")
+    value = _positive_int(text)
+    if value > MAX_ITERATIONS:
+        raise argparse.ArgumentTypeError(f"{too_many} {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lightning-perf",
                      description="Compare and tabulate lightning_perf summary files; sweep models and variants.")
@@ -82,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="compare two runs: speedup with a 95%% CI, time saved, memory, quality")
     p.add_argument("base", help="the baseline run's perf_summary.json")
     p.add_argument("candidate", help="the candidate run's perf_summary.json")
-    p.add_argument("--iterations", type=_positive_int, default=30000, help="N for time to N iterations (30000)")
+    p.add_argument("--iterations", type=_iterations, default=30000,
+                   help=f"N for time to N iterations (30000; at most {MAX_ITERATIONS:.0e})")
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     p.add_argument("--names", nargs=2, metavar=("BASE", "CANDIDATE"), help="names to show for the two runs")
     p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
@@ -140,54 +155,88 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _say(text: str, stream: Optional[TextIO] = None) -> None:
+    """Prints ``text`` whatever the stream can encode: a run name with a lone surrogate or a character outside the
+    terminal's encoding is shown with a replacement character, not answered with UnicodeEncodeError."""
+    stream = stream or sys.stdout
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        try:
+            text = text.encode(encoding, errors="replace").decode(encoding, errors="replace")
+        except LookupError:
+            text = text.encode("ascii", errors="replace").decode("ascii")
+    print(text, file=stream)
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from lightning_perf.summary.compare import FORMATTERS, compare_summaries, default_names
+    from lightning_perf.summary.io import read_summary
 
-    base, candidate = load_summary(args.base), load_summary(args.candidate)
+    base, candidate = read_summary(args.base), read_summary(args.candidate)
     names = args.names or default_names(args.base, args.candidate, [base, candidate])
     result = compare_summaries(base, candidate, iterations=args.iterations, base_name=names[0],
                                candidate_name=names[1], min_effect_pct=args.min_effect)
-    print(FORMATTERS[args.format](result))
+    _say(FORMATTERS[args.format](result))
     if args.fail_if_slower is None:
         return EXIT_OK
-    undecided = [f"{name} run status is {run.get('status')!r}" for name, run in
-                 ((names[0], base), (names[1], candidate)) if run.get("status") != "completed"]
+    undecided = [f"{name} run status is {run.status!r}" for name, run in
+                 ((names[0], base), (names[1], candidate)) if run.status != "completed"]
     slower = result["candidate_slower_pct"]
-    if slower is None:
+    if slower is None or not math.isfinite(slower):
         undecided.append(next((n for n in result["notes"] if n.startswith("speedup unavailable")), "no speedup"))
     if undecided:
-        print(f"lightning-perf: --fail-if-slower cannot decide: {'; '.join(undecided)}", file=sys.stderr)
+        _say(f"lightning-perf: --fail-if-slower cannot decide: {'; '.join(undecided)}", sys.stderr)
         return EXIT_SLOWER
     if slower > args.fail_if_slower:
-        print(
-            f"lightning-perf: candidate is {slower:.1f}% slower than base ({result['speedup_basis']};"
-            f" limit {args.fail_if_slower:g}%)",
-            file=sys.stderr,
-        )
+        _say(f"lightning-perf: candidate is {slower:.1f}% slower than base ({result['speedup_basis']};"
+             f" limit {args.fail_if_slower:g}%)", sys.stderr)
         return EXIT_SLOWER
     return EXIT_OK
 
 
+def _plain_label(text: str) -> str:
+    """A run name as a plot label: ``$`` escaped so matplotlib does not parse it as math text, unencodable
+    characters (a lone surrogate) replaced."""
+    text = text.encode("utf-8", errors="replace").decode("utf-8")
+    return text.replace("$", r"\$")
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from lightning_perf.summary.fields import run_names
+    from lightning_perf.summary.io import read_summary
     from lightning_perf.summary.report import format_report, report_rows
 
     if args.names and len(args.names) != len(args.runs):
         raise SummaryError(f"--names got {len(args.names)} names for {len(args.runs)} runs")
     if args.notes and len(args.notes) != len(args.runs):
         raise SummaryError(f"--notes got {len(args.notes)} notes for {len(args.runs)} runs")
-    summaries = [load_summary(path) for path in args.runs]
+    summaries = [read_summary(path) for path in args.runs]
     names = args.names or run_names(args.runs, summaries)
     if args.plot:
         _check_output(args.plot, "--plot")
     rows = report_rows(summaries, names, args.notes)
-    print(format_report(rows, args.format))
+    _say(format_report(rows, args.format))
     if args.plot:
         from lightning_perf.bench.plots import plot_report
 
-        plot_report(rows, args.plot)
-        print(f"plot written to {args.plot}", file=sys.stderr)
+        labels = [_plain_label(name) for name in names]
+        if len(set(labels)) < len(labels):  # a bar per run, even where two names read alike once escaped
+            labels = [f"{label} ({i})" for i, label in enumerate(labels, start=1)]
+        try:
+            plot_report([dict(row, run=label) for row, label in zip(rows, labels)], args.plot)
+        except (ValueError, OverflowError, RuntimeError, OSError) as err:
+            raise SummaryError(f"--plot {args.plot!r}: cannot draw the report: {_one_line(err)}") from None
+        _say(f"plot written to {args.plot}", sys.stderr)
     return EXIT_OK
+
+
+def _one_line(err: BaseException, limit: Optional[int] = 300) -> str:
+    """An error's text on one line (a file name may hold a line break); cut at ``limit`` characters where the text
+    is not ours (ours name short values already)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if limit is None or len(text) <= limit else text[:limit] + "..."
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -306,12 +355,26 @@ COMMANDS = {"compare": _cmd_compare, "report": _cmd_report, "bench": _cmd_bench,
             "matrix": _cmd_matrix}
 
 
+#: Commands that only read summaries: whatever a file holds, they answer with one line, never a traceback.
+READERS = ("compare", "report")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except SummaryError as err:
-        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        _say(f"lightning-perf: error: {_one_line(err, limit=None)}", sys.stderr)
+        return EXIT_ERROR
+    except (RecursionError, MemoryError) as err:
+        _say(f"lightning-perf: error: the input is too large or too deeply nested to read ({type(err).__name__})",
+             sys.stderr)
+        return EXIT_ERROR
+    except Exception as err:  # noqa: BLE001 - the last line of defence: a reader's bug is one line and exit 2
+        if args.command not in READERS:
+            raise
+        _say(f"lightning-perf: error: internal error while reading the summaries ({type(err).__name__}:"
+             f" {_one_line(err)}); please report it", sys.stderr)
         return EXIT_ERROR
 
 

@@ -16,3 +16,56 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- every summary the suite writes is checked against the one typed definition (docs/perf_summary.schema.json) --
+
+_CHECKED = set()
+
+
+def _summaries_under(root):
+    """perf_summary*.json files under ``root`` that claim to be summaries (a JSON object with schema_version):
+    tests of the atomic writer store other objects under that name."""
+    import glob
+    import json
+
+    for path in glob.glob(os.path.join(str(root), "**", "perf_summary*.json"), recursive=True):
+        if path in _CHECKED or not os.path.isfile(path):  # a named pipe a test made there: opening it would block
+            continue
+        _CHECKED.add(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            continue  # half a file is what some tests make on purpose; the readers' tests cover refusing it
+        if isinstance(data, dict) and "schema_version" in data:
+            yield path, data
+
+
+def _check_written_summaries(root):
+    from lightning_perf.summary.model import parse
+    from lightning_perf.summary.schema import SummaryError
+
+    bad = []
+    for path, data in _summaries_under(root):
+        try:
+            parse(data, path)
+        except SummaryError as err:
+            bad.append(str(err))
+    assert not bad, "a summary written by the suite does not match the model:\n" + "\n".join(bad)
+
+
+@pytest.fixture(autouse=True)
+def _written_summaries_match_the_model(request):
+    """After each test that has a tmp_path: every summary under it validates (a writer bug fails the test)."""
+    root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if root is not None:
+        _check_written_summaries(root)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_summaries_match_the_model(tmp_path_factory):
+    """At the end: the summaries of module-scoped fixtures (tmp_path_factory) too."""
+    yield
+    _check_written_summaries(tmp_path_factory.getbasetemp())

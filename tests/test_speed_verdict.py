@@ -42,7 +42,8 @@ def summary(times):
         series.add(t)
     ordered = sorted(times)
     mean = sum(times) / len(times)
-    return {"iteration_timer": {"ms_per_iter": {"mean": mean, "median": ordered[len(ordered) // 2]},
+    return {"schema_version": 2, "status": "completed", "run": {},
+            "iteration_timer": {"ms_per_iter": {"mean": mean, "median": ordered[len(ordered) // 2]},
                                 "it_per_s": 1000.0 / mean, "measured_iterations": len(times),
                                 "blocks_ms": series.to_dict()}}
 

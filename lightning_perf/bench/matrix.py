@@ -13,14 +13,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from lightning_perf.summary.compare import compare_summaries
 from lightning_perf.summary.fields import (
     csv_text,
-    dig,
+    finite,
     fmt_duration,
     fmt_mb,
     fmt_num,
     markdown_table,
+    quality,
+    speed,
     train_peak_mb,
 )
 from lightning_perf.summary.io import load_summary
+from lightning_perf.summary.model import PerfSummary, Versions, as_summary
 from lightning_perf.summary.schema import SummaryError
 
 #: Shipped presets: name -> LightningCLI overrides. Model and data presets need those init arguments.
@@ -147,56 +150,68 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
     return results
 
 
-def _status(result: Dict[str, Any]) -> str:
-    summary = result["summary"]
+def _status(result: Dict[str, Any], summary: Optional[PerfSummary]) -> str:
     if result["exit_code"] is None:
         return "timed out"
+    if summary is None and result["exit_code"] == 0 and result.get("problem") and "no such file" not in result["problem"]:
+        return f"summary unreadable: {result['problem']}"  # the run ended well; its file breaks the definition
     if summary is None:
         tail = ""
         try:
-            with open(result["log"]) as fh:
+            with open(result["log"], errors="replace") as fh:
                 lines = [ln.strip() for ln in fh.read().splitlines() if ln.strip()]
             tail = lines[-1][:120] if lines else ""
         except OSError:
             pass
         oom = "out of memory" in tail.lower()
         return ("OOM" if oom else f"crashed (exit {result['exit_code']})") + (f": {tail}" if tail and not oom else "")
-    if summary["status"] != "completed":
-        message = (summary.get("error") or {}).get("message", "")
-        return ("OOM" if "out of memory" in message.lower() else summary["status"]) + (
+    if summary.status != "completed":
+        message = (summary.error.message if summary.error is not None else None) or ""
+        return ("OOM" if "out of memory" in message.lower() else summary.status) + (
             f": {message[:120]}" if message and "out of memory" not in message.lower() else "")
     return "completed"
+
+
+def _typed(result: Dict[str, Any]) -> Optional[PerfSummary]:
+    """The variant's summary as a typed object, or None when it has none."""
+    if result.get("summary") is None:
+        return None
+    return as_summary(result["summary"], result.get("summary_path") or result["name"])
 
 
 def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per variant: total wall time (train + eval, what seed 002's "Time (s)" meant), train time, the
     headline speedup with its CI, samples/s, peak memory, per-epoch times (``epoch_1_s``, ...), PSNR, the gate, and
     a status that flags a crash, an OOM, a timeout or a failed quality gate."""
-    base = next((r["summary"] for r in results if r["summary"] is not None), None)
+    typed = [_typed(r) for r in results]
+    base = next((s for s in typed if s is not None), None)
     rows = []
-    for r in results:
-        s = r["summary"]
-        row: Dict[str, Any] = {"variant": r["name"], "status": _status(r), "overrides": " ".join(r["overrides"]),
+    for r, s in zip(results, typed):
+        row: Dict[str, Any] = {"variant": r["name"], "status": _status(r, s), "overrides": " ".join(r["overrides"]),
                                "wall_s": r["wall_s"]}
         if s is not None:
             cmp = compare_summaries(base, s) if base is not None else {}
-            train, evaluation = dig(s, "iteration_timer", "train_time_s"), dig(s, "iteration_timer", "eval_time_s")
+            timer = s.iteration_timer
+            train = timer.train_time_s if timer is not None else None
+            evaluation = timer.eval_time_s if timer is not None else None
+            psnr = quality(s).get("psnr")
             row.update(
-                total_time_s=None if train is None else train + (evaluation or 0.0),
+                total_time_s=None if train is None else finite(train + (evaluation or 0.0)),
                 train_time_s=train,
                 eval_time_s=evaluation,
-                ms_per_iter=dig(s, "iteration_timer", "ms_per_iter", "mean"),
-                samples_per_s=dig(s, "iteration_timer", "samples_per_s"),
+                ms_per_iter=speed(s)["ms_per_iter_mean"],
+                samples_per_s=timer.samples_per_s if timer is not None else None,
                 speedup=cmp.get("speedup"),
                 speedup_basis=cmp.get("speedup_basis"),
                 speedup_ci_low=(cmp.get("speedup_ci95") or [None, None])[0],
                 speedup_ci_high=(cmp.get("speedup_ci95") or [None, None])[1],
                 peak_memory_mb=train_peak_mb(s),
-                psnr=dig(s, "quality_gate", "metrics", "psnr", "value"),
-                quality_gate=dig(s, "quality_gate", "passed"),
+                psnr=psnr.value if psnr is not None else None,
+                quality_gate=s.quality_gate.passed if s.quality_gate is not None else None,
             )
-            for i, epoch in enumerate(dig(s, "iteration_timer", "epochs") or [], start=1):
-                row[f"epoch_{i}_s"] = epoch.get("time_s")
+            epochs = (timer.epochs if timer is not None else None) or []
+            for i, epoch in enumerate(epochs, start=1):
+                row[f"epoch_{i}_s"] = epoch.time_s if epoch is not None else None
             if row["status"] == "completed" and row["quality_gate"] is False:
                 row["status"] = "quality gate FAILED"
         rows.append(row)
@@ -211,22 +226,19 @@ def best_variant(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def matrix_header(results: List[Dict[str, Any]], config: Optional[str] = None) -> List[str]:
     """Seed 002's header: system, device, versions, the config and the test configuration, from the summaries."""
-    s = next((r["summary"] for r in results if r["summary"] is not None), None)
+    s = next((_typed(r) for r in results if r["summary"] is not None), None)
     if s is None:
         return []
-    run = s.get("run") or {}
-    v = run.get("versions") or {}
-    steps = run.get("max_steps")
-    epochs = run.get("max_epochs")
+    run, v = s.run, s.run.versions or Versions()
+    steps, epochs = run.max_steps, run.max_epochs
     test = ", ".join(x for x in (f"max_steps {steps}" if steps not in (None, -1) else "",
                                  f"max_epochs {epochs}" if epochs not in (None, -1) else "") if x) or "n/a"
-    batch = dig(s, "iteration_timer", "samples_per_s") and dig(s, "iteration_timer", "it_per_s")
-    per_iter = (f"{dig(s, 'iteration_timer', 'samples_per_s') / dig(s, 'iteration_timer', 'it_per_s'):.0f} samples"
-                " per iteration (baseline)") if batch else ""
-    return [f"**System:** {run.get('host')} ({run.get('platform')}); device {run.get('device')}",
-            f"**Versions:** torch {v.get('torch')} (CUDA {v.get('cuda') or 'none'}), lightning {v.get('lightning')},"
-            f" lightning_perf {v.get('lightning_perf')}, python {v.get('python')}",
-            f"**Config:** {config or 'none'}; test configuration: {test}; precision {run.get('precision')}"
+    samples_per_iter = speed(s)["samples_per_iter"]
+    per_iter = f"{samples_per_iter:.0f} samples per iteration (baseline)" if samples_per_iter else ""
+    return [f"**System:** {run.host} ({run.platform}); device {run.device}",
+            f"**Versions:** torch {v.torch} (CUDA {v.cuda or 'none'}), lightning {v.lightning},"
+            f" lightning_perf {v.lightning_perf}, python {v.python}",
+            f"**Config:** {config or 'none'}; test configuration: {test}; precision {run.precision}"
             + (f"; {per_iter}" if per_iter else "")]
 
 
@@ -257,7 +269,7 @@ def findings(rows: List[Dict[str, Any]]) -> List[str]:
         product = 1.0
         for p in parts:
             product *= speed[p]
-        if r["speedup"] < DIMINISHING * product:
+        if finite(product) is not None and r["speedup"] < DIMINISHING * product:
             out.append(f"Diminishing returns: {r['variant']} gains {r['speedup']:.2f}x, less than its parts together"
                        f" ({' x '.join(f'{speed[p]:.2f}' for p in parts)} = {product:.2f}x).")
     for r in rows:

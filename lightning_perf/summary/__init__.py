@@ -1,14 +1,17 @@
-"""The summary file: schema, atomic writer, reader, compare and report. Needs no torch."""
+"""The summary file: its typed definition, atomic writer, reader, compare and report. Needs no torch."""
 
-from lightning_perf.summary.io import load_summary, write_json_atomic
+from lightning_perf.summary.io import load_summary, read_summary, write_json_atomic
+from lightning_perf.summary.model import PerfSummary
 from lightning_perf.summary.schema import SCHEMA_VERSION, SECTIONS, SUMMARY_FILENAME, SummaryError, validate
 
 __all__ = [
+    "PerfSummary",
     "SCHEMA_VERSION",
     "SECTIONS",
     "SUMMARY_FILENAME",
     "SummaryError",
     "load_summary",
+    "read_summary",
     "validate",
     "write_json_atomic",
 ]

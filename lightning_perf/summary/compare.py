@@ -3,29 +3,34 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Dict, List, Optional
 
 from lightning_perf.measure.stats import batch_means_ratio_ci
 from lightning_perf.summary.fields import (
     IMAGE_METRIC_DIRECTIONS,
+    SummaryLike,
     blocks,
-    dig,
+    finite,
     fmt_duration,
     fmt_mb,
     fmt_num,
     fmt_pct,
     markdown_table,
     memory,
+    one_line,
     quality,
+    ratio,
     run_names,
     speed,
 )
+from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.projection import project_time
 
 
 def _delta(base: Optional[float], cand: Optional[float]) -> Dict[str, Optional[float]]:
-    delta = None if base is None or cand is None else cand - base
-    pct = None if delta is None or not base else 100.0 * delta / abs(base)
+    delta = None if base is None or cand is None else finite(cand - base)
+    pct = None if delta is None or not base else finite(100.0 * delta / abs(base))
     return {"base": base, "candidate": cand, "delta": delta, "delta_pct": pct}
 
 
@@ -34,35 +39,55 @@ def _delta(base: Optional[float], cand: Optional[float]) -> Dict[str, Optional[f
 MIN_EFFECT_PCT = 2.0
 
 
-def headline(base: Dict[str, Any], candidate: Dict[str, Any], with_ci: bool = True,
+def _no_speed(name: str, run: PerfSummary, mean: Optional[float]) -> Optional[str]:
+    """Why a run's mean ms/iter cannot be a side of the headline, or None when it can."""
+    if run.iteration_timer is None:
+        return f"{name} has no iteration_timer section"
+    if mean is None:
+        return f"{name} has no measured iterations"
+    if not (0.0 < mean < math.inf):
+        return f"{name}'s mean ms/iter is {mean!r}, not a positive finite time"
+    return None
+
+
+def headline(base: SummaryLike, candidate: SummaryLike, with_ci: bool = True,
              min_effect_pct: float = MIN_EFFECT_PCT) -> Dict[str, Any]:
     """The one speed change that `compare`, `report`, `matrix` and the plot all show for a pair of runs.
 
     Speed is wall-time throughput over the measured iterations: it/s = 1000 / mean ms/iter. When the runs process
     different samples per iteration (a batch size changed), iterations are not the same work and the headline is
-    the samples/s ratio instead. The 95% CI is a batch-means interval of the ratio of mean ms/iter (batches of at least 8
-    consecutive iterations, so bursts of slow steps stay together; Student's t for few batches), scaled by the
-    samples-per-iteration ratio where samples/s is the basis. ``speedup`` > 1 means the candidate is faster. ``significant`` needs both: the interval
-    excludes 1 and the change is at least ``min_effect_pct``.
+    the samples/s ratio instead. The 95% CI is a batch-means interval of the ratio of mean ms/iter (batches of at
+    least 8 consecutive iterations, so bursts of slow steps stay together; Student's t for few batches), scaled by the
+    samples-per-iteration ratio where samples/s is the basis. ``speedup`` > 1 means the candidate is faster.
+    ``significant`` needs both: the interval excludes 1 and the change is at least ``min_effect_pct``.
+
+    A figure the headline needs that is missing, zero, negative or not finite, or a ratio that over- or underflows,
+    gives ``speedup`` None and the ``reason``: a verdict acted on in CI fails closed rather than on ``nan``.
     """
+    base, candidate = as_summary(base, "base"), as_summary(candidate, "candidate")
     b, c = speed(base), speed(candidate)
     out: Dict[str, Any] = {"speedup": None, "basis": "it/s", "ci95": None, "significant": None,
                            "typical_speedup": None, "reason": None}
-    if not b["ms_per_iter_mean"] or not c["ms_per_iter_mean"]:
-        out["reason"] = " and ".join(
-            f"{name} has no measured iterations" if isinstance(run.get("iteration_timer"), dict)
-            else f"{name} has no iteration_timer section"
-            for name, run, figures in (("base", base, b), ("candidate", candidate, c))
-            if not figures["ms_per_iter_mean"])
+    reasons = [r for r in (_no_speed("base", base, b["ms_per_iter_mean"]),
+                           _no_speed("candidate", candidate, c["ms_per_iter_mean"])) if r]
+    if reasons:
+        out["reason"] = " and ".join(reasons)
         return out
     scale = 1.0
     spi_b, spi_c = b["samples_per_iter"], c["samples_per_iter"]
     if spi_b and spi_c and abs(spi_b - spi_c) > 0.01 * spi_b:
         out["basis"] = "samples/s"
-        scale = spi_c / spi_b
-    out["speedup"] = scale * b["ms_per_iter_mean"] / c["ms_per_iter_mean"]
-    if b["ms_per_iter_median"] and c["ms_per_iter_median"]:
-        out["typical_speedup"] = scale * b["ms_per_iter_median"] / c["ms_per_iter_median"]
+        scale = ratio(spi_c, spi_b)
+    speedup = ratio(b["ms_per_iter_mean"], c["ms_per_iter_mean"])
+    speedup = finite(scale * speedup) if speedup is not None and scale is not None else None
+    if not speedup or ratio(1.0, speedup) is None:
+        out["reason"] = (f"the ratio of mean ms/iter ({b['ms_per_iter_mean']!r} / {c['ms_per_iter_mean']!r})"
+                         " is no finite positive number")
+        out["basis"] = "it/s"
+        return out
+    out["speedup"] = speedup
+    typical = ratio(b["ms_per_iter_median"], c["ms_per_iter_median"])
+    out["typical_speedup"] = finite(scale * typical) if typical is not None else None
     if with_ci:
         sb, sc = blocks(base), blocks(candidate)
         if sb is None or sc is None:
@@ -71,6 +96,8 @@ def headline(base: Dict[str, Any], candidate: Dict[str, Any], with_ci: bool = Tr
             ci = batch_means_ratio_ci(sb, sc)
             if ci is None:
                 out["reason"] = "no CI: a run has fewer than 32 measured iterations"
+            elif finite(scale * ci[0]) is None or finite(scale * ci[1]) is None:
+                out["reason"] = "no CI: the iteration blocks give no finite interval"
             else:
                 out["ci95"] = [scale * ci[0], scale * ci[1]]
                 excludes_one = out["ci95"][0] > 1.0 or out["ci95"][1] < 1.0
@@ -78,11 +105,11 @@ def headline(base: Dict[str, Any], candidate: Dict[str, Any], with_ci: bool = Tr
     return out
 
 
-def between_runs_note(base: Dict[str, Any], candidate: Dict[str, Any]) -> Optional[str]:
+def between_runs_note(base: PerfSummary, candidate: PerfSummary) -> Optional[str]:
     """What the speedup's interval does not cover, in one line, when the two runs ran at different times: the
     interval is built from the variation within each run, and two runs of one setup also differ between them."""
-    hosts = (dig(base, "run", "host"), dig(candidate, "run", "host"))
-    starts = (dig(base, "run", "started_at"), dig(candidate, "run", "started_at"))
+    hosts = (base.run.host, candidate.run.host)
+    starts = (base.run.started_at, candidate.run.started_at)
     if not all(isinstance(h, str) and h for h in hosts) or starts[0] == starts[1]:
         return None
     where = f"the same host ({hosts[0]})" if hosts[0] == hosts[1] else f"different hosts ({hosts[0]}, {hosts[1]})"
@@ -92,20 +119,21 @@ def between_runs_note(base: Dict[str, Any], candidate: Dict[str, Any]) -> Option
 
 
 def compare_summaries(
-    base: Dict[str, Any],
-    candidate: Dict[str, Any],
+    base: SummaryLike,
+    candidate: SummaryLike,
     iterations: int = 30000,
     base_name: str = "base",
     candidate_name: str = "candidate",
     min_effect_pct: float = MIN_EFFECT_PCT,
 ) -> Dict[str, Any]:
     """The comparison as a dict (what ``--format json`` prints). ``speedup`` is the :func:`headline`."""
+    base, candidate = as_summary(base, base_name), as_summary(candidate, candidate_name)
     b, c = speed(base), speed(candidate)
     notes: List[str] = []
     for name, run in ((base_name, base), (candidate_name, candidate)):
-        if run.get("status") != "completed":
-            notes.append(f"{name} run status is {run.get('status')!r}: its figures cover only part of a run")
-    devices = (dig(base, "run", "device"), dig(candidate, "run", "device"))
+        if run.status != "completed":
+            notes.append(f"{name} run status is {run.status!r}: its figures cover only part of a run")
+    devices = (base.run.device, candidate.run.device)
     if devices[0] != devices[1]:
         notes.append(f"runs used different devices ({devices[0]} vs {devices[1]}): speed is not comparable")
     head = headline(base, candidate, min_effect_pct=min_effect_pct)
@@ -121,17 +149,26 @@ def compare_summaries(
             f" {c['samples_per_iter']:.1f}): the speedup is the samples/s ratio; it/s and time to N iterations"
             " are not like for like"
         )
-    sample_speedup = None
-    if b["samples_per_s"] and c["samples_per_s"]:
-        sample_speedup = c["samples_per_s"] / b["samples_per_s"]
+    sample_speedup = ratio(c["samples_per_s"], b["samples_per_s"])
 
-    times = {key: project_time(dig(run, "iteration_timer") or {}, iterations)
-             for key, run in (("base", base), ("candidate", candidate))}
+    def timer_dict(run: PerfSummary) -> Dict[str, Any]:
+        """What the projection reads, field by field: a dump would walk unknown (maybe very deep) extra fields."""
+        timer = run.iteration_timer
+        if timer is None:
+            return {}
+        stats = timer.ms_per_iter
+        return {"ms_per_iter": {"mean": stats.mean} if stats is not None else None,
+                "warmup_time_s": timer.warmup_time_s, "excluded": dict(timer.excluded or {}), "fits": timer.fits,
+                "validation_runs": timer.validation_runs, "iterations": timer.iterations,
+                "eval_time_s": timer.eval_time_s}
+
+    times = {key: project_time(timer_dict(run), iterations) for key, run in (("base", base), ("candidate", candidate))}
 
     def saved(field: str) -> Dict[str, Optional[float]]:
-        t_b, t_c = times["base"][field], times["candidate"][field]
-        s = None if t_b is None or t_c is None else t_b - t_c
-        return {"base": t_b, "candidate": t_c, "saved_s": s, "saved_pct": None if s is None or not t_b else 100.0 * s / t_b}
+        t_b, t_c = finite(times["base"][field]), finite(times["candidate"][field])
+        s = None if t_b is None or t_c is None else finite(t_b - t_c)
+        pct = None if s is None or not t_b else finite(100.0 * s / t_b)
+        return {"base": t_b, "candidate": t_c, "saved_s": s, "saved_pct": pct}
 
     train_times, eval_times = saved("train_s"), saved("with_eval_s")
     mem_b, mem_c = memory(base), memory(candidate)
@@ -140,13 +177,13 @@ def compare_summaries(
     qual = {}
     for name in q_b:
         if name in q_c:
-            entry = _delta(dig(q_b, name, "value"), dig(q_c, name, "value"))
-            entry["mode"] = dig(q_c, name, "mode") or IMAGE_METRIC_DIRECTIONS.get(name)
-            entry["candidate_passed"] = dig(q_c, name, "passed")
+            entry = _delta(q_b[name].value, q_c[name].value)
+            entry["mode"] = q_c[name].mode or IMAGE_METRIC_DIRECTIONS.get(name)
+            entry["candidate_passed"] = q_c[name].passed
             qual[name] = entry
     return {
-        "base": {"name": base_name, "status": base.get("status"), "device": devices[0], **b},
-        "candidate": {"name": candidate_name, "status": candidate.get("status"), "device": devices[1], **c},
+        "base": {"name": base_name, "status": base.status, "device": devices[0], **b},
+        "candidate": {"name": candidate_name, "status": candidate.status, "device": devices[1], **c},
         "speedup": speedup,
         "speedup_basis": head["basis"],
         "speedup_ci95": head["ci95"],
@@ -166,8 +203,8 @@ def compare_summaries(
         "memory_mb": mem,
         "quality": qual,
         "quality_gate_passed": {
-            "base": dig(base, "quality_gate", "passed"),
-            "candidate": dig(candidate, "quality_gate", "passed"),
+            "base": base.quality_gate.passed if base.quality_gate is not None else None,
+            "candidate": candidate.quality_gate.passed if candidate.quality_gate is not None else None,
         },
         "notes": notes,
     }
@@ -297,7 +334,7 @@ def format_markdown(result: Dict[str, Any]) -> str:
         ]
         parts += ["", markdown_table(["quality", b["name"], c["name"], "change"], q_rows)]
     if result["notes"]:
-        parts += [""] + [f"- {note}" for note in result["notes"]]
+        parts += [""] + [f"- {one_line(note)}" for note in result["notes"]]
     return "\n".join(parts)
 
 

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from lightning_perf.measure.stats import BlockSeries
+from lightning_perf.summary.model import IterationTimer, IterStats, Metric, PerfSummary, as_summary
+
+#: What a reader takes: a typed summary, or a decoded file (validated on the way in).
+SummaryLike = Union[PerfSummary, Dict[str, Any]]
 
 #: Image metrics and whether higher is better.
 IMAGE_METRIC_DIRECTIONS = {"psnr": "max", "ssim": "max", "lpips": "min", "l1": "min"}
@@ -40,15 +45,15 @@ def run_name(path: str) -> str:
     return folder or os.path.basename(path)
 
 
-def run_names(paths: List[str], summaries: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+def run_names(paths: List[str], summaries: Optional[List[SummaryLike]] = None) -> List[str]:
     """A name per run: ``run.name`` when the run was given one (``run_name=``), else the folders of its path that
     differ from the others' (``runs/amp/lightning_logs/version_0`` beside ``runs/base/...`` is ``amp``), else the
     folder holding the file; numbered where two would still be the same."""
     folders = [os.path.dirname(os.path.abspath(p)).split(os.sep) for p in paths]
     names: List[str] = []
     for i, parts in enumerate(folders):
-        given = dig(summaries[i], "run", "name") if summaries else None
-        if isinstance(given, str) and given:
+        given = _given_name(summaries[i]) if summaries else None
+        if given:
             names.append(given)
             continue
         others = [f for j, f in enumerate(folders) if j != i]
@@ -70,76 +75,108 @@ def run_names(paths: List[str], summaries: Optional[List[Dict[str, Any]]] = None
     return names
 
 
-def blocks(summary: Dict[str, Any]) -> Optional[BlockSeries]:
+def _given_name(summary: Any) -> Optional[str]:
+    """``run.name`` of a typed summary, or of a dict that holds only the part naming needs."""
+    if isinstance(summary, PerfSummary):
+        return summary.run.name
+    name = dig(summary, "run", "name")
+    return name if isinstance(name, str) else None
+
+
+def finite(value: Optional[float]) -> Optional[float]:
+    """``value`` where it is a finite number, else None: arithmetic on valid figures can still overflow."""
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
+    """numerator / denominator where both are finite and > 0 and the result is finite and > 0, else None."""
+    if not numerator or not denominator or finite(numerator) is None or finite(denominator) is None:
+        return None
+    if numerator <= 0 or denominator <= 0:
+        return None
+    value = numerator / denominator
+    return value if 0.0 < value < math.inf else None
+
+
+def blocks(summary: SummaryLike) -> Optional[BlockSeries]:
     """The run's iteration times as a block series (schema 2), or None (schema 1 or malformed)."""
-    data = dig(summary, "iteration_timer", "blocks_ms")
-    if not isinstance(data, dict):
+    timer = as_summary(summary).iteration_timer
+    data = timer.blocks_ms if timer is not None else None
+    if data is None or data.block_len is None or data.sums is None:
         return None
     try:
-        return BlockSeries.from_dict(data)
+        fields = {"block_len": data.block_len, "sums": data.sums, "open_sum": data.open_sum,
+                  "open_count": data.open_count, "max_blocks": data.max_blocks}
+        return BlockSeries.from_dict({k: v for k, v in fields.items() if v is not None})
     except ValueError:
         return None
 
 
-def speed(summary: Dict[str, Any]) -> Dict[str, Optional[float]]:
+def speed(summary: SummaryLike) -> Dict[str, Optional[float]]:
     """ms/iter (mean, median, min, max, p95, p99), it/s and samples/s of a run, None where not measured."""
-    stats = dig(summary, "iteration_timer", "ms_per_iter") or {}
-    it_per_s = dig(summary, "iteration_timer", "it_per_s")
-    samples_per_s = dig(summary, "iteration_timer", "samples_per_s")
+    timer = as_summary(summary).iteration_timer or IterationTimer()
+    stats = timer.ms_per_iter or IterStats()
     return {
-        "ms_per_iter_mean": stats.get("mean"),
-        "ms_per_iter_median": stats.get("median"),
-        "ms_per_iter_min": stats.get("min"),
-        "ms_per_iter_max": stats.get("max"),
-        "ms_per_iter_p95": stats.get("p95"),
-        "ms_per_iter_p99": stats.get("p99"),
-        "it_per_s": it_per_s,
-        "samples_per_s": samples_per_s,
-        "samples_per_iter": samples_per_s / it_per_s if samples_per_s and it_per_s else None,
-        "measured_iterations": dig(summary, "iteration_timer", "measured_iterations"),
+        "ms_per_iter_mean": stats.mean,
+        "ms_per_iter_median": stats.median,
+        "ms_per_iter_min": stats.min,
+        "ms_per_iter_max": stats.max,
+        "ms_per_iter_p95": stats.p95,
+        "ms_per_iter_p99": stats.p99,
+        "it_per_s": timer.it_per_s,
+        "samples_per_s": timer.samples_per_s,
+        "samples_per_iter": ratio(timer.samples_per_s, timer.it_per_s),
+        "measured_iterations": timer.measured_iterations,
     }
 
 
-def memory(summary: Dict[str, Any]) -> Dict[str, Optional[float]]:
-    return {label: dig(summary, "vram", "phases", phase, field) for label, phase, field in MEMORY_FIELDS}
+def _phase(summary: SummaryLike, phase: str, field: str) -> Optional[float]:
+    vram = as_summary(summary).vram
+    values = (vram.phases or {}).get(phase) if vram is not None else None
+    return getattr(values, field) if values is not None else None
 
 
-def eval_peak_mb(summary: Dict[str, Any]) -> Optional[float]:
+def memory(summary: SummaryLike) -> Dict[str, Optional[float]]:
+    return {label: _phase(summary, phase, field) for label, phase, field in MEMORY_FIELDS}
+
+
+def eval_peak_mb(summary: SummaryLike) -> Optional[float]:
     """The largest evaluation peak (validation or test), allocator first, else NVML, else host RSS."""
     for field in ("peak_allocated_mb", "nvml_peak_used_mb", "host_rss_peak_mb"):
-        values = [dig(summary, "vram", "phases", phase, field) for phase in ("validation", "test")]
+        values = [_phase(summary, phase, field) for phase in ("validation", "test")]
         known = [v for v in values if v is not None]
         if known:
             return max(known)
     return None
 
 
-def train_peak_mb(summary: Dict[str, Any]) -> Optional[float]:
+def train_peak_mb(summary: SummaryLike) -> Optional[float]:
     for field in ("peak_allocated_mb", "nvml_peak_used_mb", "host_rss_peak_mb"):
-        value = dig(summary, "vram", "phases", "train", field)
+        value = _phase(summary, "train", field)
         if value is not None:
             return value
     return None
 
 
-def quality(summary: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    """Metric name -> {value, mode, passed} from the quality_gate section."""
-    metrics = dig(summary, "quality_gate", "metrics")
-    return dict(metrics) if isinstance(metrics, dict) else {}
+def quality(summary: SummaryLike) -> Dict[str, Metric]:
+    """Metric name -> its entry (``value``, ``mode``, ``passed``) in the quality_gate section."""
+    gate = as_summary(summary).quality_gate
+    metrics = gate.metrics if gate is not None else None
+    return {name: entry for name, entry in (metrics or {}).items() if entry is not None}
 
 
 def fmt_num(value: Optional[float], digits: int = 2, suffix: str = "") -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+    return "n/a" if finite(value) is None else f"{value:.{digits}f}{suffix}"
 
 
 def fmt_mb(value: Optional[float]) -> str:
-    if value is None:
+    if finite(value) is None:
         return "n/a"
     return f"{value / 1024:.2f} GB" if value >= 1024 else f"{value:.0f} MB"
 
 
 def fmt_duration(seconds: Optional[float]) -> str:
-    if seconds is None:
+    if finite(seconds) is None:
         return "n/a"
     sign = "-" if seconds < 0 else ""
     s = abs(seconds)
@@ -151,12 +188,23 @@ def fmt_duration(seconds: Optional[float]) -> str:
 
 
 def fmt_pct(value: Optional[float]) -> str:
-    return "n/a" if value is None else f"{value:+.1f}%"
+    return "n/a" if finite(value) is None else f"{value:+.1f}%"
+
+
+def one_line(text: str) -> str:
+    """Free text (a run name, a note) on one line: line breaks become spaces."""
+    return " ".join(str(text).splitlines())
+
+
+def markdown_cell(text: str) -> str:
+    """A table cell that cannot end its row or open a new one: ``|`` escaped, line breaks as spaces."""
+    return one_line(text).replace("\\", "\\\\").replace("|", "\\|")
 
 
 def markdown_table(headers: List[str], rows: List[List[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines = ["| " + " | ".join(markdown_cell(h) for h in headers) + " |",
+             "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(markdown_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

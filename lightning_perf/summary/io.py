@@ -11,9 +11,12 @@ import secrets
 import socket
 import stat
 import tempfile
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from lightning_perf.summary.schema import SummaryError, validate
+
+if TYPE_CHECKING:
+    from lightning_perf.summary.model import PerfSummary
 
 
 def _text_of(value: Any) -> str:
@@ -229,8 +232,7 @@ def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
         raise
 
 
-def load_summary(path: str) -> Dict[str, Any]:
-    """Reads and validates one summary; raises :class:`SummaryError` with a one-line reason."""
+def _decode(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -238,10 +240,29 @@ def load_summary(path: str) -> Dict[str, Any]:
         raise SummaryError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise SummaryError(f"{path}: is a directory, expected a perf_summary.json file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise SummaryError(f"{path}: cannot read: {err}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: a NUL byte in the path
+        raise SummaryError(f"{path!r}: cannot read: {err}" if "\0" in path else f"{path}: cannot read: {err}") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise SummaryError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    except RecursionError:
+        raise SummaryError(f"{path}: not a summary: JSON nested too deeply to read") from None
+    except ValueError as err:  # an integer of more than 4300 digits
+        raise SummaryError(f"{path}: not a summary: {str(err).split(';')[0]}") from None
+
+
+def read_summary(path: str) -> "PerfSummary":
+    """Reads one summary into its typed model; raises :class:`SummaryError` with a one-line reason naming the file,
+    the field, the bad value and what is allowed (``runs/a/perf_summary.json: `iteration_timer.ms_per_iter.mean`
+    must be a finite number >= 0, got NaN``)."""
+    from lightning_perf.summary.model import parse
+
+    return parse(_decode(path), source=path)
+
+
+def load_summary(path: str) -> Dict[str, Any]:
+    """Reads and validates one summary (as :func:`read_summary`) and returns it as decoded: a dict whose every field
+    a reader uses has the type and range the model gives it."""
+    data = _decode(path)
     return validate(data, source=path)

@@ -6,9 +6,10 @@ from typing import Any, Dict, List, Optional
 
 from lightning_perf.summary.compare import headline
 from lightning_perf.summary.fields import (
+    SummaryLike,
     csv_text,
-    dig,
     eval_peak_mb,
+    finite,
     fmt_mb,
     fmt_num,
     fmt_pct,
@@ -17,63 +18,68 @@ from lightning_perf.summary.fields import (
     speed,
     train_peak_mb,
 )
+from lightning_perf.summary.model import PerfSummary, as_summary
 
 
 #: Logged names shown as loss columns when a run has them (and whatever ModelCheckpoint monitored).
 LOSS_NAMES = ("train_loss", "train/loss", "loss", "val_loss", "val/loss")
 
 
-def _loss_names(summaries: List[Dict[str, Any]]) -> List[str]:
+def _loss_names(summaries: List[PerfSummary]) -> List[str]:
     names: List[str] = []
     for summary in summaries:
-        values = dig(summary, "logged", "values") or {}
-        monitor = dig(summary, "logged", "monitor")
+        logged = summary.logged
+        values = (logged.values if logged is not None else None) or {}
+        monitor = logged.monitor if logged is not None else None
         wanted = [n for n in LOSS_NAMES if n in values]
-        if isinstance(monitor, str) and monitor in values and not monitor.startswith("quality/"):
+        if monitor and monitor in values and not monitor.startswith("quality/"):
             wanted.append(monitor)
         names += [n for n in wanted if n not in names]
     return names
 
 
-def report_rows(summaries: List[Dict[str, Any]], names: List[str],
+def report_rows(summaries: List[SummaryLike], names: List[str],
                 notes: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """One dict per run. ``speedup`` and ``change_pct`` are the :func:`~lightning_perf.summary.compare.headline`
     against the first run: the same figure `compare` prints for that pair (samples/s where batch sizes differ).
     ``date`` is the run's start; ``notes`` the given note, else the run's ``run.notes``; loss columns are the last
     logged value of ``train_loss``/``val_loss`` (and the like, and what ModelCheckpoint monitored)."""
+    typed = [as_summary(summary, name) for summary, name in zip(summaries, names)]
     rows: List[Dict[str, Any]] = []
     metric_names: List[str] = []
-    for summary in summaries:
+    for summary in typed:
         for name in quality(summary):
             if name not in metric_names:
                 metric_names.append(name)
-    losses = _loss_names(summaries)
-    for i, (summary, name) in enumerate(zip(summaries, names)):
+    # a logged or metric name equal to a fixed column ("run", "status", ...) would overwrite it
+    losses = [n for n in _loss_names(typed) if n not in _FIXED]
+    metric_names = [n for n in metric_names if n not in _FIXED]
+    for i, (summary, name) in enumerate(zip(typed, names)):
         s = speed(summary)
-        head = headline(summaries[0], summary, with_ci=False)
+        head = headline(typed[0], summary, with_ci=False)
         speedup = head["speedup"]
         q = quality(summary)
-        gate = summary.get("quality_gate", {}).get("passed") if isinstance(summary.get("quality_gate"), dict) else None
+        values = (summary.logged.values if summary.logged is not None else None) or {}
         row: Dict[str, Any] = {
             "run": name,
-            "date": dig(summary, "run", "started_at"),
-            "notes": (notes[i] if notes else None) or dig(summary, "run", "notes"),
-            "status": summary.get("status"),
+            "date": summary.run.started_at,
+            "notes": (notes[i] if notes else None) or summary.run.notes,
+            "status": summary.status,
             "it_per_s": s["it_per_s"],
             "samples_per_s": s["samples_per_s"],
             "ms_per_iter_mean": s["ms_per_iter_mean"],
             "ms_per_iter_median": s["ms_per_iter_median"],
             "speedup": speedup,
             "speedup_basis": head["basis"] if speedup is not None else None,
-            "change_pct": None if i == 0 or speedup is None else 100.0 * (speedup - 1.0),
+            "change_pct": None if i == 0 or speedup is None else finite(100.0 * (speedup - 1.0)),
             "train_peak_mb": train_peak_mb(summary),
             "eval_peak_mb": eval_peak_mb(summary),
         }
         for loss in losses:
-            row[loss] = (dig(summary, "logged", "values") or {}).get(loss)
+            row[loss] = values.get(loss)
         for metric in metric_names:
-            row[metric] = q.get(metric, {}).get("value") if isinstance(q.get(metric), dict) else None
-        row["quality_gate"] = gate
+            row[metric] = q[metric].value if metric in q else None
+        row["quality_gate"] = summary.quality_gate.passed if summary.quality_gate is not None else None
         rows.append(row)
     return rows
 

@@ -1,0 +1,461 @@
+"""The one typed definition of perf_summary.json: validation on read, the JSON Schema and the docs' field table.
+
+Every field a reader of the summary uses (``compare``, ``report``, ``matrix``) is declared here with its type and
+range: times, sizes and counts are finite and >= 0, flags are booleans, names and messages are strings. Any field
+may be null or absent (a figure that could not be measured is null), and fields this version does not know are
+kept (a newer writer's file still reads). Schema versions 1 and 2 read alike. Pure Python: no torch.
+
+:mod:`lightning_perf.summary.derived` makes ``docs/perf_summary.schema.json`` and the field table of
+``docs/summary.md`` from these classes (``python -m lightning_perf.summary.derived --write``); a test fails when the
+committed files differ.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Callable, Dict, List, Literal, Mapping, Optional, Tuple, Union
+
+from annotated_types import Ge, Le
+from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
+
+from lightning_perf.summary.schema import SCHEMA_VERSION, STATUSES, SummaryError
+
+#: Integers beyond this are no count a run can reach; they are refused before any arithmetic overflows.
+MAX_INT = 2**63 - 1
+
+
+# -- how a bad value is shown and refused --------------------------------------------------------------------------
+
+def show(value: Any) -> str:
+    """A bad value as a short piece of one line: JSON spellings for NaN/Infinity/null/booleans, no deep reprs."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, int):
+        digits = len(str(abs(value))) if abs(value) < 10**50 else None
+        return str(value) if digits is not None else "an integer of more than 50 digits"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:40] + "..."
+        return repr(text).encode("ascii", "backslashreplace").decode("ascii")
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
+def _refuse(reason: str) -> PydanticCustomError:
+    return PydanticCustomError("summary_field", "{reason}", {"reason": reason})
+
+
+def _number(integer: bool = False, ge: Optional[float] = None, null: bool = True) -> Callable[[Any], Any]:
+    """The check of one numeric field: the type first (booleans are no numbers), then finite, then the range."""
+    kind = ("an integer" if integer else "a number") + (" or null" if null else "")
+    rule = f"{'an integer' if integer else 'a finite number'}" + (f" >= {ge:g}" if ge is not None else "")
+
+    def check(value: Any) -> Any:
+        if value is None and null:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _refuse(f"must be {kind}, got {show(value)}")
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            raise _refuse(f"must be {rule}, got {show(value)} (beyond {MAX_INT})")
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise _refuse(f"must be {rule}, got {show(value)}")
+            if integer:
+                if not value.is_integer() or abs(value) > MAX_INT:
+                    raise _refuse(f"must be {rule}, got {show(value)}")
+                value = int(value)
+        if ge is not None and value < ge:
+            raise _refuse(f"must be {rule}, got {show(value)}")
+        return value
+
+    return check
+
+
+def _typed(python_type: type, what: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value is None or (isinstance(value, python_type) and not (python_type is int and isinstance(value, bool))):
+            return value
+        raise _refuse(f"must be {what} or null, got {show(value)}")
+
+    return check
+
+
+def _text_item(value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    raise _refuse(f"must be a string, got {show(value)}")
+
+
+def _obj(value: Any) -> Any:
+    if value is None or isinstance(value, Mapping):
+        return value
+    raise _refuse(f"must be an object or null, got {show(value)}")
+
+
+def _seq(value: Any) -> Any:
+    if value is None or isinstance(value, list):
+        return value
+    raise _refuse(f"must be a list or null, got {show(value)}")
+
+
+# Field types. Each is nullable: a figure that could not be measured is null, with its reason under `unavailable`.
+FiniteFloat = Annotated[float, AllowInfNan(False)]
+Real = Annotated[Optional[FiniteFloat], BeforeValidator(_number())]
+NonNegative = Annotated[Optional[Annotated[FiniteFloat, Ge(0)]], BeforeValidator(_number(ge=0))]
+Count = Annotated[Optional[Annotated[int, Ge(0), Le(MAX_INT)]], BeforeValidator(_number(integer=True, ge=0))]
+Positive = Annotated[Optional[Annotated[int, Ge(1), Le(MAX_INT)]], BeforeValidator(_number(integer=True, ge=1))]
+Integer = Annotated[Optional[Annotated[int, Ge(-MAX_INT), Le(MAX_INT)]], BeforeValidator(_number(integer=True))]
+Flag = Annotated[Optional[bool], BeforeValidator(_typed(bool, "true or false"))]
+Text = Annotated[Optional[str], BeforeValidator(_typed(str, "a string"))]
+Reasons = Annotated[Optional[Dict[str, Text]], BeforeValidator(_obj)]
+#: Per-rank figures under DDP: documented in each callback's page, read by no reader of the file.
+Ranks = Annotated[Optional[Dict[str, Any]], BeforeValidator(_obj), Field(description="under DDP: figures per rank")]
+
+#: Times and sizes: ms, s, MB, percentages, rates. Counts: iterations, samples, runs.
+Ms = Seconds = MB = Pct = Rate = NonNegative
+
+
+class Section(BaseModel):
+    """Fields this version does not know are kept as they are, for a newer writer's file."""
+
+    model_config = ConfigDict(extra="allow", strict=False, validate_default=False)
+
+
+def Obj(model: type) -> Any:
+    """An optional nested object: null, absent, or the model (never a list or a number)."""
+    return Annotated[Optional[model], BeforeValidator(_obj)]
+
+
+def Map(item: Any) -> Any:
+    """An object whose keys are names (metrics, phases, sections) and whose values are all of one type."""
+    return Annotated[Optional[Dict[str, item]], BeforeValidator(_obj)]
+
+
+def Seq(item: Any) -> Any:
+    return Annotated[Optional[List[item]], BeforeValidator(_seq)]
+
+
+# -- run, error, logged ----------------------------------------------------------------------------------------------
+
+class Versions(Section):
+    python: Text = None
+    torch: Text = None
+    lightning: Text = None
+    lightning_perf: Text = None
+    cuda: Text = None
+
+
+class Run(Section):
+    started_at: Text = Field(None, description="ISO 8601 UTC, the fit's setup")
+    finished_at: Text = None
+    host: Text = None
+    platform: Text = None
+    command: Text = None
+    versions: Obj(Versions) = None
+    device: Text = Field(None, description="GPU name on CUDA, else `cpu: <processor>`")
+    accelerator: Text = None
+    precision: Text = None
+    strategy: Text = None
+    world_size: Count = None
+    num_nodes: Count = None
+    accumulate_grad_batches: Count = None
+    max_steps: Integer = Field(None, description="-1 when unlimited")
+    max_epochs: Integer = Field(None, description="-1 when unlimited")
+    global_step: Count = None
+    epochs_completed: Count = None
+    log_dir: Text = None
+    name: Text = Field(None, description="`run_name`, shown by compare and report")
+    notes: Text = Field(None, description="`run_notes`, report's Notes column")
+
+
+class Error(Section):
+    type: Text = None
+    message: Text = None
+    signal: Text = Field(None, description="`SIGINT` or `SIGTERM` for an interrupted fit")
+
+
+class Logged(Section):
+    values: Map(Real) = Field(None, description="name -> last logged value; report's loss columns")
+    monitor: Text = Field(None, description="what `ModelCheckpoint(monitor=...)` watched")
+
+
+# -- iteration_timer ---------------------------------------------------------------------------------------------------
+
+class IterStats(Section):
+    mean: Ms = None
+    median: Ms = None
+    min: Ms = None
+    max: Ms = None
+    p50: Ms = None
+    p95: Ms = None
+    p99: Ms = None
+    std: Ms = None
+
+
+class Epoch(Section):
+    epoch: Count = None
+    time_s: Seconds = None
+    iterations: Count = None
+    it_per_s: Rate = None
+    eval_time_s: Seconds = None
+
+
+class Histogram(Section):
+    relative_accuracy: Rate = None
+    count: Count = None
+    sum: Ms = None
+    min: Ms = None
+    max: Ms = None
+    mean: Ms = None
+    m2: NonNegative = None
+    zero_count: Count = None
+    bin_keys: Seq(Annotated[int, Ge(-MAX_INT), Le(MAX_INT), BeforeValidator(_number(integer=True, null=False))]) = None
+    bin_counts: Seq(Annotated[int, Ge(0), Le(MAX_INT), BeforeValidator(_number(integer=True, ge=0, null=False))]) = None
+
+
+class Blocks(Section):
+    block_len: Positive = Field(None, description="iterations per stored block")
+    sums: Seq(Annotated[FiniteFloat, Ge(0), BeforeValidator(_number(ge=0, null=False))]) = None
+    open_sum: Ms = None
+    open_count: Count = Field(None, description="iterations in the partly filled last block, at most `block_len`")
+    max_blocks: Positive = None
+
+
+class IterationTimer(Section):
+    iterations: Count = None
+    batches: Count = None
+    samples: Count = None
+    measured_iterations: Count = None
+    warmup_steps: Count = None
+    excluded: Map(Count) = Field(None, description="reason -> iterations left out, e.g. `warmup`")
+    warmup_time_s: Seconds = None
+    fits: Count = None
+    manual_optimization: Flag = None
+    resumed_at_iteration: Count = None
+    ms_per_iter: Obj(IterStats) = Field(None, description="host clock; `mean` is the headline: it/s = 1000 / mean")
+    it_per_s: Rate = None
+    batches_per_s: Rate = None
+    samples_per_s: Rate = None
+    device_ms_per_iter: Obj(IterStats) = None
+    device_events_dropped: Count = None
+    train_time_s: Seconds = None
+    eval_time_s: Seconds = None
+    sanity_check_time_s: Seconds = None
+    validation_runs: Count = None
+    eval_time_per_validation_s: Seconds = None
+    epochs: Seq(Epoch) = None
+    target_steps: Count = None
+    projected_time_to_target_s: Seconds = None
+    projected_time_to_target_with_eval_s: Seconds = None
+    projected_remaining_s: Seconds = None
+    projected_remaining_with_eval_s: Seconds = None
+    histogram_ms: Obj(Histogram) = None
+    blocks_ms: Obj(Blocks) = Field(None, description="what compare's block bootstrap resamples")
+    ranks: Ranks = None
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+
+
+# -- vram ---------------------------------------------------------------------------------------------------------------
+
+class PhaseMemory(Section):
+    peak_allocated_mb: MB = None
+    peak_reserved_mb: MB = None
+    nvml_peak_used_mb: MB = None
+    nvml_process_peak_mb: MB = None
+    host_rss_peak_mb: MB = None
+    usage_pct: Pct = None
+    headroom_pct: Real = Field(None, description="schema 1")
+
+
+class Leak(Section):
+    suspected: Flag = None
+    rate_mb_per_100_iters: Real = Field(None, description="negative when memory shrinks")
+    samples: Count = None
+    iterations_per_sample: Count = None
+
+
+class Vram(Section):
+    device: Text = None
+    source: Text = None
+    device_total_mb: MB = None
+    phases: Map(Obj(PhaseMemory)) = Field(None, description="`train`, `validation`, `test`, `predict`")
+    lifetime_peak_allocated_mb: MB = None
+    lifetime_peak_reserved_mb: MB = None
+    resets_torch_peak_stats: Flag = None
+    warn_above_pct: Pct = None
+    leak: Map(Obj(Leak)) = None
+    leak_suspected: Flag = None
+    leak_threshold_mb_per_100_iters: Rate = None
+    nvml_interval_s: Seconds = None
+    sampler_samples: Count = None
+    ranks: Ranks = None
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+
+
+# -- quality_gate, section_profiler, eval_no_grad_guard -----------------------------------------------------------------
+
+class Metric(Section):
+    value: Real = None
+    mode: Annotated[Optional[Literal["max", "min"]], BeforeValidator(_typed(str, "a string"))] = Field(
+        None, description="`max`: higher is better; `min`: lower is better")
+    passed: Flag = None
+    reason: Text = None
+
+
+class QualityGate(Section):
+    passed: Flag = Field(None, description="null when nothing was gated")
+    last_check_passed: Flag = None
+    action: Text = None
+    metrics: Map(Obj(Metric)) = None
+    checks: Count = None
+    failed_check_count: Count = None
+    step: Count = None
+    images_scored: Count = None
+    baseline_images: Count = None
+    baseline_source: Text = None
+    recorded_baseline: Text = None
+    data_range: Real = None
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+
+
+class Section_(Section):
+    kind: Text = None
+    parent: Text = None
+    count: Count = None
+    total_s: Seconds = None
+    mean_ms: Ms = None
+    min_ms: Ms = None
+    max_ms: Ms = None
+    p50_ms: Ms = None
+    p95_ms: Ms = None
+    share_pct: Pct = None
+    device_mean_ms: Ms = None
+    closed_by_exception: Count = None
+
+
+class SectionProfiler(Section):
+    enabled: Flag = None
+    iterations: Count = None
+    iteration_ms: Obj(IterStats) = None
+    sections: Map(Obj(Section_)) = None
+    slowest_section: Text = None
+    insights: Seq(Annotated[str, BeforeValidator(_text_item)]) = None
+    overhead_us_per_step: Real = None
+    ranks: Ranks = None
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+
+
+class EvalNoGradGuard(Section):
+    mode: Text = None
+    clean: Flag = None
+    grad_enabled_eval_forwards: Count = None
+    saved_for_backward_mb: MB = None
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+
+
+class PerfSummary(Section):
+    """One perf_summary.json. ``schema_version``, ``status`` and ``run`` are required; every section is optional."""
+
+    schema_version: Annotated[int, Field(ge=1, le=SCHEMA_VERSION)] = Field(
+        description=f"1 or {SCHEMA_VERSION}; a reader refuses versions it does not know")
+    status: Literal[STATUSES] = Field(description="`running` only while a fit is still writing")  # type: ignore
+    stage: Text = Field(None, description="`fit`, `validate`, `test` or `predict`")
+    error: Obj(Error) = None
+    run: Annotated[Run, BeforeValidator(_obj)]
+    logged: Obj(Logged) = None
+    iteration_timer: Obj(IterationTimer) = None
+    section_profiler: Obj(SectionProfiler) = None
+    vram: Obj(Vram) = None
+    quality_gate: Obj(QualityGate) = None
+    eval_no_grad_guard: Obj(EvalNoGradGuard) = None
+
+
+# -- reading -------------------------------------------------------------------------------------------------------------
+
+def _path(loc: Tuple[Union[str, int], ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<top level>"
+
+
+def _reason(error: Dict[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "summary_field":
+        return error["ctx"]["reason"]
+    if kind == "missing":
+        return "is required"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"must be an object, got {show(error.get('input'))}"
+    if kind == "literal_error":
+        return f"must be one of {error['ctx']['expected']}, got {show(error.get('input'))}"
+    return f"{error['msg'][:1].lower()}{error['msg'][1:]}, got {show(error.get('input'))}"
+
+
+def _first_problem(data: Dict[str, Any]) -> Optional[str]:
+    """Checks that have better words than a type error: what the file is, which versions this reader knows."""
+    version = data.get("schema_version")
+    if version is None:
+        return "no `schema_version`; this is not a lightning_perf summary"
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1 or version > SCHEMA_VERSION:
+        return (f"unsupported schema_version {show(version)}; this lightning_perf reads versions"
+                f" 1..{SCHEMA_VERSION}")
+    status = data.get("status")
+    if status not in STATUSES:
+        return f"unknown status {show(status)}; expected one of {', '.join(STATUSES)}"
+    return None
+
+
+def _check_blocks(summary: PerfSummary) -> Optional[str]:
+    blocks = summary.iteration_timer.blocks_ms if summary.iteration_timer else None
+    if blocks is None or blocks.block_len is None or blocks.open_count is None:
+        return None
+    if blocks.open_count > blocks.block_len:
+        return (f"`iteration_timer.blocks_ms.open_count` must be at most block_len ({blocks.block_len}),"
+                f" got {blocks.open_count}")
+    return None
+
+
+def parse(data: Any, source: str = "<summary>") -> PerfSummary:
+    """The typed summary of ``data`` (a decoded JSON document); raises :class:`SummaryError` with one line naming
+    ``source``, the field's path, the bad value and what is allowed."""
+    if isinstance(data, PerfSummary):
+        return data
+    if not isinstance(data, Mapping):
+        raise SummaryError(f"{source}: expected a JSON object at the top level, got {show(data)}")
+    problem = _first_problem(data)
+    if problem:
+        raise SummaryError(f"{source}: {problem}")
+    try:
+        summary = PerfSummary.model_validate(dict(data))
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        raise SummaryError(f"{source}: `{_path(first['loc'])}` {_reason(first)}") from None
+    except RecursionError:
+        raise SummaryError(f"{source}: nested too deeply to read") from None
+    problem = _check_blocks(summary)
+    if problem:
+        raise SummaryError(f"{source}: {problem}")
+    return summary
+
+
+def as_summary(data: Any, source: str = "<summary>") -> PerfSummary:
+    """What every reader calls first: a typed summary, from a typed summary or a decoded dict."""
+    return parse(data, source)
