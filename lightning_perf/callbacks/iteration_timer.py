@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
+from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._state import StateReader
+from lightning_perf.callbacks._summary_book import error_message
 from lightning_perf.measure.clock import DeviceIntervalClock, now
+from lightning_perf.measure.flops import count_step_flops, mfu_pct, precision_dtype, tflops_per_s
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
 from lightning_perf.summary.projection import project_time
 
@@ -124,6 +126,9 @@ class IterationTimer(PerfCallback):
         summary_path: Optional[str] = None,
         run_name: Optional[str] = None,
         run_notes: Optional[str] = None,
+        flops_per_batch: Optional[Union[float, str]] = None,
+        available_flops: Optional[float] = None,
+        items_fn: Optional[Callable[[Any], int]] = None,
     ) -> None:
         super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         check_positive_int("IterationTimer", "warmup_steps", warmup_steps, minimum=0)
@@ -135,6 +140,22 @@ class IterationTimer(PerfCallback):
         self.log_every_n_steps = log_every_n_steps
         self.target_steps = target_steps
         self.batch_size_fn = batch_size_fn
+        if flops_per_batch != "auto":
+            check_number("IterationTimer", "flops_per_batch", flops_per_batch, minimum=0, allow_none=True,
+                         what="'auto' or a number of FLOPs")
+            if flops_per_batch is not None and flops_per_batch <= 0:
+                raise bad_argument("IterationTimer", "flops_per_batch", flops_per_batch,
+                                   "Expected 'auto', a number of FLOPs > 0 or None.")
+        self.flops_per_batch = flops_per_batch
+        check_number("IterationTimer", "available_flops", available_flops, minimum=0, allow_none=True,
+                     what="the device's peak FLOP/s, a number")
+        if available_flops is not None and available_flops <= 0:
+            raise bad_argument("IterationTimer", "available_flops", available_flops,
+                               "Expected the device's peak FLOP/s, a number > 0, or None.")
+        self.available_flops = available_flops
+        if items_fn is not None and not callable(items_fn):
+            raise bad_argument("IterationTimer", "items_fn", items_fn, "Expected a callable `batch -> int`.")
+        self.items_fn = items_fn
         self.device_timing = check_bool("IterationTimer", "device_timing", device_timing)
         self.verbose = check_bool("IterationTimer", "verbose", verbose)
         self._reset()
@@ -166,6 +187,15 @@ class IterationTimer(PerfCallback):
         self._blocks = BlockSeries()
         self._counted_samples = 0
         self._counted_batches = 0
+        self.items = 0
+        self._counted_items = 0
+        self._items_unknown: Optional[str] = None
+        numeric = self.flops_per_batch is not None and self.flops_per_batch != "auto"
+        self._flops: Optional[float] = float(self.flops_per_batch) if numeric else None
+        self._flops_source: Optional[str] = "argument" if numeric else None
+        self._flops_reason: Optional[str] = None  # why "auto" counted nothing
+        self._flops_counted_at: Optional[int] = None  # the iteration after which "auto" counted
+        self._flops_count_time_s = 0.0
         self._excluded: Dict[str, int] = {"warmup": 0}
         self._warmup_time_s = 0.0
         self._validation_runs = 0
@@ -190,6 +220,12 @@ class IterationTimer(PerfCallback):
         self._manual = False
         self._iter_samples = 0
         self._iter_batches = 0
+        self._iter_items = 0
+        self._flops_due = -1  # the fit iteration after which "auto" counts the FLOPs of a batch (-1: none)
+        self._peak_flops: Optional[float] = None  # the device's peak FLOP/s at the run's precision
+        self._peak_source: Optional[str] = None
+        self._peak_reason: Optional[str] = "training has not started"
+        self._dtype_name: Optional[str] = None
         self._epoch_start: Optional[float] = None
         self._epoch_eval_start = 0.0
         self._epoch_iter_start = 0
@@ -197,7 +233,7 @@ class IterationTimer(PerfCallback):
         self._open_epoch: Optional[Dict[str, Any]] = None
         self._resumed_epoch: Optional[int] = None  # the epoch a mid-epoch resume carried on, until it starts
         self._trainer_epoch: Optional[int] = None
-        self._window = [0.0, 0, 0, 0]  # seconds, iterations, batches, samples
+        self._window = [0.0, 0, 0, 0, 0]  # seconds, iterations, batches, samples, items
         self._clock: Optional[DeviceIntervalClock] = None
         self._log_every = 50
 
@@ -240,6 +276,7 @@ class IterationTimer(PerfCallback):
         self._last_global_step = self._first_global_step = trainer.global_step
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
+        self._start_flops(trainer)
         self._fits += 1
         self._train_start = self._last_mark = now()
         carried = self._open_epoch
@@ -277,12 +314,97 @@ class IterationTimer(PerfCallback):
             if size is not None:
                 self.samples += size
                 self._iter_samples += size
+        if self.items_fn is not None and self._items_unknown is None:
+            items = self._items(batch)
+            if items is not None:
+                self.items += items
+                self._iter_items += items
         step = trainer.global_step
         if not self._manual:
             if step == self._last_global_step:
                 return  # still accumulating: the iteration ends with the optimizer step
         self._last_global_step = step
         self._end_iteration(trainer)
+        if self._fit_iterations == self._flops_due:
+            self._count_flops(trainer, pl_module, batch, batch_idx)
+
+    # -- FLOPs ---------------------------------------------------------------------------------------------------
+    def _start_flops(self, trainer: Trainer) -> None:
+        """At train start: when "auto" counts (after the warm-up, once per run), and the device's peak FLOP/s."""
+        auto = self.flops_per_batch == "auto" and self._flops is None
+        if auto and self._manual:
+            self._flops_reason = ("`flops_per_batch='auto'` counts automatic optimization's training_step and"
+                                  " backward; under manual optimization the step runs the optimizer itself: pass"
+                                  " `flops_per_batch=` (a number)")
+            self._warn_once("flops", f"{self._flops_reason}. TFLOP/s and MFU are not reported.")
+        self._flops_due = max(self.warmup_steps, 1) if auto and not self._manual else -1
+        self._peak_flops = self._peak_source = self._dtype_name = None
+        self._peak_reason = None
+        dtype = precision_dtype(getattr(trainer, "precision", None))
+        self._dtype_name = str(dtype).replace("torch.", "") if dtype is not None else None
+        if self.available_flops is not None:
+            self._peak_flops, self._peak_source = float(self.available_flops), "argument"
+            return
+        if self.flops_per_batch is None:
+            self._peak_reason = "no `flops_per_batch` given, so no FLOP/s to compare with the device's peak"
+            return
+        device = trainer.strategy.root_device
+        if dtype is None:
+            self._peak_reason = (f"the compute dtype of precision {getattr(trainer, 'precision', None)!r} is not"
+                                 " known here: pass `IterationTimer(available_flops=...)`, the device's peak FLOP/s")
+        elif device.type not in ("cuda", "xla"):
+            self._peak_reason = (f"the peak FLOP/s of a {device.type} device is unknown (Lightning's"
+                                 " get_available_flops knows CUDA GPUs and TPUs): pass"
+                                 " `IterationTimer(available_flops=...)`, the device's peak FLOP/s")
+        else:
+            from lightning.fabric.utilities.throughput import get_available_flops
+
+            peak = get_available_flops(device, dtype)
+            if peak:
+                self._peak_flops, self._peak_source = float(peak), "get_available_flops"
+            else:
+                name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+                self._peak_reason = (f"the peak FLOP/s of {name} at {self._dtype_name} is not in Lightning's"
+                                     " get_available_flops: pass `IterationTimer(available_flops=...)`")
+
+    def _count_flops(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Counts the FLOPs of one training batch (training_step and backward) once, on a copy of the model, between
+        two iterations; the time it takes is left out of the run's, the epoch's and the next iteration's."""
+        self._flops_due = -1
+        start = now()
+        try:
+            from lightning.fabric.utilities import measure_flops
+
+            flops = count_step_flops(pl_module, lambda module, data: module.training_step(data, batch_idx), batch,
+                                     measure_flops, keep=[trainer], silence=("log", "log_dict"))
+            if flops <= 0:
+                raise ValueError("0 FLOPs counted: torch's FlopCounterMode counts matmuls, convolutions and"
+                                 " attention, and the step ran none of them")
+            self._flops, self._flops_source, self._flops_counted_at = float(flops), "auto", self.iterations
+        except Exception as err:  # noqa: BLE001 - a measurement never raises into training
+            self._flops_reason = (f"`flops_per_batch='auto'` could not count this model's training step"
+                                  f" ({type(err).__name__}: {error_message(err)}); pass `flops_per_batch=` (a number)")
+            self._warn_once("flops", f"{self._flops_reason}. TFLOP/s and MFU are not reported.")
+        finally:
+            spent = now() - start
+            self._flops_count_time_s += spent
+            for name in ("_last_mark", "_train_start", "_epoch_start"):  # the clocks skip the count
+                mark = getattr(self, name)
+                if mark is not None:
+                    setattr(self, name, mark + spent)
+            if self._clock is not None:
+                self._clock.break_chain()
+
+    def _items(self, batch: Any) -> Optional[int]:
+        try:
+            items = int(self.items_fn(batch))  # type: ignore[misc]
+            if items < 0:
+                raise ValueError(f"items_fn returned {items}, a negative count")
+            return items
+        except Exception as err:  # noqa: BLE001
+            self._items_unknown = f"items_fn failed: {type(err).__name__}: {error_message(err)}"
+            self._warn_once("items", f"{self._items_unknown}; items/s is not reported.")
+            return None
 
     def _end_iteration(self, trainer: Trainer) -> None:
         t = now()
@@ -297,11 +419,13 @@ class IterationTimer(PerfCallback):
                 self._fold()
             self._counted_batches += self._iter_batches
             self._counted_samples += self._iter_samples
+            self._counted_items += self._iter_items
             w = self._window
             w[0] += seconds
             w[1] += 1
             w[2] += self._iter_batches
             w[3] += self._iter_samples
+            w[4] += self._iter_items
         else:
             self._excluded[reason] = self._excluded.get(reason, 0) + 1
             self._warmup_time_s += seconds
@@ -312,6 +436,7 @@ class IterationTimer(PerfCallback):
         self._last_mark = t
         self._iter_batches = 0
         self._iter_samples = 0
+        self._iter_items = 0
         if self._fit_iterations % self._log_every == 0:
             self._log_window(trainer)
 
@@ -335,8 +460,8 @@ class IterationTimer(PerfCallback):
             return None
 
     def _log_window(self, trainer: Trainer) -> None:
-        seconds, iters, batches, samples = self._window
-        self._window = [0.0, 0, 0, 0]
+        seconds, iters, batches, samples, items = self._window
+        self._window = [0.0, 0, 0, 0, 0]
         if iters == 0 or seconds <= 0:
             return
         metrics = {
@@ -346,6 +471,13 @@ class IterationTimer(PerfCallback):
         }
         if self._samples_unknown is None:
             metrics["perf/samples_per_s"] = samples / seconds
+        if self.items_fn is not None and self._items_unknown is None:
+            metrics["perf/items_per_s"] = items / seconds
+        if self._flops is not None:
+            tflops = tflops_per_s(self._flops, batches, seconds)
+            metrics["perf/tflops_per_s"] = tflops
+            if self._peak_flops is not None:
+                metrics["perf/mfu_pct"] = mfu_pct(tflops, self._peak_flops)
         log_scalars(trainer, metrics)
 
     @guarded
@@ -407,6 +539,7 @@ class IterationTimer(PerfCallback):
         # One collective, reached by every rank with the same shape (in a PerfSuite, shared with its other callbacks).
         gather_floats_then(trainer, [median, mean], self._set_ranks, self)
         s = self._host.summary()
+        tflops = tflops_per_s(self._flops, self._counted_batches, self._host.total / 1000.0)
         log_scalars(
             trainer,
             {
@@ -414,6 +547,8 @@ class IterationTimer(PerfCallback):
                 "perf/final_ms_per_iter_p95": s["p95"],
                 "perf/final_ms_per_iter_p99": s["p99"],
                 "perf/final_it_per_s": 1000.0 / s["mean"] if s["mean"] else None,
+                "perf/final_tflops_per_s": tflops,
+                "perf/final_mfu_pct": mfu_pct(tflops, self._peak_flops),
                 "perf/train_time_s": self._train_time_s(),
                 "perf/eval_time_s": self._eval_time_s(),
             },
@@ -471,6 +606,14 @@ class IterationTimer(PerfCallback):
             unavailable["device_ms_per_iter"] = "device timing needs CUDA" if self.device_timing else "switched off"
         elif self._device.count == 0:
             unavailable["device_ms_per_iter"] = "no CUDA event interval completed"
+        flops = self._flops_section(counted_s, unavailable)
+        items_per_s = None
+        if self.items_fn is None:
+            unavailable["items_per_s"] = "no `items_fn` given: pass `items_fn=` (batch -> tokens, pixels, ...)"
+        elif self._items_unknown is not None:
+            unavailable["items_per_s"] = self._items_unknown
+        elif counted_s > 0:
+            items_per_s = self._counted_items / counted_s
         target = self._target_iterations()
         if target is None:
             unavailable["projected_time_to_target_s"] = "no target: set `target_steps` or the trainer's `max_steps`"
@@ -489,6 +632,9 @@ class IterationTimer(PerfCallback):
             "it_per_s": 1000.0 / s["mean"] if s["mean"] else None,
             "batches_per_s": self._counted_batches / counted_s if counted_s > 0 else None,
             "samples_per_s": samples_per_s,
+            "items": self.items if self.items_fn is not None and self._items_unknown is None else None,
+            "items_per_s": items_per_s,
+            **flops,
             "device_ms_per_iter": self._device.summary() if self._device.count else None,
             "device_events_dropped": self._clock.dropped if self._clock is not None else 0,
             "train_time_s": self._train_time_s(),
@@ -513,6 +659,31 @@ class IterationTimer(PerfCallback):
         section["projected_remaining_with_eval_s"] = left["with_eval_s"]
         return section
 
+    def _flops_section(self, counted_s: float, unavailable: Dict[str, str]) -> Dict[str, Any]:
+        """TFLOP/s over the measured iterations (FLOPs of a batch x measured batches / measured time) and MFU."""
+        tflops = tflops_per_s(self._flops, self._counted_batches, counted_s)
+        mfu = mfu_pct(tflops, self._peak_flops)
+        if self._flops is None:
+            if self.flops_per_batch is None:
+                unavailable["tflops_per_s"] = "no `flops_per_batch` given: pass a number or 'auto'"
+            else:
+                unavailable["tflops_per_s"] = self._flops_reason or (
+                    "`flops_per_batch='auto'` counts after the warm-up and no iteration got there")
+        elif tflops is None:
+            unavailable["tflops_per_s"] = "no iteration was measured"
+        if mfu is None:
+            unavailable["mfu_pct"] = (self._peak_reason if self._peak_flops is None else unavailable["tflops_per_s"])
+        return {
+            "flops_per_batch": self._flops,
+            "flops_source": self._flops_source,
+            "flops_count_time_s": self._flops_count_time_s,
+            "tflops_per_s": tflops,
+            "available_flops": self._peak_flops,
+            "available_flops_source": self._peak_source,
+            "flops_dtype": self._dtype_name,
+            "mfu_pct": mfu,
+        }
+
     def _target_iterations(self) -> Optional[int]:
         """N in iterations. A target taken from ``max_steps`` counts optimizer steps: under manual optimization
         (an iteration is a batch) it is converted at the ratio of batches to optimizer steps seen so far."""
@@ -535,6 +706,10 @@ class IterationTimer(PerfCallback):
             "eval_time_s": self._eval_time_s(),
             "counted_samples": self._counted_samples,
             "counted_batches": self._counted_batches,
+            "items": self.items,
+            "counted_items": self._counted_items,
+            "flops": {"per_batch": self._flops, "source": self._flops_source, "counted_at": self._flops_counted_at,
+                      "count_time_s": self._flops_count_time_s},
             "excluded": dict(self._excluded),
             "warmup_time_s": self._warmup_time_s,
             "validation_runs": self._validation_runs,
@@ -564,10 +739,19 @@ class IterationTimer(PerfCallback):
         open_epoch = None if carried is None or not carried.data else {
             "epoch": carried.count("epoch"), "iterations": carried.count("iterations"),
             "time_s": carried.number("time_s"), "eval_time_s": carried.number("eval_time_s")}
+        flops = s.mapping("flops")
+        counted_flops = flops.number("per_batch", None, allow_none=True)
+        source = flops.text("source")
+        if self.flops_per_batch != "auto" or source != "auto":  # a count is kept for "auto" only; a number stays
+            counted_flops, source = self._flops, self._flops_source
         read = dict(
             iterations=s.count("iterations"), batches=s.count("batches"), samples=s.count("samples"),
             _prior_train_time_s=s.number("train_time_s"), _prior_eval_time_s=s.number("eval_time_s"),
             _counted_samples=s.count("counted_samples"), _counted_batches=s.count("counted_batches"),
+            items=s.count("items"), _counted_items=s.count("counted_items"),
+            _flops=counted_flops, _flops_source=source,
+            _flops_counted_at=flops.count("counted_at", None) if flops.data.get("counted_at") is not None else None,
+            _flops_count_time_s=flops.number("count_time_s"),
             _excluded={**self._excluded, "warmup": s.mapping("excluded").count("warmup")},
             _warmup_time_s=s.number("warmup_time_s"), _validation_runs=s.count("validation_runs"),
             _fits=s.count("fits"), _epochs=epochs, _open_epoch=open_epoch,
