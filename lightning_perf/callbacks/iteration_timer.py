@@ -95,15 +95,24 @@ class IterationTimer(PerfCallback):
         device_timing: also time iterations with CUDA events when training on CUDA.
         verbose: print a one-line result at the end of fit on rank 0.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
+        flops_per_batch: FLOPs of one training batch (forward and backward) for TFLOP/s and MFU; ``"auto"`` counts
+            them once after the warm-up with Lightning's ``measure_flops`` on a copy of the model.
+        available_flops: the device's peak FLOP/s for MFU; default Lightning's ``get_available_flops`` for the
+            device and the precision's dtype (unknown on CPU: MFU is then null with the reason).
+        items_fn: ``batch -> int``, the items of a batch (tokens, pixels) for items/s, like ThroughputMonitor's
+            ``length_fn``.
 
     Logged metrics (every ``log_every_n_steps``, over the iterations since the last log):
         ``perf/it_per_s``, ``perf/ms_per_iter``, ``perf/batches_per_s``, ``perf/samples_per_s`` (when the batch size
-        is known). At the end of fit: ``perf/final_ms_per_iter_p50``, ``perf/final_ms_per_iter_p95``,
-        ``perf/final_ms_per_iter_p99``, ``perf/final_it_per_s``, ``perf/train_time_s``, ``perf/eval_time_s``.
+        is known), ``perf/items_per_s`` (with ``items_fn``), ``perf/tflops_per_s`` and ``perf/mfu_pct`` (where
+        known). At the end of fit: ``perf/final_ms_per_iter_p50``, ``perf/final_ms_per_iter_p95``,
+        ``perf/final_ms_per_iter_p99``, ``perf/final_it_per_s``, ``perf/train_time_s``, ``perf/eval_time_s``,
+        ``perf/final_tflops_per_s`` and ``perf/final_mfu_pct`` (where known).
 
     Raises:
-        ValueError: for a negative ``warmup_steps``, a ``log_every_n_steps`` or ``target_steps`` below 1, or a
-            ``batch_size_fn`` that is not callable.
+        ValueError: for a negative ``warmup_steps``, a ``log_every_n_steps`` or ``target_steps`` below 1, a
+            ``batch_size_fn`` or ``items_fn`` that is not callable, a ``flops_per_batch`` that is neither ``"auto"``
+            nor a number > 0, or an ``available_flops`` that is not a number > 0.
 
     Example::
 
