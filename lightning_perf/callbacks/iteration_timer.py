@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
@@ -12,11 +13,13 @@ from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import log_scalars
-from lightning_perf.callbacks._state import StateReader
+from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import error_message
 from lightning_perf.measure.clock import DeviceIntervalClock, now
 from lightning_perf.measure.flops import count_step_flops, mfu_pct, precision_dtype, tflops_per_s
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
+from lightning_perf.measure.tail import (AFTER_VALIDATION, CHECKPOINT, EPOCH_START, GC, TAIL_FACTOR, CauseBook,
+                                         GcWatch, SlowestIterations, tail_block, tail_line)
 from lightning_perf.summary.projection import project_time
 
 _MAX_EPOCH_RECORDS = 10_000
@@ -138,6 +141,7 @@ class IterationTimer(PerfCallback):
         flops_per_batch: Optional[Union[float, str]] = None,
         available_flops: Optional[float] = None,
         items_fn: Optional[Callable[[Any], int]] = None,
+        keep_slowest: int = 10,
     ) -> None:
         super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         check_positive_int("IterationTimer", "warmup_steps", warmup_steps, minimum=0)
@@ -165,6 +169,8 @@ class IterationTimer(PerfCallback):
         if items_fn is not None and not callable(items_fn):
             raise bad_argument("IterationTimer", "items_fn", items_fn, "Expected a callable `batch -> int`.")
         self.items_fn = items_fn
+        check_positive_int("IterationTimer", "keep_slowest", keep_slowest, minimum=0)
+        self.keep_slowest = keep_slowest
         self.device_timing = check_bool("IterationTimer", "device_timing", device_timing)
         self.verbose = check_bool("IterationTimer", "verbose", verbose)
         self._reset()
@@ -205,6 +211,13 @@ class IterationTimer(PerfCallback):
         self._flops_reason: Optional[str] = None  # why "auto" counted nothing
         self._flops_counted_at: Optional[int] = None  # the iteration after which "auto" counted
         self._flops_count_time_s = 0.0
+        old_watch = getattr(self, "_gc", None)
+        if old_watch is not None:
+            old_watch.uninstall()
+        self._slowest = SlowestIterations(self.keep_slowest)
+        self._slow_floor = self._slowest.floor
+        self._causes = CauseBook()
+        self._gc = GcWatch(self._gc_flagged)
         self._excluded: Dict[str, int] = {"warmup": 0}
         self._warmup_time_s = 0.0
         self._validation_runs = 0
@@ -242,7 +255,13 @@ class IterationTimer(PerfCallback):
         self._open_epoch: Optional[Dict[str, Any]] = None
         self._resumed_epoch: Optional[int] = None  # the epoch a mid-epoch resume carried on, until it starts
         self._trainer_epoch: Optional[int] = None
-        self._window = [0.0, 0, 0, 0, 0]  # seconds, iterations, batches, samples, items
+        self._window = [0.0, 0, 0, 0, 0, 0.0]  # seconds, iterations, batches, samples, items, tail seconds
+        self._flags = 0  # what coincided with the iteration in progress (measure.tail's bits), set by the hooks
+        self._gc_pause_s = 0.0  # pauses of the flagged garbage collections in the iteration in progress
+        self._tail_threshold_s = math.inf  # 2x the median as of the last log window: the window's tail share
+        self._loader_info: Optional[Dict[str, Any]] = None
+        self._alloc_retries_start: Optional[int] = None
+        self._alloc_retries: Optional[int] = None
         self._clock: Optional[DeviceIntervalClock] = None
         self._log_every = 50
 
@@ -263,6 +282,7 @@ class IterationTimer(PerfCallback):
         if stage != "fit":
             return
         self._carry_or_reset(trainer, self._reset)
+        self._gc.install()  # removed at teardown and on an exception
         self._start_run(trainer)
         self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
         # Known before anything runs, so a fit that fails in its sanity check still names its target.
@@ -286,6 +306,11 @@ class IterationTimer(PerfCallback):
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
         self._start_flops(trainer)
+        self._alloc_retries_start = self._read_alloc_retries(trainer)
+        loader = getattr(trainer, "train_dataloader", None)
+        workers = getattr(loader, "num_workers", None)
+        self._loader_info = None if not isinstance(workers, int) else {
+            "num_workers": workers, "persistent_workers": bool(getattr(loader, "persistent_workers", False))}
         self._fits += 1
         self._train_start = self._last_mark = now()
         carried = self._open_epoch
@@ -299,6 +324,30 @@ class IterationTimer(PerfCallback):
             self._resumed_epoch = trainer.current_epoch
         self._open_epoch = None
 
+    def _gc_flagged(self, pause_s: float) -> None:
+        """From the garbage collector: a full collection, or one that paused long, ran in this iteration."""
+        self._flags |= GC
+        self._gc_pause_s += pause_s
+
+    @guarded
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: Dict[str, Any]) -> None:
+        # Lightning's ModelCheckpoint runs after the other callbacks: the write falls in the next iteration
+        self._flags |= CHECKPOINT
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._gc.uninstall()
+        super().teardown(trainer, pl_module, stage)
+
+    def _read_alloc_retries(self, trainer: Trainer) -> Optional[int]:
+        """The CUDA caching allocator's retries so far (phase ends only: host-side statistics, no sync)."""
+        device = trainer.strategy.root_device
+        if device.type != "cuda":
+            return None
+        try:
+            return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+        except Exception:  # noqa: BLE001
+            return None
+
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The round trip goes on across the epoch boundary: epoch-end hooks and a DataLoader starting its workers
@@ -307,6 +356,7 @@ class IterationTimer(PerfCallback):
         if resumed == trainer.current_epoch:
             return  # Lightning 2.2 starts the epoch a mid-epoch resume goes on with again: its record goes on
         self._epoch_start = now()
+        self._flags |= EPOCH_START
         self._epoch_eval_start = self._eval_time_fit
         self._epoch_iter_start = self.iterations
         self._epoch_prior_s = 0.0
@@ -403,6 +453,9 @@ class IterationTimer(PerfCallback):
                     setattr(self, name, mark + spent)
             if self._clock is not None:
                 self._clock.break_chain()
+            if self._flags & GC:  # a collection during the count is not the next iteration's
+                self._flags &= ~GC
+                self._gc_pause_s = 0.0
 
     def _items(self, batch: Any) -> Optional[int]:
         try:
@@ -421,11 +474,20 @@ class IterationTimer(PerfCallback):
         self._fit_iterations += 1
         reason = "warmup" if self._fit_iterations <= self.warmup_steps else None
         seconds = t - self._last_mark if self._last_mark is not None else 0.0
+        flags = self._flags
         if reason is None:
+            ms = seconds * 1000.0
             pending = self._pending_ms
-            pending.append(seconds * 1000.0)
+            pending.append(ms)
             if len(pending) >= FOLD_EVERY:
                 self._fold()
+            if ms > self._slow_floor:  # the tail: one comparison with the K-th slowest so far
+                self._slowest.offer(ms, trainer.global_step, trainer.current_epoch, flags, self._gc_pause_s * 1000.0)
+                self._slow_floor = self._slowest.floor
+            if flags:
+                self._causes.add(ms, flags, self._gc_pause_s)
+            if seconds > self._tail_threshold_s:
+                self._window[5] += seconds
             self._counted_batches += self._iter_batches
             self._counted_samples += self._iter_samples
             self._counted_items += self._iter_items
@@ -442,6 +504,9 @@ class IterationTimer(PerfCallback):
             self._clock.mark(counted=reason is None)
             for ms in self._clock.poll():
                 self._device.add(ms)
+        if flags:
+            self._flags = 0
+            self._gc_pause_s = 0.0
         self._last_mark = t
         self._iter_batches = 0
         self._iter_samples = 0
@@ -469,8 +534,8 @@ class IterationTimer(PerfCallback):
             return None
 
     def _log_window(self, trainer: Trainer) -> None:
-        seconds, iters, batches, samples, items = self._window
-        self._window = [0.0, 0, 0, 0, 0]
+        seconds, iters, batches, samples, items, tail_s = self._window
+        self._window = [0.0, 0, 0, 0, 0, 0.0]
         if iters == 0 or seconds <= 0:
             return
         metrics = {
@@ -482,6 +547,11 @@ class IterationTimer(PerfCallback):
             metrics["perf/samples_per_s"] = samples / seconds
         if self.items_fn is not None and self._items_unknown is None:
             metrics["perf/items_per_s"] = items / seconds
+        if self._tail_threshold_s < math.inf:
+            metrics["perf/tail_time_pct"] = 100.0 * tail_s / seconds
+        # the next window's tail: above 2x the median so far (of the folded iterations: a read does not fold)
+        median = self.__dict__["_host_histogram"].quantile(0.5)
+        self._tail_threshold_s = TAIL_FACTOR * median / 1000.0 if median else math.inf
         if self._flops is not None:
             tflops = tflops_per_s(self._flops, batches, seconds)
             metrics["perf/tflops_per_s"] = tflops
@@ -505,6 +575,9 @@ class IterationTimer(PerfCallback):
         self._eval_time_fit += seconds
         self._validation_runs += 1
         self._eval_start = None
+        # the next iteration is the first after a validation; a collection during validation is not training's
+        self._flags = (self._flags & CHECKPOINT) | AFTER_VALIDATION
+        self._gc_pause_s = 0.0
         if self._last_mark is not None:  # cut the validation out of the iteration it interrupted
             self._last_mark += seconds
 
@@ -543,6 +616,10 @@ class IterationTimer(PerfCallback):
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish_timing()
+        retries = self._read_alloc_retries(trainer)
+        if retries is not None and self._alloc_retries_start is not None:
+            self._alloc_retries = (self._alloc_retries or 0) + max(0, retries - self._alloc_retries_start)
+            self._alloc_retries_start = None
         median = self._host.quantile(0.5)
         mean = self._host.mean
         # One collective, reached by every rank with the same shape (in a PerfSuite, shared with its other callbacks).
@@ -589,10 +666,11 @@ class IterationTimer(PerfCallback):
             line += f"; {section['target_steps']:,} iterations: {train:.1f} s training"
             if with_eval is not None and with_eval != train:
                 line += f", {with_eval:.1f} s with evaluation"
-        return line
+        return line + "\n" + tail_line(section["tail"])
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._gc.uninstall()  # no teardown follows an exception
         self._finish_timing()
         self._write_summary(trainer, exception)
 
@@ -656,6 +734,7 @@ class IterationTimer(PerfCallback):
             "ranks": self._ranks,
             "histogram_ms": self._host.to_dict(),
             "blocks_ms": self._blocks.to_dict(),
+            "tail": self._tail_section(unavailable),
             "unavailable": unavailable,
         }
         section["target_steps"] = target
@@ -667,6 +746,18 @@ class IterationTimer(PerfCallback):
         section["projected_remaining_s"] = left["train_s"]
         section["projected_remaining_with_eval_s"] = left["with_eval_s"]
         return section
+
+    def _tail_section(self, unavailable: Dict[str, str]) -> Dict[str, Any]:
+        gc_figures = {"collections": self._gc.collections, "full_collections": self._gc.full_collections,
+                      "pause_s": self._gc.pause_s}
+        if self._alloc_retries is None:
+            unavailable["tail.alloc_retries"] = ("the CUDA allocator's retries are read on CUDA only"
+                                                 if self._clock is None else "not read: training did not end")
+        block = tail_block(self._host, self._causes, self._slowest,
+                           {"gc": gc_figures, "alloc_retries": self._alloc_retries, "dataloader": self._loader_info})
+        if block["share_pct"] is None:
+            unavailable["tail"] = "no iteration was measured"
+        return block
 
     def _flops_section(self, counted_s: float, unavailable: Dict[str, str]) -> Dict[str, Any]:
         """TFLOP/s over the measured iterations (FLOPs of a batch x measured batches / measured time) and MFU."""
@@ -728,6 +819,9 @@ class IterationTimer(PerfCallback):
             "histogram_ms": self._host.to_dict(),
             "blocks_ms": self._blocks.to_dict(),
             "device_histogram_ms": self._device.to_dict(),
+            "tail": {"slowest": self._slowest.to_state(), "gc_pause_s": self._causes.gc_pause_s,
+                     "causes": {name: hist.to_dict() for name, hist in self._causes.hists.items()},
+                     "alloc_retries": self._alloc_retries},
         }
 
     def _open_epoch_record(self) -> Optional[Dict[str, Any]]:
@@ -753,6 +847,17 @@ class IterationTimer(PerfCallback):
         source = flops.text("source")
         if self.flops_per_batch != "auto" or source != "auto":  # a count is kept for "auto" only; a number stays
             counted_flops, source = self._flops, self._flops_source
+        tail = s.mapping("tail")
+        slowest = SlowestIterations(self.keep_slowest)
+        rows = tail.data.get("slowest", [])
+        if not isinstance(rows, list) or not all(isinstance(r, (list, tuple)) and len(r) == 6 for r in rows):
+            raise StateError("tail.slowest is not a list of 6-number rows")
+        slowest.load(rows)
+        causes = CauseBook()
+        causes.gc_pause_s = tail.number("gc_pause_s")
+        cause_states = tail.mapping("causes")
+        causes.hists = {name: cause_states.histogram(name) for name in cause_states.data}
+        retries = tail.count("alloc_retries", None) if tail.data.get("alloc_retries") is not None else None
         read = dict(
             iterations=s.count("iterations"), batches=s.count("batches"), samples=s.count("samples"),
             _prior_train_time_s=s.number("train_time_s"), _prior_eval_time_s=s.number("eval_time_s"),
@@ -765,7 +870,8 @@ class IterationTimer(PerfCallback):
             _warmup_time_s=s.number("warmup_time_s"), _validation_runs=s.count("validation_runs"),
             _fits=s.count("fits"), _epochs=epochs, _open_epoch=open_epoch,
             _host=s.histogram("histogram_ms", self._host), _blocks=s.series("blocks_ms", self._blocks),
-            _device=s.histogram("device_histogram_ms", self._device))
+            _device=s.histogram("device_histogram_ms", self._device), _slowest=slowest,
+            _slow_floor=slowest.floor, _causes=causes, _alloc_retries=retries)
         for name, value in read.items():  # all read: nothing is assigned from a state that fails halfway
             setattr(self, name, value)
         self._resumed_at = self.iterations
