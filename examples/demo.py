@@ -85,6 +85,10 @@ def main(argv: list = None) -> int:
            else f"MFU unavailable: {timer['unavailable']['mfu_pct']}")
     pixels = f"{timer['items_per_s'] / 1e6:.2f} Mpixels/s" if timer["items_per_s"] is not None else "pixels/s unknown"
     print(f"  compute    {flops}, {pixels}; {mfu}")
+    tail = timer["tail"]
+    causes = ", ".join(f"{name} {c['iterations']}" for name, c in tail["by_cause"].items() if c["iterations"])
+    print(f"  tail       {tail['share_pct']:.1f}% of training time in {tail['iterations']} iterations over 2x the"
+          f" median{': ' + causes if causes else ''}" + (f"; {tail['insights'][0]}" if tail["insights"] else ""))
     with_eval = timer["projected_time_to_target_with_eval_s"]
     print(f"  time       train {timer['train_time_s']:.1f} s, eval {timer['eval_time_s']:.1f} s;"
           f" 30,000 iterations would take {timer['projected_time_to_target_s'] / 3600:.2f} h training,"

@@ -104,11 +104,13 @@ class IterationTimer(PerfCallback):
             device and the precision's dtype (unknown on CPU: MFU is then null with the reason).
         items_fn: ``batch -> int``, the items of a batch (tokens, pixels) for items/s, like ThroughputMonitor's
             ``length_fn``.
+        keep_slowest: the K slowest measured iterations kept, with what coincided with each (the summary's ``tail``).
 
     Logged metrics (every ``log_every_n_steps``, over the iterations since the last log):
         ``perf/it_per_s``, ``perf/ms_per_iter``, ``perf/batches_per_s``, ``perf/samples_per_s`` (when the batch size
         is known), ``perf/items_per_s`` (with ``items_fn``), ``perf/tflops_per_s`` and ``perf/mfu_pct`` (where
-        known). At the end of fit: ``perf/final_ms_per_iter_p50``, ``perf/final_ms_per_iter_p95``,
+        known), ``perf/tail_time_pct`` (share of the window's time over 2x the median so far). At the end of fit:
+        ``perf/final_ms_per_iter_p50``, ``perf/final_ms_per_iter_p95``,
         ``perf/final_ms_per_iter_p99``, ``perf/final_it_per_s``, ``perf/train_time_s``, ``perf/eval_time_s``,
         ``perf/final_tflops_per_s`` and ``perf/final_mfu_pct`` (where known).
 
