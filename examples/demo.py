@@ -26,7 +26,9 @@ from lightning_perf import EvalNoGradGuard, IterationTimer, QualityGate, Section
 def suite(args: argparse.Namespace) -> list:
     """Every callback of the suite, as a user would attach them."""
     return [
-        IterationTimer(warmup_steps=5, target_steps=30_000, run_notes=args.notes),
+        # FLOPs counted once after the warm-up; pixels per batch (N x H x W of the noisy images) for pixels/s
+        IterationTimer(warmup_steps=5, target_steps=30_000, run_notes=args.notes, flops_per_batch="auto",
+                       items_fn=lambda batch: batch[0].shape[0] * batch[0].shape[-2] * batch[0].shape[-1]),
         SectionProfiler(report_every_n_steps=100),
         VRAMMonitor(),
         EvalNoGradGuard(),
@@ -77,6 +79,16 @@ def main(argv: list = None) -> int:
     print(f"run {args.name!r}: status {summary['status']}")
     print(f"  speed      {ms['mean']:.1f} ms/iter mean ({timer['it_per_s']:.1f} it/s), median {ms['median']:.1f},"
           f" p95 {ms['p95']:.1f} ms, p99 {ms['p99']:.1f} ms ({timer['measured_iterations']} iterations measured)")
+    tflops = timer["tflops_per_s"]
+    flops = f"{tflops:.3f} TFLOP/s" if tflops is not None else f"TFLOP/s unavailable: {timer['unavailable']['tflops_per_s']}"
+    mfu = (f"MFU {timer['mfu_pct']:.1f}%" if timer["mfu_pct"] is not None
+           else f"MFU unavailable: {timer['unavailable']['mfu_pct']}")
+    pixels = f"{timer['items_per_s'] / 1e6:.2f} Mpixels/s" if timer["items_per_s"] is not None else "pixels/s unknown"
+    print(f"  compute    {flops}, {pixels}; {mfu}")
+    tail = timer["tail"]
+    causes = ", ".join(f"{name} {c['iterations']}" for name, c in tail["by_cause"].items() if c["iterations"])
+    print(f"  tail       {tail['share_pct']:.1f}% of training time in {tail['iterations']} iterations over 2x the"
+          f" median{': ' + causes if causes else ''}" + (f"; {tail['insights'][0]}" if tail["insights"] else ""))
     with_eval = timer["projected_time_to_target_with_eval_s"]
     print(f"  time       train {timer['train_time_s']:.1f} s, eval {timer['eval_time_s']:.1f} s;"
           f" 30,000 iterations would take {timer['projected_time_to_target_s'] / 3600:.2f} h training,"

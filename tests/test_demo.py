@@ -23,6 +23,9 @@ def test_demo_writes_tensorboard_and_summary(tmp_path):
     summary_path = tmp_path / "t" / "perf_summary.json"
     assert f"summary    {summary_path}" in proc.stdout
     assert "ms/iter mean" in proc.stdout and "with evaluation" in proc.stdout
+    # FLOPs counted on CPU, where the peak is unknown: MFU unavailable, with the reason
+    assert "TFLOP/s" in proc.stdout and "MFU unavailable: the peak FLOP/s of a cpu device is unknown" in proc.stdout
+    assert "  tail       " in proc.stdout and "% of training time in" in proc.stdout
     summary = json.loads(summary_path.read_text())
     assert summary["status"] == "completed"
     assert summary["iteration_timer"]["iterations"] == 40

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional
+import math
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
+from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import log_scalars
-from lightning_perf.callbacks._state import StateReader
+from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.callbacks._summary_book import error_message
 from lightning_perf.measure.clock import DeviceIntervalClock, now
+from lightning_perf.measure.flops import count_step_flops, mfu_pct, precision_dtype, tflops_per_s
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
+from lightning_perf.measure.tail import (AFTER_VALIDATION, CHECKPOINT, EPOCH_START, GC, TAIL_FACTOR, CauseBook,
+                                         GcWatch, SlowestIterations, tail_block, tail_line)
 from lightning_perf.summary.projection import project_time
 
 _MAX_EPOCH_RECORDS = 10_000
@@ -93,15 +98,26 @@ class IterationTimer(PerfCallback):
         device_timing: also time iterations with CUDA events when training on CUDA.
         verbose: print a one-line result at the end of fit on rank 0.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
+        flops_per_batch: FLOPs of one training batch (forward and backward) for TFLOP/s and MFU; ``"auto"`` counts
+            them once after the warm-up with Lightning's ``measure_flops`` on a copy of the model.
+        available_flops: the device's peak FLOP/s for MFU; default Lightning's ``get_available_flops`` for the
+            device and the precision's dtype (unknown on CPU: MFU is then null with the reason).
+        items_fn: ``batch -> int``, the items of a batch (tokens, pixels) for items/s, like ThroughputMonitor's
+            ``length_fn``.
+        keep_slowest: the K slowest measured iterations kept, with what coincided with each (the summary's ``tail``).
 
     Logged metrics (every ``log_every_n_steps``, over the iterations since the last log):
         ``perf/it_per_s``, ``perf/ms_per_iter``, ``perf/batches_per_s``, ``perf/samples_per_s`` (when the batch size
-        is known). At the end of fit: ``perf/final_ms_per_iter_p50``, ``perf/final_ms_per_iter_p95``,
-        ``perf/final_ms_per_iter_p99``, ``perf/final_it_per_s``, ``perf/train_time_s``, ``perf/eval_time_s``.
+        is known), ``perf/items_per_s`` (with ``items_fn``), ``perf/tflops_per_s`` and ``perf/mfu_pct`` (where
+        known), ``perf/tail_time_pct`` (share of the window's time over 2x the median so far). At the end of fit:
+        ``perf/final_ms_per_iter_p50``, ``perf/final_ms_per_iter_p95``,
+        ``perf/final_ms_per_iter_p99``, ``perf/final_it_per_s``, ``perf/train_time_s``, ``perf/eval_time_s``,
+        ``perf/final_tflops_per_s`` and ``perf/final_mfu_pct`` (where known).
 
     Raises:
-        ValueError: for a negative ``warmup_steps``, a ``log_every_n_steps`` or ``target_steps`` below 1, or a
-            ``batch_size_fn`` that is not callable.
+        ValueError: for a negative ``warmup_steps``, a ``log_every_n_steps`` or ``target_steps`` below 1, a
+            ``batch_size_fn`` or ``items_fn`` that is not callable, a ``flops_per_batch`` that is neither ``"auto"``
+            nor a number > 0, or an ``available_flops`` that is not a number > 0.
 
     Example::
 
@@ -124,6 +140,10 @@ class IterationTimer(PerfCallback):
         summary_path: Optional[str] = None,
         run_name: Optional[str] = None,
         run_notes: Optional[str] = None,
+        flops_per_batch: Optional[Union[float, str]] = None,
+        available_flops: Optional[float] = None,
+        items_fn: Optional[Callable[[Any], int]] = None,
+        keep_slowest: int = 10,
     ) -> None:
         super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         check_positive_int("IterationTimer", "warmup_steps", warmup_steps, minimum=0)
@@ -135,6 +155,24 @@ class IterationTimer(PerfCallback):
         self.log_every_n_steps = log_every_n_steps
         self.target_steps = target_steps
         self.batch_size_fn = batch_size_fn
+        if flops_per_batch != "auto":
+            check_number("IterationTimer", "flops_per_batch", flops_per_batch, minimum=0, allow_none=True,
+                         what="'auto' or a number of FLOPs")
+            if flops_per_batch is not None and flops_per_batch <= 0:
+                raise bad_argument("IterationTimer", "flops_per_batch", flops_per_batch,
+                                   "Expected 'auto', a number of FLOPs > 0 or None.")
+        self.flops_per_batch = flops_per_batch
+        check_number("IterationTimer", "available_flops", available_flops, minimum=0, allow_none=True,
+                     what="the device's peak FLOP/s, a number")
+        if available_flops is not None and available_flops <= 0:
+            raise bad_argument("IterationTimer", "available_flops", available_flops,
+                               "Expected the device's peak FLOP/s, a number > 0, or None.")
+        self.available_flops = available_flops
+        if items_fn is not None and not callable(items_fn):
+            raise bad_argument("IterationTimer", "items_fn", items_fn, "Expected a callable `batch -> int`.")
+        self.items_fn = items_fn
+        check_positive_int("IterationTimer", "keep_slowest", keep_slowest, minimum=0)
+        self.keep_slowest = keep_slowest
         self.device_timing = check_bool("IterationTimer", "device_timing", device_timing)
         self.verbose = check_bool("IterationTimer", "verbose", verbose)
         self._reset()
@@ -166,6 +204,22 @@ class IterationTimer(PerfCallback):
         self._blocks = BlockSeries()
         self._counted_samples = 0
         self._counted_batches = 0
+        self.items = 0
+        self._counted_items = 0
+        self._items_unknown: Optional[str] = None
+        numeric = self.flops_per_batch is not None and self.flops_per_batch != "auto"
+        self._flops: Optional[float] = float(self.flops_per_batch) if numeric else None
+        self._flops_source: Optional[str] = "argument" if numeric else None
+        self._flops_reason: Optional[str] = None  # why "auto" counted nothing
+        self._flops_counted_at: Optional[int] = None  # the iteration after which "auto" counted
+        self._flops_count_time_s = 0.0
+        old_watch = getattr(self, "_gc", None)
+        if old_watch is not None:
+            old_watch.uninstall()
+        self._slowest = SlowestIterations(self.keep_slowest)
+        self._slow_floor = self._slowest.floor
+        self._causes = CauseBook()
+        self._gc = GcWatch(self._gc_flagged)
         self._excluded: Dict[str, int] = {"warmup": 0}
         self._warmup_time_s = 0.0
         self._validation_runs = 0
@@ -190,6 +244,12 @@ class IterationTimer(PerfCallback):
         self._manual = False
         self._iter_samples = 0
         self._iter_batches = 0
+        self._iter_items = 0
+        self._flops_due = -1  # the fit iteration after which "auto" counts the FLOPs of a batch (-1: none)
+        self._peak_flops: Optional[float] = None  # the device's peak FLOP/s at the run's precision
+        self._peak_source: Optional[str] = None
+        self._peak_reason: Optional[str] = "training has not started"
+        self._dtype_name: Optional[str] = None
         self._epoch_start: Optional[float] = None
         self._epoch_eval_start = 0.0
         self._epoch_iter_start = 0
@@ -197,7 +257,13 @@ class IterationTimer(PerfCallback):
         self._open_epoch: Optional[Dict[str, Any]] = None
         self._resumed_epoch: Optional[int] = None  # the epoch a mid-epoch resume carried on, until it starts
         self._trainer_epoch: Optional[int] = None
-        self._window = [0.0, 0, 0, 0]  # seconds, iterations, batches, samples
+        self._window = [0.0, 0, 0, 0, 0, 0.0]  # seconds, iterations, batches, samples, items, tail seconds
+        self._flags = 0  # what coincided with the iteration in progress (measure.tail's bits), set by the hooks
+        self._gc_pause_s = 0.0  # pauses of the flagged garbage collections in the iteration in progress
+        self._tail_threshold_s = math.inf  # 2x the median as of the last log window: the window's tail share
+        self._loader_info: Optional[Dict[str, Any]] = None
+        self._alloc_retries_start: Optional[int] = None
+        self._alloc_retries: Optional[int] = None
         self._clock: Optional[DeviceIntervalClock] = None
         self._log_every = 50
 
@@ -218,6 +284,7 @@ class IterationTimer(PerfCallback):
         if stage != "fit":
             return
         self._carry_or_reset(trainer, self._reset)
+        self._gc.install()  # removed at teardown and on an exception
         self._start_run(trainer)
         self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
         # Known before anything runs, so a fit that fails in its sanity check still names its target.
@@ -240,6 +307,12 @@ class IterationTimer(PerfCallback):
         self._last_global_step = self._first_global_step = trainer.global_step
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
+        self._start_flops(trainer)
+        self._alloc_retries_start = self._read_alloc_retries(trainer)
+        loader = getattr(trainer, "train_dataloader", None)
+        workers = getattr(loader, "num_workers", None)
+        self._loader_info = None if not isinstance(workers, int) else {
+            "num_workers": workers, "persistent_workers": bool(getattr(loader, "persistent_workers", False))}
         self._fits += 1
         self._train_start = self._last_mark = now()
         carried = self._open_epoch
@@ -253,6 +326,30 @@ class IterationTimer(PerfCallback):
             self._resumed_epoch = trainer.current_epoch
         self._open_epoch = None
 
+    def _gc_flagged(self, pause_s: float) -> None:
+        """From the garbage collector: a full collection, or one that paused long, ran in this iteration."""
+        self._flags |= GC
+        self._gc_pause_s += pause_s
+
+    @guarded
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: Dict[str, Any]) -> None:
+        # Lightning's ModelCheckpoint runs after the other callbacks: the write falls in the next iteration
+        self._flags |= CHECKPOINT
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._gc.uninstall()
+        super().teardown(trainer, pl_module, stage)
+
+    def _read_alloc_retries(self, trainer: Trainer) -> Optional[int]:
+        """The CUDA caching allocator's retries so far (phase ends only: host-side statistics, no sync)."""
+        device = trainer.strategy.root_device
+        if device.type != "cuda":
+            return None
+        try:
+            return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+        except Exception:  # noqa: BLE001
+            return None
+
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The round trip goes on across the epoch boundary: epoch-end hooks and a DataLoader starting its workers
@@ -261,6 +358,7 @@ class IterationTimer(PerfCallback):
         if resumed == trainer.current_epoch:
             return  # Lightning 2.2 starts the epoch a mid-epoch resume goes on with again: its record goes on
         self._epoch_start = now()
+        self._flags |= EPOCH_START
         self._epoch_eval_start = self._eval_time_fit
         self._epoch_iter_start = self.iterations
         self._epoch_prior_s = 0.0
@@ -277,12 +375,100 @@ class IterationTimer(PerfCallback):
             if size is not None:
                 self.samples += size
                 self._iter_samples += size
+        if self.items_fn is not None and self._items_unknown is None:
+            items = self._items(batch)
+            if items is not None:
+                self.items += items
+                self._iter_items += items
         step = trainer.global_step
         if not self._manual:
             if step == self._last_global_step:
                 return  # still accumulating: the iteration ends with the optimizer step
         self._last_global_step = step
         self._end_iteration(trainer)
+        if self._fit_iterations == self._flops_due:
+            self._count_flops(trainer, pl_module, batch, batch_idx)
+
+    # -- FLOPs ---------------------------------------------------------------------------------------------------
+    def _start_flops(self, trainer: Trainer) -> None:
+        """At train start: when "auto" counts (after the warm-up, once per run), and the device's peak FLOP/s."""
+        auto = self.flops_per_batch == "auto" and self._flops is None
+        if auto and self._manual:
+            self._flops_reason = ("`flops_per_batch='auto'` counts automatic optimization's training_step and"
+                                  " backward; under manual optimization the step runs the optimizer itself: pass"
+                                  " `flops_per_batch=` (a number)")
+            self._warn_once("flops", f"{self._flops_reason}. TFLOP/s and MFU are not reported.")
+        self._flops_due = max(self.warmup_steps, 1) if auto and not self._manual else -1
+        self._peak_flops = self._peak_source = self._dtype_name = None
+        self._peak_reason = None
+        dtype = precision_dtype(getattr(trainer, "precision", None))
+        self._dtype_name = str(dtype).replace("torch.", "") if dtype is not None else None
+        if self.available_flops is not None:
+            self._peak_flops, self._peak_source = float(self.available_flops), "argument"
+            return
+        if self.flops_per_batch is None:
+            self._peak_reason = "no `flops_per_batch` given, so no FLOP/s to compare with the device's peak"
+            return
+        device = trainer.strategy.root_device
+        if dtype is None:
+            self._peak_reason = (f"the compute dtype of precision {getattr(trainer, 'precision', None)!r} is not"
+                                 " known here: pass `IterationTimer(available_flops=...)`, the device's peak FLOP/s")
+        elif device.type not in ("cuda", "xla"):
+            self._peak_reason = (f"the peak FLOP/s of a {device.type} device is unknown (Lightning's"
+                                 " get_available_flops knows CUDA GPUs and TPUs): pass"
+                                 " `IterationTimer(available_flops=...)`, the device's peak FLOP/s")
+        else:
+            from lightning.fabric.utilities.throughput import get_available_flops
+
+            peak = get_available_flops(device, dtype)
+            if peak:
+                self._peak_flops, self._peak_source = float(peak), "get_available_flops"
+            else:
+                name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+                self._peak_reason = (f"the peak FLOP/s of {name} at {self._dtype_name} is not in Lightning's"
+                                     " get_available_flops: pass `IterationTimer(available_flops=...)`")
+
+    def _count_flops(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Counts the FLOPs of one training batch (training_step and backward) once, on a copy of the model, between
+        two iterations; the time it takes is left out of the run's, the epoch's and the next iteration's."""
+        self._flops_due = -1
+        start = now()
+        try:
+            from lightning.fabric.utilities import measure_flops
+
+            flops = count_step_flops(pl_module, lambda module, data: module.training_step(data, batch_idx), batch,
+                                     measure_flops, keep=[trainer], silence=("log", "log_dict"))
+            if flops <= 0:
+                raise ValueError("0 FLOPs counted: torch's FlopCounterMode counts matmuls, convolutions and"
+                                 " attention, and the step ran none of them")
+            self._flops, self._flops_source, self._flops_counted_at = float(flops), "auto", self.iterations
+        except Exception as err:  # noqa: BLE001 - a measurement never raises into training
+            self._flops_reason = (f"`flops_per_batch='auto'` could not count this model's training step"
+                                  f" ({type(err).__name__}: {error_message(err)}); pass `flops_per_batch=` (a number)")
+            self._warn_once("flops", f"{self._flops_reason}. TFLOP/s and MFU are not reported.")
+        finally:
+            spent = now() - start
+            self._flops_count_time_s += spent
+            for name in ("_last_mark", "_train_start", "_epoch_start"):  # the clocks skip the count
+                mark = getattr(self, name)
+                if mark is not None:
+                    setattr(self, name, mark + spent)
+            if self._clock is not None:
+                self._clock.break_chain()
+            if self._flags & GC:  # a collection during the count is not the next iteration's
+                self._flags &= ~GC
+                self._gc_pause_s = 0.0
+
+    def _items(self, batch: Any) -> Optional[int]:
+        try:
+            items = int(self.items_fn(batch))  # type: ignore[misc]
+            if items < 0:
+                raise ValueError(f"items_fn returned {items}, a negative count")
+            return items
+        except Exception as err:  # noqa: BLE001
+            self._items_unknown = f"items_fn failed: {type(err).__name__}: {error_message(err)}"
+            self._warn_once("items", f"{self._items_unknown}; items/s is not reported.")
+            return None
 
     def _end_iteration(self, trainer: Trainer) -> None:
         t = now()
@@ -290,18 +476,29 @@ class IterationTimer(PerfCallback):
         self._fit_iterations += 1
         reason = "warmup" if self._fit_iterations <= self.warmup_steps else None
         seconds = t - self._last_mark if self._last_mark is not None else 0.0
+        flags = self._flags
         if reason is None:
+            ms = seconds * 1000.0
             pending = self._pending_ms
-            pending.append(seconds * 1000.0)
+            pending.append(ms)
             if len(pending) >= FOLD_EVERY:
                 self._fold()
+            if ms > self._slow_floor:  # the tail: one comparison with the K-th slowest so far
+                self._slowest.offer(ms, trainer.global_step, trainer.current_epoch, flags, self._gc_pause_s * 1000.0)
+                self._slow_floor = self._slowest.floor
+            if flags:
+                self._causes.add(ms, flags, self._gc_pause_s)
+            if seconds > self._tail_threshold_s:
+                self._window[5] += seconds
             self._counted_batches += self._iter_batches
             self._counted_samples += self._iter_samples
+            self._counted_items += self._iter_items
             w = self._window
             w[0] += seconds
             w[1] += 1
             w[2] += self._iter_batches
             w[3] += self._iter_samples
+            w[4] += self._iter_items
         else:
             self._excluded[reason] = self._excluded.get(reason, 0) + 1
             self._warmup_time_s += seconds
@@ -309,9 +506,13 @@ class IterationTimer(PerfCallback):
             self._clock.mark(counted=reason is None)
             for ms in self._clock.poll():
                 self._device.add(ms)
+        if flags:
+            self._flags = 0
+            self._gc_pause_s = 0.0
         self._last_mark = t
         self._iter_batches = 0
         self._iter_samples = 0
+        self._iter_items = 0
         if self._fit_iterations % self._log_every == 0:
             self._log_window(trainer)
 
@@ -335,8 +536,8 @@ class IterationTimer(PerfCallback):
             return None
 
     def _log_window(self, trainer: Trainer) -> None:
-        seconds, iters, batches, samples = self._window
-        self._window = [0.0, 0, 0, 0]
+        seconds, iters, batches, samples, items, tail_s = self._window
+        self._window = [0.0, 0, 0, 0, 0, 0.0]
         if iters == 0 or seconds <= 0:
             return
         metrics = {
@@ -346,6 +547,18 @@ class IterationTimer(PerfCallback):
         }
         if self._samples_unknown is None:
             metrics["perf/samples_per_s"] = samples / seconds
+        if self.items_fn is not None and self._items_unknown is None:
+            metrics["perf/items_per_s"] = items / seconds
+        if self._tail_threshold_s < math.inf:
+            metrics["perf/tail_time_pct"] = 100.0 * tail_s / seconds
+        # the next window's tail: above 2x the median so far (of the folded iterations: a read does not fold)
+        median = self.__dict__["_host_histogram"].quantile(0.5)
+        self._tail_threshold_s = TAIL_FACTOR * median / 1000.0 if median else math.inf
+        if self._flops is not None:
+            tflops = tflops_per_s(self._flops, batches, seconds)
+            metrics["perf/tflops_per_s"] = tflops
+            if self._peak_flops is not None:
+                metrics["perf/mfu_pct"] = mfu_pct(tflops, self._peak_flops)
         log_scalars(trainer, metrics)
 
     @guarded
@@ -364,6 +577,9 @@ class IterationTimer(PerfCallback):
         self._eval_time_fit += seconds
         self._validation_runs += 1
         self._eval_start = None
+        # the next iteration is the first after a validation; a collection during validation is not training's
+        self._flags = (self._flags & CHECKPOINT) | AFTER_VALIDATION
+        self._gc_pause_s = 0.0
         if self._last_mark is not None:  # cut the validation out of the iteration it interrupted
             self._last_mark += seconds
 
@@ -402,11 +618,16 @@ class IterationTimer(PerfCallback):
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish_timing()
+        retries = self._read_alloc_retries(trainer)
+        if retries is not None and self._alloc_retries_start is not None:
+            self._alloc_retries = (self._alloc_retries or 0) + max(0, retries - self._alloc_retries_start)
+            self._alloc_retries_start = None
         median = self._host.quantile(0.5)
         mean = self._host.mean
         # One collective, reached by every rank with the same shape (in a PerfSuite, shared with its other callbacks).
         gather_floats_then(trainer, [median, mean], self._set_ranks, self)
         s = self._host.summary()
+        tflops = tflops_per_s(self._flops, self._counted_batches, self._host.total / 1000.0)
         log_scalars(
             trainer,
             {
@@ -414,6 +635,8 @@ class IterationTimer(PerfCallback):
                 "perf/final_ms_per_iter_p95": s["p95"],
                 "perf/final_ms_per_iter_p99": s["p99"],
                 "perf/final_it_per_s": 1000.0 / s["mean"] if s["mean"] else None,
+                "perf/final_tflops_per_s": tflops,
+                "perf/final_mfu_pct": mfu_pct(tflops, self._peak_flops),
                 "perf/train_time_s": self._train_time_s(),
                 "perf/eval_time_s": self._eval_time_s(),
             },
@@ -445,10 +668,11 @@ class IterationTimer(PerfCallback):
             line += f"; {section['target_steps']:,} iterations: {train:.1f} s training"
             if with_eval is not None and with_eval != train:
                 line += f", {with_eval:.1f} s with evaluation"
-        return line
+        return line + "\n" + tail_line(section["tail"])
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._gc.uninstall()  # no teardown follows an exception
         self._finish_timing()
         self._write_summary(trainer, exception)
 
@@ -471,6 +695,14 @@ class IterationTimer(PerfCallback):
             unavailable["device_ms_per_iter"] = "device timing needs CUDA" if self.device_timing else "switched off"
         elif self._device.count == 0:
             unavailable["device_ms_per_iter"] = "no CUDA event interval completed"
+        flops = self._flops_section(counted_s, unavailable)
+        items_per_s = None
+        if self.items_fn is None:
+            unavailable["items_per_s"] = "no `items_fn` given: pass `items_fn=` (batch -> tokens, pixels, ...)"
+        elif self._items_unknown is not None:
+            unavailable["items_per_s"] = self._items_unknown
+        elif counted_s > 0:
+            items_per_s = self._counted_items / counted_s
         target = self._target_iterations()
         if target is None:
             unavailable["projected_time_to_target_s"] = "no target: set `target_steps` or the trainer's `max_steps`"
@@ -489,6 +721,9 @@ class IterationTimer(PerfCallback):
             "it_per_s": 1000.0 / s["mean"] if s["mean"] else None,
             "batches_per_s": self._counted_batches / counted_s if counted_s > 0 else None,
             "samples_per_s": samples_per_s,
+            "items": self.items if self.items_fn is not None and self._items_unknown is None else None,
+            "items_per_s": items_per_s,
+            **flops,
             "device_ms_per_iter": self._device.summary() if self._device.count else None,
             "device_events_dropped": self._clock.dropped if self._clock is not None else 0,
             "train_time_s": self._train_time_s(),
@@ -501,6 +736,7 @@ class IterationTimer(PerfCallback):
             "ranks": self._ranks,
             "histogram_ms": self._host.to_dict(),
             "blocks_ms": self._blocks.to_dict(),
+            "tail": self._tail_section(unavailable),
             "unavailable": unavailable,
         }
         section["target_steps"] = target
@@ -512,6 +748,43 @@ class IterationTimer(PerfCallback):
         section["projected_remaining_s"] = left["train_s"]
         section["projected_remaining_with_eval_s"] = left["with_eval_s"]
         return section
+
+    def _tail_section(self, unavailable: Dict[str, str]) -> Dict[str, Any]:
+        gc_figures = {"collections": self._gc.collections, "full_collections": self._gc.full_collections,
+                      "pause_s": self._gc.pause_s}
+        if self._alloc_retries is None:
+            unavailable["tail.alloc_retries"] = ("the CUDA allocator's retries are read on CUDA only"
+                                                 if self._clock is None else "not read: training did not end")
+        block = tail_block(self._host, self._causes, self._slowest,
+                           {"gc": gc_figures, "alloc_retries": self._alloc_retries, "dataloader": self._loader_info})
+        if block["share_pct"] is None:
+            unavailable["tail"] = "no iteration was measured"
+        return block
+
+    def _flops_section(self, counted_s: float, unavailable: Dict[str, str]) -> Dict[str, Any]:
+        """TFLOP/s over the measured iterations (FLOPs of a batch x measured batches / measured time) and MFU."""
+        tflops = tflops_per_s(self._flops, self._counted_batches, counted_s)
+        mfu = mfu_pct(tflops, self._peak_flops)
+        if self._flops is None:
+            if self.flops_per_batch is None:
+                unavailable["tflops_per_s"] = "no `flops_per_batch` given: pass a number or 'auto'"
+            else:
+                unavailable["tflops_per_s"] = self._flops_reason or (
+                    "`flops_per_batch='auto'` counts after the warm-up and no iteration got there")
+        elif tflops is None:
+            unavailable["tflops_per_s"] = "no iteration was measured"
+        if mfu is None:
+            unavailable["mfu_pct"] = (self._peak_reason if self._peak_flops is None else unavailable["tflops_per_s"])
+        return {
+            "flops_per_batch": self._flops,
+            "flops_source": self._flops_source,
+            "flops_count_time_s": self._flops_count_time_s,
+            "tflops_per_s": tflops,
+            "available_flops": self._peak_flops,
+            "available_flops_source": self._peak_source,
+            "flops_dtype": self._dtype_name,
+            "mfu_pct": mfu,
+        }
 
     def _target_iterations(self) -> Optional[int]:
         """N in iterations. A target taken from ``max_steps`` counts optimizer steps: under manual optimization
@@ -535,6 +808,10 @@ class IterationTimer(PerfCallback):
             "eval_time_s": self._eval_time_s(),
             "counted_samples": self._counted_samples,
             "counted_batches": self._counted_batches,
+            "items": self.items,
+            "counted_items": self._counted_items,
+            "flops": {"per_batch": self._flops, "source": self._flops_source, "counted_at": self._flops_counted_at,
+                      "count_time_s": self._flops_count_time_s},
             "excluded": dict(self._excluded),
             "warmup_time_s": self._warmup_time_s,
             "validation_runs": self._validation_runs,
@@ -544,6 +821,9 @@ class IterationTimer(PerfCallback):
             "histogram_ms": self._host.to_dict(),
             "blocks_ms": self._blocks.to_dict(),
             "device_histogram_ms": self._device.to_dict(),
+            "tail": {"slowest": self._slowest.to_state(), "gc_pause_s": self._causes.gc_pause_s,
+                     "causes": {name: hist.to_dict() for name, hist in self._causes.hists.items()},
+                     "alloc_retries": self._alloc_retries},
         }
 
     def _open_epoch_record(self) -> Optional[Dict[str, Any]]:
@@ -564,15 +844,36 @@ class IterationTimer(PerfCallback):
         open_epoch = None if carried is None or not carried.data else {
             "epoch": carried.count("epoch"), "iterations": carried.count("iterations"),
             "time_s": carried.number("time_s"), "eval_time_s": carried.number("eval_time_s")}
+        flops = s.mapping("flops")
+        counted_flops = flops.number("per_batch", None, allow_none=True)
+        source = flops.text("source")
+        if self.flops_per_batch != "auto" or source != "auto":  # a count is kept for "auto" only; a number stays
+            counted_flops, source = self._flops, self._flops_source
+        tail = s.mapping("tail")
+        slowest = SlowestIterations(self.keep_slowest)
+        rows = tail.data.get("slowest", [])
+        if not isinstance(rows, list) or not all(isinstance(r, (list, tuple)) and len(r) == 6 for r in rows):
+            raise StateError("tail.slowest is not a list of 6-number rows")
+        slowest.load(rows)
+        causes = CauseBook()
+        causes.gc_pause_s = tail.number("gc_pause_s")
+        cause_states = tail.mapping("causes")
+        causes.hists = {name: cause_states.histogram(name) for name in cause_states.data}
+        retries = tail.count("alloc_retries", None) if tail.data.get("alloc_retries") is not None else None
         read = dict(
             iterations=s.count("iterations"), batches=s.count("batches"), samples=s.count("samples"),
             _prior_train_time_s=s.number("train_time_s"), _prior_eval_time_s=s.number("eval_time_s"),
             _counted_samples=s.count("counted_samples"), _counted_batches=s.count("counted_batches"),
+            items=s.count("items"), _counted_items=s.count("counted_items"),
+            _flops=counted_flops, _flops_source=source,
+            _flops_counted_at=flops.count("counted_at", None) if flops.data.get("counted_at") is not None else None,
+            _flops_count_time_s=flops.number("count_time_s"),
             _excluded={**self._excluded, "warmup": s.mapping("excluded").count("warmup")},
             _warmup_time_s=s.number("warmup_time_s"), _validation_runs=s.count("validation_runs"),
             _fits=s.count("fits"), _epochs=epochs, _open_epoch=open_epoch,
             _host=s.histogram("histogram_ms", self._host), _blocks=s.series("blocks_ms", self._blocks),
-            _device=s.histogram("device_histogram_ms", self._device))
+            _device=s.histogram("device_histogram_ms", self._device), _slowest=slowest,
+            _slow_floor=slowest.floor, _causes=causes, _alloc_retries=retries)
         for name, value in read.items():  # all read: nothing is assigned from a state that fails halfway
             setattr(self, name, value)
         self._resumed_at = self.iterations

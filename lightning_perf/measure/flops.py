@@ -1,0 +1,116 @@
+"""FLOPs of one training batch and model FLOPs utilisation: a side-effect-free copy to count on, and the arithmetic."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import torch
+
+__all__ = ["PRECISION_DTYPES", "count_step_flops", "meta_copy", "mfu_pct", "precision_dtype", "tflops_per_s"]
+
+#: The compute dtype of each precision setting a Trainer accepts (``trainer.precision``): what the device's peak
+#: FLOP/s is looked up for.
+PRECISION_DTYPES = {
+    "64-true": torch.float64, "64": torch.float64, "double": torch.float64,
+    "32-true": torch.float32, "32": torch.float32,
+    "16-mixed": torch.float16, "16-true": torch.float16, "16": torch.float16, "half": torch.float16,
+    "bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def precision_dtype(precision: Any) -> Optional[torch.dtype]:
+    """The dtype whose peak FLOP/s bounds a run at ``precision`` (``"bf16-mixed"`` -> bfloat16), None if unknown."""
+    return PRECISION_DTYPES.get(str(precision))
+
+
+def tflops_per_s(flops_per_batch: Optional[float], batches: int, seconds: float) -> Optional[float]:
+    """TFLOP/s of ``batches`` batches of ``flops_per_batch`` FLOPs each done in ``seconds``; None when unknown."""
+    if flops_per_batch is None or seconds <= 0 or batches <= 0:
+        return None
+    return flops_per_batch * batches / seconds / 1e12
+
+
+def mfu_pct(tflops: Optional[float], available_flops: Optional[float]) -> Optional[float]:
+    """Model FLOPs utilisation in percent: achieved FLOP/s over the device's peak FLOP/s."""
+    if tflops is None or not available_flops:
+        return None
+    return 100.0 * tflops * 1e12 / available_flops
+
+
+def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(tensor, device="meta")
+
+
+def to_meta(batch: Any) -> Any:
+    """``batch`` with every tensor (in nested lists, tuples and dicts) replaced by an empty one on the meta device."""
+    if isinstance(batch, torch.Tensor):
+        return _meta_like(batch)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: to_meta(v) for k, v in batch.items()}) if isinstance(batch, dict) else {
+            k: to_meta(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(to_meta(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_meta(v) for v in batch)
+    return batch
+
+
+def meta_copy(module: torch.nn.Module, keep: Iterable[Any] = ()) -> torch.nn.Module:
+    """A deep copy of ``module`` whose parameters and buffers live on the meta device (no memory, no compute); the
+    objects in ``keep`` (the trainer it points at) are shared, not copied."""
+    memo = {id(obj): obj for obj in keep}
+    for param in module.parameters():
+        memo[id(param)] = torch.nn.Parameter(_meta_like(param), requires_grad=param.requires_grad)
+    for buf in module.buffers():
+        memo[id(buf)] = _meta_like(buf)
+    return copy.deepcopy(module, memo)
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    loss = output.get("loss") if isinstance(output, Mapping) else output
+    if not isinstance(loss, torch.Tensor):
+        raise ValueError(f"training_step returned {type(output).__name__}, not a loss tensor or a dict with 'loss'")
+    return loss
+
+
+def count_step_flops(
+    module: torch.nn.Module,
+    step: Callable[[torch.nn.Module, Any], Any],
+    batch: Any,
+    measure: Callable[..., int],
+    keep: Iterable[Any] = (),
+    silence: Iterable[str] = (),
+) -> int:
+    """FLOPs of ``step(module_copy, batch)`` and the backward of the loss it returns, counted by ``measure``
+    (Lightning's ``measure_flops``: torch's ``FlopCounterMode`` underneath) on a copy of ``module``, so the module's
+    parameters, gradients, buffers and attributes, and the random number generators, are as they were.
+
+    First on a copy on the meta device (no memory, no device time). A step that cannot run there (it reads a value,
+    calls an op without a meta kernel) is counted on a full copy on the module's own device, with the random states
+    saved and restored. Methods named in ``silence`` (``log``, ``log_dict``) do nothing on the copy.
+
+    Raises:
+        Exception: whatever the step raises on the full copy; the caller records it.
+    """
+    keep = list(keep)
+
+    def run(copied: torch.nn.Module, data: Any) -> int:
+        for name in silence:
+            setattr(copied, name, lambda *args, **kwargs: None)
+        with torch.enable_grad():
+            return int(measure(copied, lambda: step(copied, data), lambda out: _loss_of(out)))
+
+    try:
+        return run(meta_copy(module, keep), to_meta(batch))
+    except Exception:  # noqa: BLE001 - not countable on meta: count on a real copy below
+        pass
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        return run(copy.deepcopy(module, {id(obj): obj for obj in keep}), batch)
+    finally:
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.synchronize()  # once per run: the copy's work stays out of the measured iterations
+            torch.cuda.set_rng_state_all(cuda_rng)

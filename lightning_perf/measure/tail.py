@@ -1,0 +1,269 @@
+"""The slow tail of a run: the K slowest iterations with what coincided, the time above 2x the median by cause, and
+the rules that turn it into advice. Bounded memory; nothing here runs unless an iteration is slow or flagged."""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import math
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from lightning_perf.measure import clock
+from lightning_perf.measure.stats import LogHistogram
+
+#: What can coincide with an iteration: bits of a flag word the hooks set (and the GC callback).
+EPOCH_START, AFTER_VALIDATION, CHECKPOINT, GC = 1, 2, 4, 8
+#: Each cause by name, in the order one is named for an iteration that had several. An epoch start comes first: the
+#: default ModelCheckpoint saves at every epoch end, so nearly every epoch start also "wrote a checkpoint", and the
+#: DataLoader starting its workers again is the cost paid there in every run; the summary counts what else coincided
+#: (``also``) so that an epoch-end checkpoint's share stays visible.
+CAUSES: Tuple[Tuple[str, int], ...] = (("epoch_start", EPOCH_START), ("checkpoint", CHECKPOINT),
+                                       ("after_validation", AFTER_VALIDATION), ("gc", GC))
+UNEXPLAINED = "unexplained"
+#: An iteration is in the tail when it takes more than this many times the median iteration.
+TAIL_FACTOR = 2.0
+#: A garbage collection flags its iteration when it is a full one (generation 2) or pauses at least this long.
+GC_FLAG_PAUSE_S = 0.001
+#: A cause gets an insight when its tail time is at least this share of the measured training time...
+RULE_MIN_PCT = 1.0
+#: ...the tail without a known cause when at least this share; below RULE_MIN_PCT in all, the tail is called small.
+UNEXPLAINED_MIN_PCT = 5.0
+
+
+def cause_names(flags: int) -> List[str]:
+    return [name for name, bit in CAUSES if flags & bit]
+
+
+def primary_cause(flags: int) -> str:
+    for name, bit in CAUSES:
+        if flags & bit:
+            return name
+    return UNEXPLAINED
+
+
+class GcWatch:
+    """Times Python's garbage collections through ``gc.callbacks``. ``on_flag(pause_s)`` is called for a full
+    collection or one that paused at least ``GC_FLAG_PAUSE_S``; the young collections that run all the time cost two
+    short calls each and are only counted."""
+
+    def __init__(self, on_flag: Callable[[float], None]) -> None:
+        self.on_flag = on_flag
+        self.collections = 0
+        self.full_collections = 0
+        self.pause_s = 0.0
+        self._start = 0.0
+        self._installed = False
+
+    def __call__(self, phase: str, info: Dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = clock.now()
+            return
+        pause = clock.now() - self._start
+        self.collections += 1
+        self.pause_s += pause
+        full = info.get("generation") == 2
+        if full:
+            self.full_collections += 1
+        if full or pause >= GC_FLAG_PAUSE_S:
+            self.on_flag(pause)
+
+    def install(self) -> None:
+        if not self._installed:
+            gc.callbacks.append(self)
+            self._installed = True
+
+    def uninstall(self) -> None:
+        if self._installed:
+            try:
+                gc.callbacks.remove(self)
+            except ValueError:
+                pass
+            self._installed = False
+
+
+class SlowestIterations:
+    """The ``k`` slowest iterations offered, in a min-heap: the caller compares each iteration's ms with
+    :attr:`floor` (the k-th slowest so far) and offers only the slower ones."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self._heap: List[Tuple[float, int, int, int, int, float]] = []  # ms, seq, step, epoch, flags, gc pause ms
+        self._seq = 0
+        self.floor = -1.0 if k > 0 else math.inf
+
+    def offer(self, ms: float, step: int, epoch: int, flags: int, gc_pause_ms: float) -> None:
+        self._seq += 1
+        entry = (ms, self._seq, step, epoch, flags, gc_pause_ms)
+        if len(self._heap) < self.k:
+            heapq.heappush(self._heap, entry)
+        elif ms > self._heap[0][0]:
+            heapq.heapreplace(self._heap, entry)
+        if len(self._heap) >= self.k:
+            self.floor = self._heap[0][0]
+
+    def entries(self) -> List[Dict[str, Any]]:
+        return [{"step": step, "epoch": epoch, "ms": ms, "causes": cause_names(flags), "gc_pause_ms": gc_ms}
+                for ms, _, step, epoch, flags, gc_ms in sorted(self._heap, reverse=True)]
+
+    def to_state(self) -> List[List[float]]:
+        return [list(e) for e in self._heap]
+
+    def load(self, rows: List[List[float]]) -> None:
+        for ms, _, step, epoch, flags, gc_ms in rows:
+            self.offer(float(ms), int(step), int(epoch), int(flags), float(gc_ms))
+
+
+class CauseBook:
+    """The measured iterations that had a cause, by their first cause: a histogram of their times each (bounded:
+    one bucket per 1% of time), and the GC pause of those named for GC."""
+
+    def __init__(self) -> None:
+        self.hists: Dict[str, LogHistogram] = {}
+        self.also: Dict[str, Dict[str, int]] = {}  # first cause -> the other causes of those iterations, counted
+        self.gc_pause_s = 0.0
+
+    def add(self, ms: float, flags: int, gc_pause_s: float) -> None:
+        name = primary_cause(flags)
+        hist = self.hists.get(name)
+        if hist is None:
+            hist = self.hists[name] = LogHistogram()
+        hist.add(ms)
+        others = [other for other in cause_names(flags) if other != name]
+        if others:
+            also = self.also.setdefault(name, {})
+            for other in others:
+                also[other] = also.get(other, 0) + 1
+        if name == "gc":
+            self.gc_pause_s += gc_pause_s
+
+
+def above(hist: LogHistogram, threshold: float) -> Tuple[int, float]:
+    """Count and sum (each value within the histogram's accuracy) of the values above ``threshold``."""
+    n, total = 0, 0.0
+    for key, count in hist.bins.items():
+        value = hist._bucket_value(key)
+        if value > threshold:
+            n += count
+            total += count * value
+    return n, total
+
+
+def tail_block(host: LogHistogram, book: CauseBook, slowest: SlowestIterations, extra: Dict[str, Any]) -> Dict[str, Any]:
+    """The summary's ``tail``: share of measured time in iterations above ``TAIL_FACTOR`` x the median, that time by
+    cause (each iteration under its first cause; what none explains under ``unexplained``), the slowest iterations,
+    and insights. ``extra`` carries ``gc``, ``alloc_retries``, ``dataloader``."""
+    median = host.quantile(0.5) if host.count else None
+    measured_ms = host.total
+    block: Dict[str, Any] = {"factor": TAIL_FACTOR, "median_ms": median, "threshold_ms": None, "iterations": 0,
+                             "time_s": 0.0, "share_pct": None, "by_cause": {}, "slowest": slowest.entries(),
+                             "keep_slowest": slowest.k, **extra}
+    if median is None or measured_ms <= 0:
+        block["insights"] = []
+        return block
+    threshold = TAIL_FACTOR * median
+    n_all, ms_all = above(host, threshold)
+    by_cause: Dict[str, Dict[str, Any]] = {}
+    n_known, ms_known = 0, 0.0
+    for name, _ in CAUSES:
+        hist = book.hists.get(name)
+        if hist is None:
+            continue
+        n, ms = above(hist, threshold)
+        n_known, ms_known = n_known + n, ms_known + ms
+        entry = {"iterations": n, "time_s": ms / 1000.0, "excess_s": max(0.0, ms - n * median) / 1000.0,
+                 "mean_ms": ms / n if n else None, "flagged_iterations": hist.count,
+                 "also": dict(book.also.get(name, {}))}
+        if name == "gc":
+            entry["gc_pause_s"] = book.gc_pause_s
+        by_cause[name] = entry
+    n_rest, ms_rest = max(0, n_all - n_known), max(0.0, ms_all - ms_known)
+    by_cause[UNEXPLAINED] = {"iterations": n_rest, "time_s": ms_rest / 1000.0,
+                             "excess_s": max(0.0, ms_rest - n_rest * median) / 1000.0,
+                             "mean_ms": ms_rest / n_rest if n_rest else None}
+    for entry in by_cause.values():
+        entry["share_pct"] = 100.0 * entry["time_s"] * 1000.0 / measured_ms
+    block.update(threshold_ms=threshold, iterations=n_all, time_s=ms_all / 1000.0,
+                 share_pct=100.0 * ms_all / measured_ms, by_cause=by_cause)
+    block["insights"] = tail_insights(block)
+    return block
+
+
+def _each(entry: Dict[str, Any], median: float) -> str:
+    return f"{entry['mean_ms']:.0f} ms each, the median iteration {median:.0f} ms"
+
+
+def tail_insights(block: Dict[str, Any]) -> List[str]:
+    """One sentence per rule that fires on the tail block (see docs/iteration_timer.md#the-tail)."""
+    out: List[str] = []
+    by, median = block.get("by_cause") or {}, block.get("median_ms")
+    if median is None:
+        return out
+
+    def fires(name: str, minimum: float = RULE_MIN_PCT) -> Optional[Dict[str, Any]]:
+        entry = by.get(name)
+        return entry if entry and entry["iterations"] and entry["share_pct"] >= minimum else None
+
+    e = fires("epoch_start")
+    if e:
+        per_epoch = e["excess_s"] / e["iterations"]
+        loader = block.get("dataloader") or {}
+        workers = loader.get("num_workers")
+        with_ckpt = (e.get("also") or {}).get("checkpoint", 0)
+        head = (f"{e['share_pct']:.0f}% of training time is in {e['iterations']} iterations at epoch starts"
+                f" ({_each(e, median)}" + (f"; {with_ckpt} of the epoch starts followed a checkpoint save" if with_ckpt
+                                           else "") + ")")
+        if workers and not loader.get("persistent_workers"):
+            out.append(f"{head}: the DataLoader starts its {workers} workers again every epoch;"
+                       f" `persistent_workers=True` would save about {per_epoch:.2f} s per epoch.")
+        elif workers == 0:
+            out.append(f"{head}: with `num_workers=0` the first batch of each epoch waits for the dataset's"
+                       f" set-up (shuffling, opening files); about {per_epoch:.2f} s per epoch to win there.")
+        else:
+            out.append(f"{head}: about {per_epoch:.2f} s per epoch goes to starting the epoch (epoch-end hooks,"
+                       " the DataLoader's first batch).")
+    e = fires("checkpoint")
+    if e:
+        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} iterations that wrote a checkpoint"
+                   f" ({_each(e, median)}): saving less often (`every_n_train_steps`) or asynchronously"
+                   f" (`AsyncCheckpointIO`) would save up to {e['excess_s']:.1f} s.")
+    e = fires("gc")
+    if e:
+        pause = e.get("gc_pause_s", 0.0) / max(1, e["flagged_iterations"]) * 1000.0
+        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} iterations with a full Python"
+                   f" garbage collection ({_each(e, median)}; the collection paused {pause:.0f} ms on average):"
+                   " fewer reference cycles, or `gc.freeze()` after the model and data are set up, would save up to"
+                   f" {e['excess_s']:.1f} s.")
+    e = fires("after_validation")
+    if e:
+        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} first iterations after a"
+                   f" validation ({_each(e, median)}): validating less often (`val_check_interval`) would save up to"
+                   f" {e['excess_s']:.1f} s; what validation leaves behind (caches, allocator, workers) costs it.")
+    e = fires(UNEXPLAINED, UNEXPLAINED_MIN_PCT)
+    if e:
+        worst = [s["step"] for s in block.get("slowest") or [] if not s["causes"]][:3]
+        at = f" (slowest at steps {', '.join(str(s) for s in worst)})" if worst else ""
+        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} slow iterations (over"
+                   f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint or garbage collection"
+                   f" explains{at}: SectionProfiler shows which section grows; the torch profiler around those steps"
+                   " shows what runs.")
+    retries = block.get("alloc_retries")
+    if retries:
+        out.append(f"The CUDA allocator retried {retries} times in training (it freed its cache and allocated again,"
+                   " a stall each time): a smaller batch, or `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"
+                   " against fragmentation, would avoid it.")
+    share = block.get("share_pct")
+    if share is not None and share < RULE_MIN_PCT:
+        out.append(f"The tail is small: {share:.1f}% of training time is in iterations over {block['factor']:g}x the"
+                   f" median ({median:.1f} ms).")
+    return out
+
+
+def tail_line(block: Dict[str, Any]) -> str:
+    """The tail in one line, for the console at the end of fit."""
+    share = block.get("share_pct")
+    if share is None:
+        return "  tail: no iteration measured"
+    causes = ", ".join(f"{name} {entry['iterations']}" for name, entry in (block.get("by_cause") or {}).items()
+                       if entry["iterations"])
+    return (f"  tail: {share:.1f}% of training time in {block['iterations']} iterations over {block['factor']:g}x"
+            f" the median ({block['median_ms']:.2f} ms)" + (f": {causes}" if causes else ""))

@@ -1,0 +1,262 @@
+"""The tail of IterationTimer: every slow iteration explained, against stalls injected at known places and costs.
+
+Each fit runs on a virtual clock (helpers.VirtualClock): a training step costs STEP_S, and each stall advances the
+clock by a known amount where it happens (a sampler starting an epoch, a garbage collection's finalizer, a checkpoint
+writer), so the causes, counts and times are known exactly on a loaded machine too.
+"""
+
+import gc
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+from helpers import TinyModel, find_summary, fit, read_scalars, use_virtual_clock
+from lightning_perf import IterationTimer, PerfSuite, SectionProfiler
+from lightning_perf.measure import tail as tail_module
+from lightning_perf.measure.tail import tail_insights
+
+STEP_S = 0.010
+CLOCK = {}
+
+
+class SlowStartSampler(Sampler):
+    """Costs ``stall_s`` each time an epoch starts iterating it (as DataLoader workers starting would)."""
+
+    def __init__(self, n, stall_s):
+        self.n, self.stall_s = n, stall_s
+
+    def __iter__(self):
+        CLOCK["clock"].advance(self.stall_s)
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+class Paced(TinyModel):
+    def __init__(self, n=64, epoch_stall_s=0.0):
+        super().__init__()
+        self.n, self.epoch_stall_s = n, epoch_stall_s
+
+    def training_step(self, batch, batch_idx):
+        CLOCK["clock"].advance(STEP_S)
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(self.n, 16, generator=g)
+        data = TensorDataset(x, x.sum(dim=1, keepdim=True))
+        return DataLoader(data, batch_size=8, sampler=SlowStartSampler(self.n, self.epoch_stall_s))
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = use_virtual_clock(monkeypatch)
+    CLOCK["clock"] = c
+    yield c
+    CLOCK.clear()
+
+
+def run(tmp_path, model, callbacks=(), timer=None, **kwargs):
+    timer = timer or IterationTimer(warmup_steps=2, log_every_n_steps=5)
+    for key, value in dict(max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0).items():
+        kwargs.setdefault(key, value)
+    fit(tmp_path, [timer, *callbacks], model=model, **kwargs)
+    return find_summary(tmp_path)["iteration_timer"], timer
+
+
+def test_epoch_starts_that_cost_100_ms_are_named_with_count_and_time(tmp_path, clock):
+    t, timer = run(tmp_path, Paced(epoch_stall_s=0.100), max_epochs=6)
+    tail = t["tail"]
+    # 6 epochs of 8 batches; the first epoch's first iteration is warm-up: 5 epoch starts measured, 110 ms each
+    cause = tail["by_cause"]["epoch_start"]
+    assert cause["iterations"] == 5 and cause["flagged_iterations"] == 5
+    assert cause["time_s"] == pytest.approx(5 * (0.100 + STEP_S), rel=0.10)
+    assert cause["excess_s"] == pytest.approx(5 * 0.100, rel=0.10)
+    assert tail["iterations"] == 5 and tail["by_cause"]["unexplained"]["iterations"] == 0
+    measured_s = t["histogram_ms"]["sum"] / 1000.0
+    assert tail["share_pct"] == pytest.approx(100 * 5 * 0.110 / measured_s, rel=0.01)
+    # the Trainer's default ModelCheckpoint saves at each epoch end: it coincided, and is said, but the epoch start
+    # is named first
+    assert [s["causes"] for s in tail["slowest"][:5]] == [["epoch_start", "checkpoint"]] * 5
+    assert cause["also"] == {"checkpoint": 5}
+    assert all(s["step"] % 8 == 1 for s in tail["slowest"][:5])  # the first iteration of each epoch
+    insight = next(i for i in tail["insights"] if "epoch starts" in i)
+    assert "5 iterations at epoch starts" in insight and "num_workers=0" in insight and "0.10 s per epoch" in insight
+    assert "5 of the epoch starts followed a checkpoint save" in insight
+    line = timer.verdict().splitlines()[-1]
+    assert "tail:" in line and "epoch_start 5" in line
+
+
+class CollectEvery(Callback):
+    """Runs a full garbage collection inside every ``every``-th iteration, over a heap of cyclic garbage whose
+    finalizer costs ``pause_s``."""
+
+    def __init__(self, every, pause_s):
+        self.every, self.pause_s = every, pause_s
+        self.steps = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        step = trainer.global_step + 1  # the iteration that starts here ends at this global step
+        if step % self.every:
+            return
+        pause = self.pause_s
+
+        class Node:
+            def __del__(self):
+                if getattr(self, "costly", False):
+                    CLOCK["clock"].advance(pause)
+
+        nodes = [Node() for _ in range(2000)]
+        for a, b in zip(nodes, nodes[1:] + nodes[:1]):
+            a.next = b
+        nodes[0].costly = True
+        del nodes, a, b
+        gc.collect()
+        self.steps.append(step)
+
+
+def test_a_gc_collect_every_37_steps_flags_exactly_those_iterations(tmp_path, clock):
+    collector = CollectEvery(37, pause_s=0.020)
+    gc.disable()  # only the collections this test makes: an automatic one could land anywhere
+    try:
+        t, _ = run(tmp_path, Paced(n=256), callbacks=[collector], max_steps=200,
+                   timer=IterationTimer(warmup_steps=2, keep_slowest=10))
+    finally:
+        gc.enable()
+    assert collector.steps == [37, 74, 111, 148, 185]
+    tail = t["tail"]
+    cause = tail["by_cause"]["gc"]
+    assert cause["flagged_iterations"] == 5 and cause["iterations"] == 5
+    assert cause["time_s"] == pytest.approx(5 * (STEP_S + 0.020), rel=0.10)
+    assert cause["gc_pause_s"] == pytest.approx(5 * 0.020, rel=0.10)
+    flagged = sorted(s["step"] for s in tail["slowest"] if "gc" in s["causes"])
+    assert flagged == collector.steps
+    assert all(s["gc_pause_ms"] == pytest.approx(20.0, rel=0.10) for s in tail["slowest"] if "gc" in s["causes"])
+    assert tail["gc"]["full_collections"] >= 5
+    assert any("garbage collection" in i for i in tail["insights"])
+
+
+class SlowWriter(TorchCheckpointIO):
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        CLOCK["clock"].advance(0.050)
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+def test_a_checkpoint_every_10_steps_is_named_with_count_and_time(tmp_path, clock):
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=10, save_top_k=-1)
+    t, _ = run(tmp_path, Paced(n=256), callbacks=[saver], max_steps=60, plugins=[SlowWriter()])
+    cause = t["tail"]["by_cause"]["checkpoint"]
+    # saves after steps 10..60; each lands in the next iteration, and the save after the last step in none
+    assert cause["flagged_iterations"] == 5 and cause["iterations"] == 5
+    assert cause["time_s"] == pytest.approx(5 * (STEP_S + 0.050), rel=0.10)
+    assert sorted(s["step"] for s in t["tail"]["slowest"] if s["causes"] == ["checkpoint"]) == [11, 21, 31, 41, 51]
+    assert any("wrote a checkpoint" in i for i in t["tail"]["insights"])
+
+
+class Stalls(Paced):
+    """Every ``every``-th step costs ``stall_s`` more, with no cause the suite knows."""
+
+    def __init__(self, every, stall_s, **kwargs):
+        super().__init__(**kwargs)
+        self.every, self.stall_s, self.steps = every, stall_s, 0
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        if self.steps % self.every == 0:
+            CLOCK["clock"].advance(self.stall_s)
+        return super().training_step(batch, batch_idx)
+
+
+def test_unexplained_stalls_and_the_k_slowest_kept(tmp_path, clock):
+    t, _ = run(tmp_path, Stalls(every=10, stall_s=0.040, n=256), max_steps=100,
+               timer=IterationTimer(warmup_steps=2, keep_slowest=3, log_every_n_steps=10))
+    tail = t["tail"]
+    rest = tail["by_cause"]["unexplained"]
+    assert rest["iterations"] == 10 and rest["time_s"] == pytest.approx(10 * 0.050, rel=0.01)
+    assert len(tail["slowest"]) == 3 and all(s["ms"] == pytest.approx(50.0, rel=0.01) for s in tail["slowest"])
+    assert any("no epoch start, validation, checkpoint or garbage collection explains" in i for i in tail["insights"])
+    # per log window: the share of its time above 2x the median so far (one 50 ms stall in ten iterations)
+    shares = [v for _, v in read_scalars(tmp_path)["perf/tail_time_pct"]]
+    assert shares and max(shares) == pytest.approx(100 * 0.050 / (9 * STEP_S + 0.050), rel=0.01)
+
+
+def test_a_steady_run_has_a_small_tail_and_no_cause(tmp_path, clock):
+    t, _ = run(tmp_path, Paced(n=256), max_steps=40)
+    tail = t["tail"]
+    assert tail["iterations"] == 0 and tail["share_pct"] == 0.0
+    assert tail["insights"] == [tail_insights(tail)[0]] and tail["insights"][0].startswith("The tail is small")
+
+
+def test_validation_flags_the_next_iteration(tmp_path, clock):
+    t, _ = run(tmp_path, Paced(n=256), max_steps=40, limit_val_batches=2, val_check_interval=10,
+               check_val_every_n_epoch=None, enable_checkpointing=False)
+    cause = t["tail"]["by_cause"]["after_validation"]
+    assert cause["flagged_iterations"] == 3  # validations after steps 10, 20, 30 (the one after 40 ends the run)
+    assert cause["iterations"] == 0  # none of them slow here
+
+
+def test_in_a_perf_suite_and_the_gc_hook_goes_at_teardown(tmp_path, clock):
+    before = list(gc.callbacks)
+    timer = IterationTimer(warmup_steps=2)
+    fit(tmp_path, [PerfSuite([timer, SectionProfiler()])], model=Paced(epoch_stall_s=0.100), max_epochs=3,
+        limit_val_batches=0, num_sanity_val_steps=0)
+    assert gc.callbacks == before
+    cause = find_summary(tmp_path)["iteration_timer"]["tail"]["by_cause"]["epoch_start"]
+    assert cause["iterations"] == 2
+
+
+# -- the rules, each with a case that fires it and one that does not ----------------------------------------------------
+def block(**by_cause):
+    base = {"factor": 2.0, "median_ms": 10.0, "share_pct": 0.0, "slowest": [], "alloc_retries": None,
+            "dataloader": {"num_workers": 4, "persistent_workers": False}}
+    entries = {}
+    for name, (n, share) in by_cause.items():
+        entries[name] = {"iterations": n, "share_pct": share, "time_s": n * 0.11, "excess_s": n * 0.1,
+                         "mean_ms": 110.0, "flagged_iterations": n, "gc_pause_s": n * 0.1}
+    base["by_cause"] = entries
+    base["share_pct"] = sum(share for _, share in by_cause.values())
+    return base
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("epoch_start", "`persistent_workers=True` would save about 0.10 s per epoch"),
+    ("checkpoint", "wrote a checkpoint"),
+    ("gc", "garbage collection"),
+    ("after_validation", "after a validation"),
+    ("unexplained", "no epoch start"),
+])
+def test_each_cause_rule_fires_at_its_share_and_not_below(name, needle):
+    minimum = tail_module.UNEXPLAINED_MIN_PCT if name == "unexplained" else tail_module.RULE_MIN_PCT
+    assert any(needle in i for i in tail_insights(block(**{name: (12, minimum + 0.5)})))
+    assert not any(needle in i for i in tail_insights(block(**{name: (12, minimum - 0.5)})))
+    assert not any(needle in i for i in tail_insights(block(**{name: (0, 0.0)})))
+
+
+def test_the_epoch_start_advice_follows_the_dataloader():
+    b = block(epoch_start=(12, 9.0))
+    b["dataloader"] = {"num_workers": 4, "persistent_workers": True}
+    text = " ".join(tail_insights(b))
+    assert "epoch starts" in text and "persistent_workers=True` would" not in text
+
+
+def test_the_alloc_retries_rule():
+    b = block()
+    b["alloc_retries"] = 7
+    assert any("retried 7 times" in i for i in tail_insights(b))
+    b["alloc_retries"] = 0
+    assert not any("retried" in i for i in tail_insights(b))
+
+
+def test_the_small_tail_rule():
+    assert any(i.startswith("The tail is small") for i in tail_insights(block(unexplained=(2, 0.5))))
+    assert not any(i.startswith("The tail is small") for i in tail_insights(block(unexplained=(2, 3.0))))
+
+
+def test_keep_slowest_is_checked_at_construction():
+    with pytest.raises(ValueError, match=r"`IterationTimer\(keep_slowest=-1\)`"):
+        IterationTimer(keep_slowest=-1)
