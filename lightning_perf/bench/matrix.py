@@ -206,6 +206,8 @@ def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 speedup_ci_low=(cmp.get("speedup_ci95") or [None, None])[0],
                 speedup_ci_high=(cmp.get("speedup_ci95") or [None, None])[1],
                 peak_memory_mb=train_peak_mb(s),
+                tflops_per_s=timer.tflops_per_s if timer is not None else None,
+                mfu_pct=timer.mfu_pct if timer is not None else None,
                 psnr=psnr.value if psnr is not None else None,
                 quality_gate=s.quality_gate.passed if s.quality_gate is not None else None,
             )
@@ -288,6 +290,7 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
         return csv_text(rows)
     n_epochs = max((int(k.split("_")[1]) for r in rows for k in r if k.startswith("epoch_") and k.endswith("_s")),
                    default=0)
+    compute = any(r.get("tflops_per_s") is not None for r in rows)  # columns only where a variant counted FLOPs
     table = []
     for r in rows:
         if r.get("speedup"):
@@ -302,10 +305,12 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
         table.append([r["variant"], fmt_duration(r.get("total_time_s")), fmt_duration(r.get("train_time_s")),
                       fmt_num(r.get("ms_per_iter")), fmt_num(r.get("samples_per_s"), 1), speed,
                       fmt_mb(r.get("peak_memory_mb"))]
+                     + ([fmt_num(r.get("tflops_per_s"), 3), fmt_num(r.get("mfu_pct"), 1, "%")] if compute else [])
                      + [fmt_duration(r.get(f"epoch_{i}_s")) for i in range(1, n_epochs + 1)]
                      + [fmt_num(r.get("psnr")), gate, status])
     headers = (["Variant", "Total time (train + eval)", "Train time", "ms/iter (mean)", "Samples/s",
-                "Speedup (95% CI)", "Peak memory"] + [f"Epoch {i}" for i in range(1, n_epochs + 1)]
+                "Speedup (95% CI)", "Peak memory"] + (["TFLOP/s", "MFU"] if compute else [])
+               + [f"Epoch {i}" for i in range(1, n_epochs + 1)]
                + ["PSNR", "Quality gate", "Status"])
     parts = (header or []) + ([""] if header else []) + [markdown_table(headers, table)]
     found = findings(rows)

@@ -206,8 +206,27 @@ def compare_summaries(
             "base": base.quality_gate.passed if base.quality_gate is not None else None,
             "candidate": candidate.quality_gate.passed if candidate.quality_gate is not None else None,
         },
+        "tail": {"base": tail_text(base), "candidate": tail_text(candidate)},
         "notes": notes,
     }
+
+
+def tail_text(run: PerfSummary) -> Optional[str]:
+    """The run's slow iterations in one line (IterationTimer's ``tail`` block), or None where it has none."""
+    tail = run.iteration_timer.tail if run.iteration_timer is not None else None
+    if tail is None or None in (tail.share_pct, tail.iterations, tail.factor, tail.median_ms):
+        return None
+    causes = ", ".join(f"{name} {cause.iterations}" for name, cause in (tail.by_cause or {}).items()
+                       if cause is not None and cause.iterations)
+    return (f"{tail.share_pct:.1f}% of training time in {tail.iterations} iterations over {tail.factor:g}x the median"
+            f" ({tail.median_ms:.2f} ms)" + (f": {causes}" if causes else ""))
+
+
+def _compute_text(run: Dict[str, Any]) -> str:
+    if run["tflops_per_s"] is None:
+        return "n/a"
+    mfu = "n/a" if run["mfu_pct"] is None else f"{run['mfu_pct']:.1f}%"
+    return f"{fmt_num(run['tflops_per_s'], 3)} TFLOP/s, MFU {mfu}"
 
 
 def _speed_line(run: Dict[str, Any]) -> str:
@@ -258,6 +277,12 @@ def format_text(result: Dict[str, Any]) -> str:
         "Iteration time distribution:",
         f"  {b['name'] + ':':<{width}}{_spread_line(b)}",
         f"  {c['name'] + ':':<{width}}{_spread_line(c)}",
+        *(["", "Slow iterations (IterationTimer's tail):"]
+          + [f"  {run['name'] + ':':<{width}}{result['tail'][key] or 'n/a'}"
+             for run, key in ((b, "base"), (c, "candidate"))] if any(result["tail"].values()) else []),
+        *(["", "Compute (FLOPs of a training batch over its wall time; MFU: of the device's peak):"]
+          + [f"  {run['name'] + ':':<{width}}{_compute_text(run)}" for run in (b, c)]
+          if b["tflops_per_s"] is not None or c["tflops_per_s"] is not None else []),
         "",
         f"Estimated time to {n:,} iterations (from the mean, warm-up included):",
         f"  {b['name'] + ':':<{width}}{_time_text(result, 'base')}",

@@ -127,6 +127,9 @@ def speed(summary: SummaryLike) -> Dict[str, Optional[float]]:
         "samples_per_s": timer.samples_per_s,
         "samples_per_iter": ratio(timer.samples_per_s, timer.it_per_s),
         "measured_iterations": timer.measured_iterations,
+        "tflops_per_s": timer.tflops_per_s,
+        "mfu_pct": timer.mfu_pct,
+        "items_per_s": timer.items_per_s,
     }
 
 

@@ -230,6 +230,26 @@ class Blocks(Section):
     max_blocks: Positive = None
 
 
+class TailCause(Section):
+    iterations: Count = Field(None, description="iterations above the threshold put down to this cause")
+    time_s: Seconds = Field(None, description="their whole time")
+    excess_s: Seconds = Field(None, description="their time above the median iteration")
+    mean_ms: Ms = None
+    share_pct: Pct = Field(None, description="their time, % of training time")
+
+
+class Tail(Section):
+    share_pct: Pct = Field(None, description="% of training time in iterations over `factor` x the median")
+    iterations: Count = None
+    time_s: Seconds = None
+    median_ms: Ms = None
+    threshold_ms: Ms = None
+    factor: NonNegative = None
+    by_cause: Map(Obj(TailCause)) = Field(None, description="`epoch_start`, `checkpoint`, `after_validation`, `gc`,"
+                                                           " `unexplained`")
+    insights: Seq(Text) = None
+
+
 class IterationTimer(Section):
     iterations: Count = None
     batches: Count = None
@@ -245,6 +265,14 @@ class IterationTimer(Section):
     it_per_s: Rate = None
     batches_per_s: Rate = None
     samples_per_s: Rate = None
+    items: Count = Field(None, description="items (tokens, pixels) per batch, from `items_fn`")
+    items_per_s: Rate = None
+    flops_per_batch: NonNegative = Field(None, description="FLOPs of one training batch, forward and backward")
+    flops_source: Text = Field(None, description="`argument` or `auto`")
+    tflops_per_s: Rate = Field(None, description="per device, over the measured iterations")
+    available_flops: NonNegative = Field(None, description="the device's peak FLOP/s for `flops_dtype`")
+    mfu_pct: Pct = Field(None, description="model FLOPs utilisation: achieved / available FLOP/s, in %")
+    tail: Obj(Tail) = None
     device_ms_per_iter: Obj(IterStats) = None
     device_events_dropped: Count = None
     train_time_s: Seconds = None
@@ -259,7 +287,7 @@ class IterationTimer(Section):
     projected_remaining_s: Seconds = None
     projected_remaining_with_eval_s: Seconds = None
     histogram_ms: Obj(Histogram) = None
-    blocks_ms: Obj(Blocks) = Field(None, description="what compare's block bootstrap resamples")
+    blocks_ms: Obj(Blocks) = Field(None, description="what compare cuts into batches for its interval")
     ranks: Ranks = None
     unavailable: Reasons = None
     measurement_failures: Reasons = None

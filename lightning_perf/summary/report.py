@@ -74,6 +74,8 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
             "change_pct": None if i == 0 or speedup is None else finite(100.0 * (speedup - 1.0)),
             "train_peak_mb": train_peak_mb(summary),
             "eval_peak_mb": eval_peak_mb(summary),
+            "tflops_per_s": s["tflops_per_s"],
+            "mfu_pct": s["mfu_pct"],
         }
         for loss in losses:
             row[loss] = values.get(loss)
@@ -85,7 +87,7 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
 
 
 _FIXED = ("run", "date", "notes", "status", "it_per_s", "samples_per_s", "ms_per_iter_mean", "ms_per_iter_median", "speedup",
-          "speedup_basis", "change_pct", "train_peak_mb", "eval_peak_mb", "quality_gate")
+          "speedup_basis", "change_pct", "train_peak_mb", "eval_peak_mb", "tflops_per_s", "mfu_pct", "quality_gate")
 
 
 def _date(iso: Optional[str]) -> str:
@@ -99,8 +101,9 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
     if fmt == "csv":
         return csv_text(rows)
     metrics = [k for k in rows[0] if k not in _FIXED]
+    compute = any(r.get("tflops_per_s") is not None for r in rows)  # columns only where a run counted FLOPs
     headers = ["Run", "Date", "Speed (it/s)", "Samples/s", "ms/iter (mean)", "ms/iter (median)", "Change",
-               "Train peak", "Eval peak"]
+               "Train peak", "Eval peak"] + (["TFLOP/s", "MFU"] if compute else [])
     headers += [m.upper() if m in ("psnr", "ssim", "lpips", "l1") else m for m in metrics] + ["Quality", "Status",
                                                                                               "Notes"]
     table = []
@@ -121,6 +124,7 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
                 fmt_mb(row["train_peak_mb"]),
                 fmt_mb(row["eval_peak_mb"]),
             ]
+            + ([fmt_num(row["tflops_per_s"], 3), fmt_num(row["mfu_pct"], 1, "%")] if compute else [])
             + [fmt_num(row[m], 4) for m in metrics]
             + [gate, str(row["status"]), row["notes"] or ""]
         )
