@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, Dataset
 
-from helpers import ManualModel, TinyModel, find_summary, fit, read_scalars
+from helpers import ManualModel, TinyModel, find_summary, fit, read_scalars, use_virtual_clock
 from lightning_perf import IterationTimer, SectionProfiler, profile_section
 from lightning_perf.measure import sections as sections_module
 
@@ -22,9 +22,13 @@ def profiler(**kwargs):
 
 
 class EmaModel(TinyModel):
+    """20 ms in a user section ``ema``; ``pace`` spends them: ``time.sleep``, or a virtual clock's ``advance``."""
+
+    pace = staticmethod(time.sleep)
+
     def training_step(self, batch, batch_idx):
         with profile_section("ema"):
-            time.sleep(0.02)
+            self.pace(0.02)
         return super().training_step(batch, batch_idx)
 
 
@@ -40,12 +44,15 @@ def test_sections_add_up_to_the_iteration_time_that_iteration_timer_measures(tmp
     assert sum(r["share_pct"] for r in top) == pytest.approx(100.0, abs=0.5)
 
 
-def test_a_20ms_user_section_shows_its_time_parent_and_share(tmp_path):
+def test_a_20ms_user_section_shows_its_time_parent_and_share(tmp_path, monkeypatch):
+    """On the virtual clock (helpers.VirtualClock): on a loaded machine a TinyModel's backward took longer than the
+    20 ms, and "ema" was not the slowest section. Timed there, the sections hold exactly what the model spends."""
+    monkeypatch.setattr(EmaModel, "pace", staticmethod(use_virtual_clock(monkeypatch).advance))
     fit(tmp_path, [profiler()], model=EmaModel(), max_epochs=1)
     sp = find_summary(tmp_path)["section_profiler"]
     ema = sp["sections"]["ema"]
     assert ema["kind"] == "user" and ema["parent"] == "forward" and ema["count"] == 6
-    assert ema["mean_ms"] >= 20.0 and ema["p50_ms"] >= 19.9
+    assert ema["mean_ms"] == pytest.approx(20.0, rel=1e-6) and ema["p50_ms"] == pytest.approx(20.0, rel=0.01)
     iteration_total_ms = sp["iteration_ms"]["mean"] * sp["iterations"]
     assert ema["share_pct"] == pytest.approx(100.0 * ema["total_s"] * 1000.0 / iteration_total_ms, rel=1e-6)
     assert sp["slowest_section"] == "ema"
@@ -60,8 +67,11 @@ class SlowDataset(Dataset):
     def __len__(self):
         return 64
 
+    #: How an item's 2 ms are spent: ``time.sleep``, or a virtual clock's ``advance``.
+    pace = staticmethod(time.sleep)
+
     def __getitem__(self, i):
-        time.sleep(0.002)
+        SlowDataset.pace(0.002)
         return self.x[i], self.x[i].sum(dim=0, keepdim=True)
 
 
@@ -70,11 +80,13 @@ class SlowDataModel(TinyModel):
         return DataLoader(SlowDataset(), batch_size=8)
 
 
-def test_a_sleeping_dataloader_is_the_top_section_with_advice(tmp_path):
+def test_a_sleeping_dataloader_is_the_top_section_with_advice(tmp_path, monkeypatch):
+    """On the virtual clock, like the test above: the 16 ms of a batch are the only time there is."""
+    monkeypatch.setattr(SlowDataset, "pace", staticmethod(use_virtual_clock(monkeypatch).advance))
     fit(tmp_path, [profiler()], model=SlowDataModel(), max_epochs=1)
     sp = find_summary(tmp_path)["section_profiler"]
     assert sp["slowest_section"] == "data_loading"
-    assert sp["sections"]["data_loading"]["mean_ms"] >= 16.0  # 8 samples x 2 ms
+    assert sp["sections"]["data_loading"]["mean_ms"] == pytest.approx(16.0, rel=0.01)  # 8 samples x 2 ms
     assert sp["sections"]["data_loading"]["share_pct"] > 15.0
     assert any("Data loading takes" in i and "num_workers" in i for i in sp["insights"])
 
