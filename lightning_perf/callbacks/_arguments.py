@@ -28,13 +28,13 @@ def check_bool(owner: str, name: str, value: Any) -> bool:
 
 
 def check_number(owner: str, name: str, value: Any, minimum: Optional[float] = None, allow_none: bool = False,
-                 what: str = "a number") -> Optional[float]:
-    """A finite int or float (not a bool, not NaN), at least ``minimum`` when given."""
+                 what: str = "a number", above: Optional[float] = None) -> Optional[float]:
+    """A finite int or float (not a bool, not NaN), at least ``minimum`` and more than ``above`` when given."""
     if value is None and allow_none:
         return None
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or (minimum is not None and value < minimum)):
-        bound = f" >= {minimum:g}" if minimum is not None else ""
+            or (minimum is not None and value < minimum) or (above is not None and value <= above)):
+        bound = f" > {above:g}" if above is not None else (f" >= {minimum:g}" if minimum is not None else "")
         raise bad_argument(owner, name, value, f"Expected {what}{bound} (finite){' or None' if allow_none else ''}.")
     return float(value)
 

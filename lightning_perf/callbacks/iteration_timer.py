@@ -156,17 +156,11 @@ class IterationTimer(PerfCallback):
         self.target_steps = target_steps
         self.batch_size_fn = batch_size_fn
         if flops_per_batch != "auto":
-            check_number("IterationTimer", "flops_per_batch", flops_per_batch, minimum=0, allow_none=True,
+            check_number("IterationTimer", "flops_per_batch", flops_per_batch, above=0, allow_none=True,
                          what="'auto' or a number of FLOPs")
-            if flops_per_batch is not None and flops_per_batch <= 0:
-                raise bad_argument("IterationTimer", "flops_per_batch", flops_per_batch,
-                                   "Expected 'auto', a number of FLOPs > 0 or None.")
         self.flops_per_batch = flops_per_batch
-        check_number("IterationTimer", "available_flops", available_flops, minimum=0, allow_none=True,
+        check_number("IterationTimer", "available_flops", available_flops, above=0, allow_none=True,
                      what="the device's peak FLOP/s, a number")
-        if available_flops is not None and available_flops <= 0:
-            raise bad_argument("IterationTimer", "available_flops", available_flops,
-                               "Expected the device's peak FLOP/s, a number > 0, or None.")
         self.available_flops = available_flops
         if items_fn is not None and not callable(items_fn):
             raise bad_argument("IterationTimer", "items_fn", items_fn, "Expected a callable `batch -> int`.")
