@@ -66,6 +66,14 @@ def _latest(rows: List[Dict[str, Any]]) -> Dict[Tuple[int, int], Dict[str, Any]]
     return {(r["tile_size"], r["batch_size"]): r for r in rows}
 
 
+def per_sample_words(time_ratio: float) -> str:
+    """A per-sample time ratio (candidate / reference, same batch) in words whose factor is always >= 1:
+    1.54 -> "1.54x slower per sample", 0.15 -> "6.67x faster per sample"."""
+    if time_ratio >= 1.0:
+        return f"{time_ratio:.2f}x slower per sample"
+    return f"{1.0 / time_ratio:.2f}x faster per sample"
+
+
 def analysis(rows: List[Dict[str, Any]]) -> str:
     """Seed 003's "Analysis" and "Batch Size Effects": per sample cost and pixel throughput of each size against the
     smallest (at the smallest batch), then per size the throughput and memory of each batch against the smallest."""
@@ -82,9 +90,8 @@ def analysis(rows: List[Dict[str, Any]]) -> str:
                 r = cells.get((size, b0))
                 if r is None:
                     continue
-                per_sample = (r["avg_time_ms"] / b0) / (base["avg_time_ms"] / b0)
                 pixel = (r["pixels_per_sec"] / base["pixels_per_sec"] - 1.0) * 100.0
-                parts.append(f"- {size} is {per_sample:.2f}x {'slower' if per_sample >= 1 else 'faster'} per sample"
+                parts.append(f"- {size} is {per_sample_words(r['avg_time_ms'] / base['avg_time_ms'])}"
                              f" than {sizes[0]} (batch {b0}) and processes {abs(pixel):.0f}%"
                              f" {'more' if pixel >= 0 else 'fewer'} pixels per second.")
         if len(batches) > 1:

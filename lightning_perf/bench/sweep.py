@@ -289,6 +289,15 @@ def run_sweep(
     return rows
 
 
+def significant(value: float, digits: int = 3) -> str:
+    """``value`` with at least ``digits`` significant digits and no exponent: 2.2 -> "2.20", 0.00123 -> "0.00123",
+    1234.5 -> "1234" (a small input's Mpx/s must not read 0.00)."""
+    if value == 0 or not math.isfinite(value):
+        return format(value, f".{digits - 1}f")
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return format(value, f".{decimals}f")
+
+
 def format_table(rows: List[Dict[str, Any]]) -> str:
     """The printed table, with the best throughput and the best efficiency named."""
     lines = [f"{'size':>6} {'batch':>6} {'time ms':>10} {'± std':>8} {'samples/s':>11} {'Mpx/s':>8} {'peak MB':>9}"
@@ -301,7 +310,7 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
         mpx = None if r["pixels_per_sec"] is None else r["pixels_per_sec"] / 1e6
         lines.append(f"{r['tile_size']:>6} {r['batch_size']:>6} {f('avg_time_ms', '.2f'):>10}"
                      f" {f('std_time_ms', '.2f'):>8} {f('throughput_samples_per_sec', '.1f'):>11}"
-                     f" {'-' if mpx is None else format(mpx, '.2f'):>8} {f('memory_peak_mb', '.0f'):>9}"
+                     f" {'-' if mpx is None else significant(mpx):>8} {f('memory_peak_mb', '.0f'):>9}"
                      f" {f('efficiency_pixels_per_sec_per_mb', '.0f'):>10}  {r['error'] or ''}")
     ok = [r for r in rows if not r["error"]]
     if ok:

@@ -1,0 +1,72 @@
+"""`lightning-perf bench` sweeps kept apart in one CSV, the analysis' wording, CPU out-of-memory, and bench-compare's
+noise test, checked against figures recomputed from the CSV the tests write or read back."""
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lightning_perf.bench.sweep import CSV_COLUMNS
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+QUICK = ["--warmup", "1", "--iters", "2", "--no-progress"]
+
+
+def cli(*args, cwd=TESTS, timeout=300):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "lightning_perf.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env=env)
+
+
+def read_back(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def row(size, batch, avg_ms, std_ms=0.0, peak_mb=100.0, **extra):
+    """A successful row whose derived columns follow from ``avg_ms`` as a sweep computes them."""
+    r = {k: "" for k in CSV_COLUMNS}
+    samples = batch / (avg_ms / 1000.0)
+    r.update(timestamp="2024-05-01T10:00:00+00:00", mode="inference", tile_size=size, batch_size=batch, device="cpu",
+             precision="32", model_params=1000, model_size_mb=0.01, avg_time_ms=avg_ms, std_time_ms=std_ms,
+             throughput_samples_per_sec=samples, pixels_per_sec=samples * size * size, memory_peak_mb=peak_mb,
+             efficiency_pixels_per_sec_per_mb=samples * size * size / peak_mb, total_time_ms=avg_ms)
+    r.update(extra)
+    return r
+
+
+def write(path, rows, columns=CSV_COLUMNS):
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return str(path)
+
+
+def table_lines(stdout):
+    """The printed table's configuration rows (those starting with a size and a batch)."""
+    return [line for line in stdout.splitlines() if line.split()[:2] and all(t.isdigit() for t in line.split()[:2])]
+
+
+@pytest.mark.parametrize("time_48_ms, words", [(15.0, "6.67x faster per sample"), (154.0, "1.54x slower per sample")])
+def test_per_sample_wording_follows_the_ratio(tmp_path, time_48_ms, words):
+    path = write(tmp_path / "b.csv", [row(32, 1, 100.0), row(48, 1, time_48_ms)])
+    proc = cli("bench", "--from-csv", path)
+    assert proc.returncode == 0, proc.stderr
+    ratio = time_48_ms / 100.0
+    factor = max(ratio, 1 / ratio)  # the printed factor is always the larger over the smaller time
+    assert f"- 48 is {factor:.2f}x" in proc.stdout and words in proc.stdout
+    assert "0.15x" not in proc.stdout
+
+
+def test_small_inputs_keep_three_significant_digits_of_mpx(tmp_path):
+    # 8x8 pixels at 20 samples/s: 1280 px/s = 0.00128 Mpx/s, which two decimals print as 0.00
+    path = write(tmp_path / "b.csv", [row(8, 1, 50.0)])
+    proc = cli("bench", "--from-csv", path)
+    assert proc.returncode == 0, proc.stderr
+    mpx = float(read_back(path)[0]["pixels_per_sec"]) / 1e6
+    line, = table_lines(proc.stdout)
+    assert f"{mpx:.3g}" == "0.00128" and " 0.00128 " in line
