@@ -70,3 +70,38 @@ def test_small_inputs_keep_three_significant_digits_of_mpx(tmp_path):
     mpx = float(read_back(path)[0]["pixels_per_sec"]) / 1e6
     line, = table_lines(proc.stdout)
     assert f"{mpx:.3g}" == "0.00128" and " 0.00128 " in line
+
+
+CPU_OOM_MODELS = '''
+import torch
+from torch import nn
+
+MESSAGE = ("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to"
+           " allocate 85899345920 bytes. Error code 12 (Cannot allocate memory)")
+
+
+class AllocFailsAtBatch4(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        if x.shape[0] >= 4:
+            raise RuntimeError(MESSAGE)
+        return self.conv(x)
+
+
+def make():
+    return AllocFailsAtBatch4()
+'''
+
+
+def test_a_cpu_allocation_failure_is_an_oom_row_and_exit_0(tmp_path):
+    (tmp_path / "cpu_oom_models.py").write_text(CPU_OOM_MODELS)
+    out_csv = tmp_path / "b.csv"
+    proc = cli("bench", "--model", "cpu_oom_models:make", "--input-sizes", "8", "--batch-sizes", "1", "4", "8",
+               "--device", "cpu", "--csv", str(out_csv), *QUICK, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    rows = read_back(out_csv)
+    assert [(r["batch_size"], r["error"]) for r in rows] == [("1", ""), ("4", "OOM"), ("8", "OOM")]
+    assert "alloc_cpu" not in out_csv.read_text()

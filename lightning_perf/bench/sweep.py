@@ -57,14 +57,24 @@ def default_inputs(batch_size: int, size: int, device: Any, channels: int = 3) -
     return torch.randn(batch_size, channels, size, size, device=device)
 
 
+#: What an out-of-memory RuntimeError says: CUDA's allocator, and on CPU c10's DefaultCPUAllocator
+#: ("[enforce fail at alloc_cpu.cpp:...] DefaultCPUAllocator: can't allocate memory: ... (Cannot allocate memory)").
+OOM_MESSAGES = ("out of memory", "defaultcpuallocator", "can't allocate memory", "cannot allocate memory",
+                "not enough memory")
+
+
 def is_oom(err: BaseException) -> bool:
+    """True for an allocation failure on any device: ``torch.OutOfMemoryError``, ``MemoryError``, or a
+    RuntimeError whose message is one of :data:`OOM_MESSAGES`."""
     import torch
 
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     if oom_type is not None and isinstance(err, oom_type):
         return True
-    return isinstance(err, (RuntimeError, MemoryError)) and (
-        isinstance(err, MemoryError) or "out of memory" in str(err).lower())
+    if isinstance(err, MemoryError):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and any(m in text for m in OOM_MESSAGES)
 
 
 def check_csv(path: str) -> bool:
