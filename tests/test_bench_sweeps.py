@@ -105,3 +105,76 @@ def test_a_cpu_allocation_failure_is_an_oom_row_and_exit_0(tmp_path):
     rows = read_back(out_csv)
     assert [(r["batch_size"], r["error"]) for r in rows] == [("1", ""), ("4", "OOM"), ("8", "OOM")]
     assert "alloc_cpu" not in out_csv.read_text()
+
+
+def test_sweeps_appended_to_one_csv_stay_apart(tmp_path, monkeypatch):
+    out_csv = tmp_path / "bench.csv"
+    first = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "8", "--batch-sizes", "1", "2",
+                "--device", "cpu", "--csv", str(out_csv), *QUICK)
+    second = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "8", "16", "24", "--batch-sizes",
+                 "1", "--device", "cpu", "--csv", str(out_csv), *QUICK)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    rows = read_back(out_csv)
+    ids = list(dict.fromkeys(r["sweep_id"] for r in rows))
+    assert len(rows) == 5 and len(ids) == 2 and list(rows[0])[-1] == "sweep_id"  # the new column is the last
+    assert [r["sweep_id"] for r in rows] == [ids[0]] * 2 + [ids[1]] * 3
+    assert f"(sweep {ids[1]})" in second.stderr
+
+    # default: the latest sweep only, its best throughput recomputed from its own rows
+    latest = cli("bench", "--from-csv", str(out_csv))
+    assert latest.returncode == 0, latest.stderr
+    lines = table_lines(latest.stdout)
+    assert [tuple(line.split()[:2]) for line in lines] == [("8", "1"), ("16", "1"), ("24", "1")]
+    best = max(rows[2:], key=lambda r: float(r["throughput_samples_per_sec"]))
+    assert (f"best throughput: size {best['tile_size']} batch {best['batch_size']}"
+            f" ({float(best['throughput_samples_per_sec']):.1f} samples/s)") in latest.stdout
+    assert f"sweep {ids[1]}: 3 rows (sweep 2 of 2 in" in latest.stdout
+    assert latest.stdout.count("Analysis (") == 1 and "- 16 is" in latest.stdout
+
+    # --sweep all: every row, each saying its sweep; one analysis per sweep
+    both = cli("bench", "--from-csv", str(out_csv), "--sweep", "all", "--plot", str(tmp_path / "all.png"))
+    assert both.returncode == 0, both.stderr
+    lines = [line for line in both.stdout.splitlines() if line.split()[:1] and line.split()[0] in ids]
+    assert [line.split()[0] for line in lines] == [r["sweep_id"] for r in rows]
+    assert [tuple(line.split()[1:3]) for line in lines] == [(r["tile_size"], r["batch_size"]) for r in rows]
+    assert both.stdout.count(f"Analysis (sweep {ids[0]}, ") == 1 and both.stdout.count(f"Analysis (sweep {ids[1]}, ") == 1
+    assert (tmp_path / "all.png").stat().st_size > 0
+
+    # --sweep <first id>: the first sweep's two rows
+    one = cli("bench", "--from-csv", str(out_csv), "--sweep", ids[0])
+    assert one.returncode == 0, one.stderr
+    assert [tuple(line.split()[:2]) for line in table_lines(one.stdout)] == [("8", "1"), ("8", "2")]
+    bad = cli("bench", "--from-csv", str(out_csv), "--sweep", "nope")
+    assert bad.returncode == 2 and "no such sweep" in bad.stderr and ids[1] in bad.stderr
+
+    # the plot of all: one throughput line per sweep and batch size (2 batches in the first, 1 in the second)
+    from lightning_perf.bench import analysis, plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plots.plot_sweep(analysis.read_csv(str(out_csv)), str(tmp_path / "x.png"))
+    throughput_axes = figures[0].axes[1]
+    assert len(throughput_axes.get_lines()) == 3
+    assert sorted(len(line.get_xdata()) for line in throughput_axes.get_lines()) == [1, 1, 3]
+
+    # bench-compare of the one file: the latest sweep against the one before (8/1 is in both)
+    cmp = cli("bench-compare", str(out_csv), str(out_csv))
+    assert cmp.returncode == 0, cmp.stderr
+    assert "| inference | 8 | 2 |" in cmp.stdout and "only in the old sweep" in cmp.stdout
+    assert cmp.stdout.count("only in the new sweep") == 2
+
+
+def test_a_csv_without_sweep_ids_is_read_as_one_legacy_sweep_and_never_appended(tmp_path):
+    from lightning_perf.bench.sweep import LEGACY_COLUMNS
+
+    path = write(tmp_path / "old.csv", [row(32, 1, 100.0), row(32, 2, 150.0)], columns=LEGACY_COLUMNS)
+    before = (tmp_path / "old.csv").read_text()
+    proc = cli("bench", "--from-csv", path)
+    assert proc.returncode == 0, proc.stderr
+    assert "sweep legacy: 2 rows" in proc.stdout and len(table_lines(proc.stdout)) == 2
+    cmp = cli("bench-compare", path, path, "--old-sweep", "legacy")
+    assert cmp.returncode == 0 and cmp.stdout.count("| inference | 32 |") == 2
+    proc = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "8", "--batch-sizes", "1",
+               "--device", "cpu", "--csv", path, *QUICK)
+    assert proc.returncode == 2 and "before sweeps had ids" in proc.stderr and "another --csv" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and (tmp_path / "old.csv").read_text() == before

@@ -8,21 +8,22 @@ import math
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from lightning_perf.bench.sweep import CSV_COLUMNS, BenchError
+from lightning_perf.bench.sweep import CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, BenchError
 from lightning_perf.summary.fields import markdown_table
 
 _INTS = ("tile_size", "batch_size", "model_params")
-_TEXT = ("timestamp", "mode", "device", "precision", "error")
+_TEXT = ("timestamp", "mode", "device", "precision", "error", "sweep_id")
 #: What makes two rows the same configuration in two sweeps.
 MATCH_ON = ("mode", "tile_size", "batch_size", "precision", "device")
 
 
 def read_csv(path: str) -> List[Dict[str, Any]]:
-    """The rows of a sweep CSV, typed as :func:`~lightning_perf.bench.sweep.run_sweep` returns them."""
+    """The rows of a sweep CSV, typed as :func:`~lightning_perf.bench.sweep.run_sweep` returns them, in file order.
+    A CSV written before sweeps had ids is read as one sweep, ``sweep_id`` ``legacy``."""
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            if reader.fieldnames != CSV_COLUMNS:
+            if reader.fieldnames not in (CSV_COLUMNS, LEGACY_COLUMNS):
                 raise BenchError(f"{path!r} is not a lightning-perf bench CSV (its header differs from this version's"
                                  f" {len(CSV_COLUMNS)} columns)")
             raw = list(reader)
@@ -44,10 +45,29 @@ def read_csv(path: str) -> List[Dict[str, Any]]:
                     row[key] = int(value) if key in _INTS else float(value)
         except ValueError as err:
             raise BenchError(f"{path!r} line {i}: {err}") from None
+        row["sweep_id"] = row["sweep_id"] or LEGACY_SWEEP_ID
         rows.append(row)
     if not rows:
         raise BenchError(f"{path!r} has a header but no rows")
     return rows
+
+
+def sweep_ids(rows: List[Dict[str, Any]]) -> List[str]:
+    """The sweeps in ``rows``, in the order they first appear (appended CSVs: oldest first)."""
+    return list(dict.fromkeys(r["sweep_id"] for r in rows))
+
+
+def select_sweep(rows: List[Dict[str, Any]], which: Optional[str] = None, what: str = "--sweep") -> List[Dict[str, Any]]:
+    """The rows of one sweep: ``None`` the latest (the sweep of the file's last row), ``"all"`` every row, else the
+    sweep whose id is ``which``; BenchError naming the ids there are when there is no such sweep."""
+    if which == "all":
+        return list(rows)
+    ids = sweep_ids(rows)
+    chosen = ids[-1] if which is None else which
+    if chosen not in ids:
+        shown = ", ".join(ids[-5:]) + (f" (and {len(ids) - 5} older)" if len(ids) > 5 else "")
+        raise BenchError(f"{what} {which!r}: no such sweep; the file has {shown}, or 'all'")
+    return [r for r in rows if r["sweep_id"] == chosen]
 
 
 def _ok(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -56,13 +76,14 @@ def _ok(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def _groups(rows: List[Dict[str, Any]]) -> Dict[Tuple[Any, ...], List[Dict[str, Any]]]:
     out: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = defaultdict(list)
+    several = len(sweep_ids(rows)) > 1
     for r in _ok(rows):
-        out[(r["mode"], r["device"], r["precision"])].append(r)
+        out[((r["sweep_id"],) if several else ()) + (r["mode"], r["device"], r["precision"])].append(r)
     return out
 
 
 def _latest(rows: List[Dict[str, Any]]) -> Dict[Tuple[int, int], Dict[str, Any]]:
-    """One row per (size, batch): the last one (a CSV that several sweeps appended to)."""
+    """One row per (size, batch): the last one, should a sweep hold a configuration twice."""
     return {(r["tile_size"], r["batch_size"]): r for r in rows}
 
 
@@ -78,11 +99,14 @@ def analysis(rows: List[Dict[str, Any]]) -> str:
     """Seed 003's "Analysis" and "Batch Size Effects": per sample cost and pixel throughput of each size against the
     smallest (at the smallest batch), then per size the throughput and memory of each batch against the smallest."""
     parts: List[str] = []
-    for (mode, device, precision), group in sorted(_groups(rows).items(), key=lambda kv: str(kv[0])):
+    order = {sweep: i for i, sweep in enumerate(sweep_ids(rows))}
+    for key, group in sorted(_groups(rows).items(), key=lambda kv: (order[kv[1][0]["sweep_id"]], str(kv[0]))):
+        sweep = f"sweep {key[0]}, " if len(key) == 4 else ""
+        mode, device, precision = key[-3:]
         cells = _latest(group)
         sizes = sorted({s for s, _ in cells})
         batches = sorted({b for _, b in cells})
-        parts.append(f"Analysis ({mode}, {device}, precision {precision}):")
+        parts.append(f"Analysis ({sweep}{mode}, {device}, precision {precision}):")
         b0 = batches[0]
         base = cells.get((sizes[0], b0))
         if base is not None:
