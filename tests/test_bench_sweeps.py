@@ -178,3 +178,35 @@ def test_a_csv_without_sweep_ids_is_read_as_one_legacy_sweep_and_never_appended(
                "--device", "cpu", "--csv", path, *QUICK)
     assert proc.returncode == 2 and "before sweeps had ids" in proc.stderr and "another --csv" in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and (tmp_path / "old.csv").read_text() == before
+
+
+def test_bench_compare_marks_changes_within_noise_and_noisy_rows(tmp_path):
+    old = write(tmp_path / "old.csv", [row(32, 1, 100.0, std_ms=2.0), row(32, 2, 100.0, std_ms=1.0),
+                                       row(48, 1, 100.0, std_ms=40.0)])
+    new = write(tmp_path / "new.csv", [row(32, 1, 97.0, std_ms=3.0), row(32, 2, 50.0, std_ms=1.0),
+                                       row(48, 1, 16.0, std_ms=1.0)])
+    proc = cli("bench-compare", old, new)
+    assert proc.returncode == 0, proc.stderr
+    printed = {tuple(line.split("|")[2:4]): line for line in proc.stdout.splitlines() if line.startswith("| inference")}
+    olds, news = read_back(old), read_back(new)
+    for a, b in zip(olds, news):
+        change = 100 * (float(b["throughput_samples_per_sec"]) / float(a["throughput_samples_per_sec"]) - 1)
+        noise = 2 * 100 * max(float(r["std_time_ms"]) / float(r["avg_time_ms"]) for r in (a, b))
+        line = printed[(f" {a['tile_size']} ", f" {a['batch_size']} ")]
+        assert f"| ±{noise:.1f}% |" in line
+        if abs(change) < noise:
+            assert f"| within noise ({change:+.1f}%) |" in line
+        else:
+            assert f"| {change:+.1f}% |" in line
+        spread = 100 * float(a["std_time_ms"]) / float(a["avg_time_ms"])
+        assert ("old noisy (std 40% of mean)" in line) == (spread > 25)
+    # the cases the rows were built for: +3.1% inside ±6%, +100% outside ±4%, a noisy old row's +525% outside ±80%
+    assert "within noise (+3.1%)" in printed[(" 32 ", " 1 ")] and "| +100.0% |" in printed[(" 32 ", " 2 ")]
+    assert "| +525.0% |" in printed[(" 48 ", " 1 ")]
+    rows = cli("bench-compare", old, new, "--format", "csv").stdout
+    assert rows.splitlines()[0].count("within_noise") == 1 and "True" in rows and "False" in rows
+
+    table = cli("bench", "--from-csv", old)
+    assert table.returncode == 0, table.stderr
+    flagged = [line.split()[:2] for line in table_lines(table.stdout) if "noisy (std 40% of mean)" in line]
+    assert flagged == [["48", "1"]]

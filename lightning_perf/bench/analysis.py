@@ -8,11 +8,13 @@ import math
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from lightning_perf.bench.sweep import CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, BenchError
+from lightning_perf.bench.sweep import CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, BenchError, noisy_note, spread_pct
 from lightning_perf.summary.fields import markdown_table
 
 _INTS = ("tile_size", "batch_size", "model_params")
 _TEXT = ("timestamp", "mode", "device", "precision", "error", "sweep_id")
+#: A speed change is within noise when its size is below this many times the larger of the two rows' spreads.
+NOISE_FACTOR = 2.0
 #: What makes two rows the same configuration in two sweeps.
 MATCH_ON = ("mode", "tile_size", "batch_size", "precision", "device")
 
@@ -144,7 +146,11 @@ def analysis(rows: List[Dict[str, Any]]) -> str:
 def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per configuration in both sweeps (matched on mode, size, batch, precision, device; the last row of each):
     samples/s of each and its change, peak memory of each and its change. Configurations in one sweep only, or
-    failed in either, are listed with what happened."""
+    failed in either, are listed with what happened.
+
+    Noise: ``noise_pct`` is :data:`NOISE_FACTOR` x the larger of the two rows' std over iterations as a percentage of
+    their mean time; a speed change whose size is below it is ``within_noise``. A row whose std is over 25% of its
+    mean is named noisy in ``note``."""
     def key(r: Dict[str, Any]) -> Tuple[Any, ...]:
         return tuple(r[k] for k in MATCH_ON)
 
@@ -154,8 +160,9 @@ def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[
     for k in list(a) + [k for k in b if k not in a]:
         ra, rb = a.get(k), b.get(k)
         row: Dict[str, Any] = dict(zip(MATCH_ON, k))
-        row.update(old_samples_per_s=None, new_samples_per_s=None, speed_change_pct=None, old_peak_mb=None,
-                   new_peak_mb=None, memory_change_pct=None, note="")
+        row.update(old_samples_per_s=None, new_samples_per_s=None, speed_change_pct=None, old_spread_pct=None,
+                   new_spread_pct=None, noise_pct=None, within_noise=None, old_peak_mb=None, new_peak_mb=None,
+                   memory_change_pct=None, note="")
         if ra is None or rb is None:
             row["note"] = "only in the new sweep" if ra is None else "only in the old sweep"
         elif ra["error"] or rb["error"]:
@@ -165,6 +172,13 @@ def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[
                        old_peak_mb=ra["memory_peak_mb"], new_peak_mb=rb["memory_peak_mb"])
             row["speed_change_pct"] = _pct(rb["throughput_samples_per_sec"], ra["throughput_samples_per_sec"])
             row["memory_change_pct"] = _pct(rb["memory_peak_mb"], ra["memory_peak_mb"])
+            row["old_spread_pct"], row["new_spread_pct"] = spread_pct(ra), spread_pct(rb)
+            spreads = [v for v in (row["old_spread_pct"], row["new_spread_pct"]) if v is not None]
+            if spreads and row["speed_change_pct"] is not None:
+                row["noise_pct"] = NOISE_FACTOR * max(spreads)
+                row["within_noise"] = abs(row["speed_change_pct"]) < row["noise_pct"]
+            row["note"] = "; ".join(f"{which} {noisy_note(r)}" for which, r in (("old", ra), ("new", rb))
+                                    if noisy_note(r))
         out.append(row)
     return out
 
@@ -182,9 +196,13 @@ def format_bench_compare(rows: List[Dict[str, Any]]) -> str:
     def pct(v: Optional[float]) -> str:
         return "-" if v is None else f"{v:+.1f}%"
 
+    def speed(r: Dict[str, Any]) -> str:
+        return f"within noise ({pct(r['speed_change_pct'])})" if r["within_noise"] else pct(r["speed_change_pct"])
+
     table = [[r["mode"], str(r["tile_size"]), str(r["batch_size"]), str(r["precision"]), str(r["device"]),
-              num(r["old_samples_per_s"]), num(r["new_samples_per_s"]), pct(r["speed_change_pct"]),
+              num(r["old_samples_per_s"]), num(r["new_samples_per_s"]), speed(r),
+              "-" if r["noise_pct"] is None else f"±{r['noise_pct']:.1f}%",
               num(r["old_peak_mb"], 0), num(r["new_peak_mb"], 0), pct(r["memory_change_pct"]), r["note"]]
              for r in rows]
     return markdown_table(["mode", "size", "batch", "precision", "device", "old samples/s", "new samples/s", "speed",
-                           "old peak MB", "new peak MB", "memory", "note"], table)
+                           "noise", "old peak MB", "new peak MB", "memory", "note"], table)

@@ -317,6 +317,24 @@ def run_sweep(
     return rows
 
 
+#: A row whose std over iterations is more than this share of its mean time is flagged noisy.
+NOISY_SPREAD = 0.25
+
+
+def spread_pct(row: Dict[str, Any]) -> Optional[float]:
+    """The row's std over timed iterations as a percentage of their mean (None without both)."""
+    mean, std = row.get("avg_time_ms"), row.get("std_time_ms")
+    if mean is None or std is None or not mean or math.isnan(mean) or math.isnan(std):
+        return None
+    return 100.0 * std / mean
+
+
+def noisy_note(row: Dict[str, Any]) -> str:
+    """``noisy (std 31% of mean)`` for a row over :data:`NOISY_SPREAD`, else empty."""
+    spread = spread_pct(row)
+    return f"noisy (std {spread:.0f}% of mean)" if spread is not None and spread > 100 * NOISY_SPREAD else ""
+
+
 def significant(value: float, digits: int = 3) -> str:
     """``value`` with at least ``digits`` significant digits and no exponent: 2.2 -> "2.20", 0.00123 -> "0.00123",
     1234.5 -> "1234" (a small input's Mpx/s must not read 0.00)."""
@@ -334,7 +352,7 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
     lead = (lambda r: f"{str(r.get('sweep_id')):<{width}} ") if width else (lambda r: "")
     of = (lambda r: f", sweep {r.get('sweep_id')}") if width else (lambda r: "")
     lines = [f"{'sweep':<{width}} " * bool(width) + f"{'size':>6} {'batch':>6} {'time ms':>10} {'± std':>8} {'samples/s':>11} {'Mpx/s':>8} {'peak MB':>9}"
-             f" {'px/s/MB':>10}  error"]
+             f" {'px/s/MB':>10}  error / note"]
     for r in rows:
         def f(key: str, fmt: str) -> str:
             v = r.get(key)
@@ -344,7 +362,7 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
         lines.append(f"{lead(r)}{r['tile_size']:>6} {r['batch_size']:>6} {f('avg_time_ms', '.2f'):>10}"
                      f" {f('std_time_ms', '.2f'):>8} {f('throughput_samples_per_sec', '.1f'):>11}"
                      f" {'-' if mpx is None else significant(mpx):>8} {f('memory_peak_mb', '.0f'):>9}"
-                     f" {f('efficiency_pixels_per_sec_per_mb', '.0f'):>10}  {r['error'] or ''}")
+                     f" {f('efficiency_pixels_per_sec_per_mb', '.0f'):>10}  {r['error'] or noisy_note(r)}")
     ok = [r for r in rows if not r["error"]]
     if ok:
         best = max(ok, key=lambda r: r["throughput_samples_per_sec"])
