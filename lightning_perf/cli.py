@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="PKG.MODULE:FACTORY",
                    help="a callable returning an nn.Module or LightningModule (required unless --from-csv)")
     p.add_argument("--from-csv", metavar="CSV", help="no sweep: the table, analysis and --plot of an existing CSV")
+    p.add_argument("--sweep", metavar="ID|all",
+                   help="with --from-csv: the sweep to show (default the latest in the file; 'all': every sweep, one"
+                   " plot line per sweep)")
     p.add_argument("--inputs", metavar="PKG.MODULE:BUILDER",
                    help="builder(batch_size, size, device) -> model input; default images (batch, 3, size, size)")
     p.add_argument("--input-sizes", type=_positive_int, nargs="+", default=[256, 384], metavar="N")
@@ -140,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench-compare", help="two sweeps' CSVs: speed and memory change per configuration")
     p.add_argument("old", help="the earlier sweep's CSV")
     p.add_argument("new", help="the later sweep's CSV")
+    p.add_argument("--old-sweep", metavar="ID|all", help="the sweep of OLD to compare (default its latest)")
+    p.add_argument("--new-sweep", metavar="ID|all", help="the sweep of NEW to compare (default its latest)")
     p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
 
     p = sub.add_parser("matrix", help="run one LightningCLI training under named variants and report them")
@@ -240,12 +245,25 @@ def _one_line(err: BaseException, limit: Optional[int] = 300) -> str:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from lightning_perf.bench.analysis import analysis, read_csv
+    from lightning_perf.bench.analysis import analysis, read_csv, select_sweep, sweep_ids
     from lightning_perf.bench.sweep import BenchError, format_table, load_callable, run_sweep
 
+    if args.sweep is not None and not args.from_csv:
+        print("lightning-perf: error: --sweep chooses among the sweeps of --from-csv CSV; a new sweep shows its own"
+              " rows", file=sys.stderr)
+        return EXIT_ERROR
     if args.from_csv:
         try:
-            rows = read_csv(args.from_csv)
+            every = read_csv(args.from_csv)
+            rows = select_sweep(every, args.sweep)
+            ids = sweep_ids(every)
+            if args.sweep == "all":
+                heading = f"all {len(ids)} sweep(s) in {args.from_csv}: {len(rows)} rows"
+            else:
+                k = ids.index(rows[0]["sweep_id"]) + 1
+                heading = (f"sweep {rows[0]['sweep_id']}: {len(rows)} rows (sweep {k} of {len(ids)} in"
+                           f" {args.from_csv}{', the latest' if k == len(ids) else ''}"
+                           + ("; --sweep ID or --sweep all for the others)" if len(ids) > 1 else ")"))
             if args.plot:
                 _check_output(args.plot, "--plot")
                 from lightning_perf.bench.plots import plot_sweep
@@ -255,7 +273,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         except (BenchError, ValueError) as err:
             print(f"lightning-perf: error: {err}", file=sys.stderr)
             return EXIT_ERROR
-        print(format_table(rows) + "\n\n" + analysis(rows))
+        print(heading + "\n" + format_table(rows) + "\n\n" + analysis(rows))
         return EXIT_OK
     if not args.model:
         print("lightning-perf: error: bench needs --model PKG.MODULE:FACTORY (or --from-csv CSV)", file=sys.stderr)
@@ -285,9 +303,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("lightning-perf: interrupted; finished rows are in the CSV", file=sys.stderr)
         return 130
-    print(format_table(rows) + "\n\n" + analysis(rows))
+    print(f"sweep {rows[0]['sweep_id']}: {len(rows)} rows\n" + format_table(rows) + "\n\n" + analysis(rows))
     if args.csv:
-        print(f"rows appended to {args.csv}", file=sys.stderr)
+        print(f"rows appended to {args.csv} (sweep {rows[0]['sweep_id']})", file=sys.stderr)
     if args.plot:
         from lightning_perf.bench.plots import plot_sweep
 
@@ -338,12 +356,19 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_compare(args: argparse.Namespace) -> int:
-    from lightning_perf.bench.analysis import compare_bench, format_bench_compare, read_csv
+    from lightning_perf.bench.analysis import compare_bench, format_bench_compare, read_csv, select_sweep, sweep_ids
     from lightning_perf.bench.sweep import BenchError
     from lightning_perf.summary.fields import csv_text
 
     try:
-        rows = compare_bench(read_csv(args.old), read_csv(args.new))
+        old_rows, new_rows = read_csv(args.old), read_csv(args.new)
+        old_sweep = args.old_sweep
+        if old_sweep is None and args.new_sweep is None and os.path.samefile(args.old, args.new):
+            ids = sweep_ids(old_rows)  # one appended CSV: the latest sweep against the one before it
+            old_sweep = ids[-2] if len(ids) > 1 else None
+        old = select_sweep(old_rows, old_sweep, "--old-sweep")
+        new = select_sweep(new_rows, args.new_sweep, "--new-sweep")
+        rows = compare_bench(old, new)
     except BenchError as err:
         print(f"lightning-perf: error: {err}", file=sys.stderr)
         return EXIT_ERROR

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Seed 003, "Stage 2 Memory & Throughput Benchmarking": a sweep over input sizes x batch sizes in training mode,
 # rows appended to a CSV, four plots, the analysis (per-sample cost, pixel throughput, batch-size effects); the
-# plots again from the CSV alone; and a second sweep compared with the first.
+# plots again from the CSV alone; a second sweep compared with the first, within its noise; both sweeps in one CSV.
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 OUT="${OUT:-$ROOT/runs/seeds/003}"
@@ -16,4 +16,11 @@ cd "$ROOT/examples"
 # after a change: sweep again and compare configuration by configuration
 "${LP[@]}" bench --model denoise:make_net --input-sizes 32 48 --batch-sizes 1 2 4 --mode train --device cpu \
   --warmup 2 --iters 5 --no-progress --csv "$OUT/bench_new.csv"
+# each change with the noise it must beat (2x the larger std/mean of the two rows); smaller ones read "within noise"
 "${LP[@]}" bench-compare "$OUT/bench.csv" "$OUT/bench_new.csv"
+# both sweeps in one CSV, as the default appended runs/bench.csv collects them: each row carries its sweep_id, so
+# --from-csv shows the latest sweep, --sweep all both (one plot line per sweep), and bench-compare of the one file
+# compares the latest sweep with the one before
+{ cat "$OUT/bench.csv"; tail -n +2 "$OUT/bench_new.csv"; } > "$OUT/bench_all.csv"
+"${LP[@]}" bench --from-csv "$OUT/bench_all.csv" --sweep all --plot "$OUT/all_sweeps.png"
+"${LP[@]}" bench-compare "$OUT/bench_all.csv" "$OUT/bench_all.csv"

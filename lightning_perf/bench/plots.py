@@ -28,19 +28,24 @@ def _save(fig: Any, path: str) -> None:
 
 
 def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
-    """Memory vs size, throughput vs size (one line per batch size), time breakdown, memory-throughput frontier."""
+    """Memory vs size, throughput vs size (one line per batch size, and per sweep where the rows hold several), time
+    breakdown, memory-throughput frontier."""
     plt = _pyplot()
     ok = [r for r in rows if not r["error"]]
-    by_batch: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
-    for r in ok:
-        by_batch[r["batch_size"]].append(r)
+    sweeps = list(dict.fromkeys(r.get("sweep_id") for r in rows))
+    several = len(sweeps) > 1
+    by_batch: Dict[Any, List[Dict[str, Any]]] = defaultdict(list)
+    for r in ok:  # one line per sweep and batch: two sweeps on one line would zig-zag between them
+        by_batch[(sweeps.index(r.get("sweep_id")), r["batch_size"])].append(r)
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     (ax_mem, ax_thr), (ax_time, ax_front) = axes
-    for batch, rs in sorted(by_batch.items()):
+    for (sweep, batch), rs in sorted(by_batch.items()):
         rs = sorted(rs, key=lambda r: r["tile_size"])
         sizes = [r["tile_size"] for r in rs]
-        ax_mem.plot(sizes, [r["memory_peak_mb"] or 0 for r in rs], marker="o", label=f"batch {batch}")
-        ax_thr.plot(sizes, [r["throughput_samples_per_sec"] for r in rs], marker="o", label=f"batch {batch}")
+        label = f"{sweeps[sweep]} batch {batch}" if several else f"batch {batch}"
+        style = ["-", "--", ":", "-."][sweep % 4]
+        ax_mem.plot(sizes, [r["memory_peak_mb"] or 0 for r in rs], marker="o", linestyle=style, label=label)
+        ax_thr.plot(sizes, [r["throughput_samples_per_sec"] for r in rs], marker="o", linestyle=style, label=label)
     device = ok[0]["device"] if ok else ""
     mem_label = "peak memory (MB, allocator)" if device.startswith("cuda") else "peak memory (MB, RSS growth)"
     ax_mem.set(title="GPU memory vs input size" if device.startswith("cuda") else "Memory vs input size",
@@ -48,8 +53,9 @@ def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
     ax_thr.set(title="Throughput vs input size", xlabel="input size (pixels per side)", ylabel="samples / s")
     for ax in (ax_mem, ax_thr):
         ax.grid(alpha=0.3)
-        ax.legend()
-    labels = [f"{r['tile_size']}/b{r['batch_size']}" for r in ok]
+        ax.legend(fontsize=7 if several else None)
+    labels = [(f"s{sweeps.index(r.get('sweep_id')) + 1} " if several else "") + f"{r['tile_size']}/b{r['batch_size']}"
+              for r in ok]
     if ok and ok[0]["forward_time_ms"] is not None:
         bottom = [0.0] * len(ok)
         for key, name in (("forward_time_ms", "forward"), ("backward_time_ms", "backward"),
@@ -72,7 +78,8 @@ def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
     failed = [r for r in rows if r["error"]]
     note = f"  ({len(failed)} configuration(s) failed: " + ", ".join(
         f"{r['tile_size']}/b{r['batch_size']} {r['error'][:20]}" for r in failed[:4]) + ")" if failed else ""
-    fig.suptitle((title or f"{ok[0]['mode'] if ok else ''} sweep on {device}") + note)
+    which = ("  (" + ", ".join(f"s{i} = {sweep}" for i, sweep in enumerate(sweeps, start=1)) + ")") if several else ""
+    fig.suptitle((title or f"{ok[0]['mode'] if ok else ''} sweep on {device}") + which + note, fontsize=10)
     fig.tight_layout()
     try:
         _save(fig, path)

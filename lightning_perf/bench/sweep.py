@@ -18,8 +18,11 @@ CSV_COLUMNS = [
     "timestamp", "mode", "tile_size", "batch_size", "device", "precision", "model_params", "model_size_mb",
     "avg_time_ms", "std_time_ms", "throughput_samples_per_sec", "pixels_per_sec", "memory_allocated_mb",
     "memory_reserved_mb", "memory_peak_mb", "efficiency_pixels_per_sec_per_mb", "forward_time_ms",
-    "backward_time_ms", "optimizer_time_ms", "total_time_ms", "error",
+    "backward_time_ms", "optimizer_time_ms", "total_time_ms", "error", "sweep_id",
 ]
+#: The header before sweeps had ids: still read (its rows are one sweep, :data:`LEGACY_SWEEP_ID`), never appended to.
+LEGACY_COLUMNS = CSV_COLUMNS[:-1]
+LEGACY_SWEEP_ID = "legacy"
 PRECISIONS = {"32": "float32", "16": "float16", "bf16": "bfloat16"}
 DEFAULT_WARMUP = {"inference": 10, "train": 5}
 DEFAULT_ITERS = {"inference": 50, "train": 20}
@@ -57,14 +60,31 @@ def default_inputs(batch_size: int, size: int, device: Any, channels: int = 3) -
     return torch.randn(batch_size, channels, size, size, device=device)
 
 
+#: What an out-of-memory RuntimeError says: CUDA's allocator, and on CPU c10's DefaultCPUAllocator
+#: ("[enforce fail at alloc_cpu.cpp:...] DefaultCPUAllocator: can't allocate memory: ... (Cannot allocate memory)").
+OOM_MESSAGES = ("out of memory", "defaultcpuallocator", "can't allocate memory", "cannot allocate memory",
+                "not enough memory")
+
+
 def is_oom(err: BaseException) -> bool:
+    """True for an allocation failure on any device: ``torch.OutOfMemoryError``, ``MemoryError``, or a
+    RuntimeError whose message is one of :data:`OOM_MESSAGES`."""
     import torch
 
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     if oom_type is not None and isinstance(err, oom_type):
         return True
-    return isinstance(err, (RuntimeError, MemoryError)) and (
-        isinstance(err, MemoryError) or "out of memory" in str(err).lower())
+    if isinstance(err, MemoryError):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and any(m in text for m in OOM_MESSAGES)
+
+
+def new_sweep_id() -> str:
+    """The id of one sweep: its UTC start time, to the second, and 4 random hex digits for two sweeps started in the
+    same second (``20240501T101502Z-3fa1``)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{os.urandom(2).hex()}"
 
 
 def check_csv(path: str) -> bool:
@@ -73,6 +93,9 @@ def check_csv(path: str) -> bool:
         return False
     with open(path, newline="", encoding="utf-8") as fh:
         header = next(csv.reader(fh), [])
+    if header == LEGACY_COLUMNS:  # appending would leave the old rows without a sweep id: they would mix again
+        raise BenchError(f"--csv {path!r} was written before sweeps had ids (no sweep_id column); it is still read by"
+                         " --from-csv and bench-compare, but new rows need a new file: pass another --csv")
     if header != CSV_COLUMNS:
         pairs = list(zip(header, CSV_COLUMNS))
         first = next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))
@@ -222,8 +245,11 @@ def run_sweep(
     input_builder: Optional[Callable[..., Any]] = None,
     csv_path: Optional[str] = None,
     progress: bool = True,
+    sweep_id: Optional[str] = None,
 ) -> List[Dict[str, Any]]:
     """Runs every (input size, batch size) configuration and returns one row per configuration.
+
+    Every row carries ``sweep_id`` (default :func:`new_sweep_id`), so that sweeps appended to one CSV stay apart.
 
     Rows are appended to ``csv_path`` as each finishes (a header only when the file is new), so an interruption
     keeps every finished row. Raises BenchError for bad arguments before anything runs.
@@ -246,6 +272,7 @@ def run_sweep(
     if warmup < 0 or iters < 1:
         raise BenchError(f"warmup must be >= 0 and iters >= 1, got {warmup} and {iters}")
     builder = input_builder or default_inputs
+    sweep_id = sweep_id or new_sweep_id()
     appending = check_csv(csv_path) if csv_path else False
     configs = [(s, b) for s in sizes for b in batches]
     rows: List[Dict[str, Any]] = []
@@ -275,6 +302,7 @@ def run_sweep(
             if bar is not None:
                 bar.set_postfix_str(f"size {size} batch {batch}")
             row = run_config(factory, size, batch, mode, dev, precision, warmup, iters, builder)
+            row["sweep_id"] = sweep_id
             rows.append(row)
             if writer is not None:
                 writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
@@ -289,28 +317,60 @@ def run_sweep(
     return rows
 
 
+#: A row whose std over iterations is more than this share of its mean time is flagged noisy.
+NOISY_SPREAD = 0.25
+
+
+def spread_pct(row: Dict[str, Any]) -> Optional[float]:
+    """The row's std over timed iterations as a percentage of their mean (None without both)."""
+    mean, std = row.get("avg_time_ms"), row.get("std_time_ms")
+    if mean is None or std is None or not mean or math.isnan(mean) or math.isnan(std):
+        return None
+    return 100.0 * std / mean
+
+
+def noisy_note(row: Dict[str, Any]) -> str:
+    """``noisy (std 31% of mean)`` for a row over :data:`NOISY_SPREAD`, else empty."""
+    spread = spread_pct(row)
+    return f"noisy (std {spread:.0f}% of mean)" if spread is not None and spread > 100 * NOISY_SPREAD else ""
+
+
+def significant(value: float, digits: int = 3) -> str:
+    """``value`` with at least ``digits`` significant digits and no exponent: 2.2 -> "2.20", 0.00123 -> "0.00123",
+    1234.5 -> "1234" (a small input's Mpx/s must not read 0.00)."""
+    if value == 0 or not math.isfinite(value):
+        return format(value, f".{digits - 1}f")
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return format(value, f".{decimals}f")
+
+
 def format_table(rows: List[Dict[str, Any]]) -> str:
-    """The printed table, with the best throughput and the best efficiency named."""
-    lines = [f"{'size':>6} {'batch':>6} {'time ms':>10} {'± std':>8} {'samples/s':>11} {'Mpx/s':>8} {'peak MB':>9}"
-             f" {'px/s/MB':>10}  error"]
+    """The printed table, with the best throughput and the best efficiency named; where the rows come from more
+    than one sweep, a first column says which."""
+    ids = list(dict.fromkeys(r.get("sweep_id") for r in rows))
+    width = max(len(str(i)) for i in ids) if len(ids) > 1 else 0
+    lead = (lambda r: f"{str(r.get('sweep_id')):<{width}} ") if width else (lambda r: "")
+    of = (lambda r: f", sweep {r.get('sweep_id')}") if width else (lambda r: "")
+    lines = [f"{'sweep':<{width}} " * bool(width) + f"{'size':>6} {'batch':>6} {'time ms':>10} {'± std':>8} {'samples/s':>11} {'Mpx/s':>8} {'peak MB':>9}"
+             f" {'px/s/MB':>10}  error / note"]
     for r in rows:
         def f(key: str, fmt: str) -> str:
             v = r.get(key)
             return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
         mpx = None if r["pixels_per_sec"] is None else r["pixels_per_sec"] / 1e6
-        lines.append(f"{r['tile_size']:>6} {r['batch_size']:>6} {f('avg_time_ms', '.2f'):>10}"
+        lines.append(f"{lead(r)}{r['tile_size']:>6} {r['batch_size']:>6} {f('avg_time_ms', '.2f'):>10}"
                      f" {f('std_time_ms', '.2f'):>8} {f('throughput_samples_per_sec', '.1f'):>11}"
-                     f" {'-' if mpx is None else format(mpx, '.2f'):>8} {f('memory_peak_mb', '.0f'):>9}"
-                     f" {f('efficiency_pixels_per_sec_per_mb', '.0f'):>10}  {r['error'] or ''}")
+                     f" {'-' if mpx is None else significant(mpx):>8} {f('memory_peak_mb', '.0f'):>9}"
+                     f" {f('efficiency_pixels_per_sec_per_mb', '.0f'):>10}  {r['error'] or noisy_note(r)}")
     ok = [r for r in rows if not r["error"]]
     if ok:
         best = max(ok, key=lambda r: r["throughput_samples_per_sec"])
         lines.append(f"best throughput: size {best['tile_size']} batch {best['batch_size']}"
-                     f" ({best['throughput_samples_per_sec']:.1f} samples/s)")
+                     f" ({best['throughput_samples_per_sec']:.1f} samples/s{of(best)})")
         eff = [r for r in ok if r["efficiency_pixels_per_sec_per_mb"]]
         if eff:
             best = max(eff, key=lambda r: r["efficiency_pixels_per_sec_per_mb"])
             lines.append(f"best efficiency: size {best['tile_size']} batch {best['batch_size']}"
-                         f" ({best['efficiency_pixels_per_sec_per_mb']:.0f} pixels/s per MB)")
+                         f" ({best['efficiency_pixels_per_sec_per_mb']:.0f} pixels/s per MB{of(best)})")
     return "\n".join(lines)
