@@ -309,6 +309,7 @@ class VRAMMonitor(PerfCallback):
                 peak = metrics.get("vram/train_peak_allocated_mb") or metrics.get("vram/host_rss_peak_mb")
                 if peak is not None:
                     pl_module.log("vram_peak_mb", peak, prog_bar=True, logger=False)
+        self._drain_scalars(trainer)
 
     def _leak_sample(self, detector: LeakDetector, phase: str) -> None:
         if self._allocator is not None:
