@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                    " differs)")
     p.add_argument("--notes", nargs="+", help="a free-text note per run (default: each run's run.notes)")
     p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    p.add_argument("--change-vs", choices=("first", "previous"), default="first",
+                   help="the row each change (speed, it/s, memory) is taken against: the first row (default) or the"
+                   " row before")
+    p.add_argument("--column", action="append", metavar="KEY",
+                   help="add the last logged value of scalar KEY (the summary's `logged` block); repeatable")
     p.add_argument("--plot", metavar="PNG", help="also draw it/s, peak memory and quality per run")
 
     p = sub.add_parser("bench", help="sweep a model over input sizes x batch sizes: time, throughput, memory")
@@ -271,7 +276,7 @@ def _plain_label(text: str) -> str:
 def _cmd_report(args: argparse.Namespace) -> int:
     from lightning_perf.summary.fields import run_names
     from lightning_perf.summary.io import read_summary
-    from lightning_perf.summary.report import format_report, report_rows
+    from lightning_perf.summary.report import column_notes, format_report, report_rows
 
     if args.names and len(args.names) != len(args.runs):
         raise SummaryError(f"--names got {len(args.names)} names for {len(args.runs)} runs")
@@ -281,8 +286,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     names = args.names or run_names(args.runs, summaries)
     if args.plot:
         _check_output(args.plot, "--plot")
-    rows = report_rows(summaries, names, args.notes)
-    _say(format_report(rows, args.format))
+    rows = report_rows(summaries, names, args.notes, change_vs=args.change_vs, columns=args.column)
+    notes = column_notes(summaries, names, args.column)
+    _say(format_report(rows, args.format, notes))
+    if notes and args.format == "csv":  # stdout stays CSV
+        _say("\n".join(f"lightning-perf: {note}" for note in notes), sys.stderr)
     if args.plot:
         from lightning_perf.bench.plots import plot_report
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 from lightning.pytorch import LightningModule, Trainer
@@ -29,13 +30,16 @@ from lightning_perf.measure.memory import (
     RssReader,
     host_total_mb,
 )
+from lightning_perf.measure.phases import add_listener, remove_listener
 
-PHASES = ("train", "validation", "test", "predict")
+#: ``eval_in_train_hooks``: evaluation a training hook runs inside ``lightning_perf.phase(...)``.
+PHASES = ("train", "validation", "test", "predict", "eval_in_train_hooks")
 #: The training leak check reads memory once every this many iterations (a CUDA allocator read costs ~20 us).
 TRAIN_LEAK_STRIDE = 4
 LEAK_THRESHOLD_CUDA = 2.0  # MB per 100 iterations, torch allocator
 LEAK_THRESHOLD_RSS = 20.0  # MB per 100 iterations, host RSS
-_EVAL_KEY = {"validation": "eval", "test": "test", "predict": "predict", "train": "train"}
+_EVAL_KEY = {"validation": "eval", "test": "test", "predict": "predict", "train": "train",
+             "eval_in_train_hooks": "eval_in_train_hooks"}
 # sampler field -> summary field
 _SAMPLED = {"nvml_used_mb": "nvml_peak_used_mb", "nvml_process_mb": "nvml_process_peak_mb",
             "host_rss_mb": "host_rss_peak_mb"}
@@ -69,8 +73,10 @@ class VRAMMonitor(PerfCallback):
     peak-hold per phase. Without CUDA: the process's resident memory (RSS) from the same sampler. The same thread
     reads what the GPU and host are doing (``activity``): NVML utilisation, memory-controller utilisation, power, SM
     clock and temperature, and the CPU use of this process and of the machine; per phase a mean and a p5 in the
-    summary, window means in the loggers, no call on the training thread. Sanity checking is
-    not a phase. Also: headroom (peak as a share of device memory, a warning above ``warn_above_pct``) and a leak
+    summary, window means in the loggers, no call on the training thread. Sanity checking is not a phase.
+    Evaluation that a training hook runs (``on_train_batch_end`` calling a sampling pass) is its own phase,
+    ``eval_in_train_hooks``, when wrapped in ``with lightning_perf.phase("eval_in_train_hooks"):``; else it is part
+    of the train peak. Also: headroom (peak as a share of device memory, a warning above ``warn_above_pct``) and a leak
     check on memory read at the end of every 4th training iteration (a CUDA allocator read costs ~20 us, too much
     for every step) and of every evaluation batch; its windows and rate are in iterations.
 
@@ -91,7 +97,10 @@ class VRAMMonitor(PerfCallback):
         ``vram/eval_peak_reserved_mb``, ``vram/nvml_used_mb``, ``vram/host_rss_peak_mb``,
         ``vram/eval_host_rss_peak_mb``; with ``activity``, window means ``gpu/util_pct``, ``gpu/mem_util_pct``,
         ``gpu/power_w``, ``gpu/sm_clock_mhz``, ``gpu/temperature_c``, ``host/process_cpu_cores``, ``host/cpu_pct``
-        (training; ``gpu/eval_util_pct``, ... for validation, at its end).
+        (training; ``gpu/eval_util_pct``, ... for validation, at its end); and where a training hook runs
+        evaluation inside ``lightning_perf.phase("eval_in_train_hooks")``, its own peak at each exit of that phase:
+        ``vram/eval_in_train_hooks_peak_allocated_mb``, ``vram/eval_in_train_hooks_peak_reserved_mb``,
+        ``vram/eval_in_train_hooks_host_rss_peak_mb``.
 
     Raises:
         ValueError: for ``nvml_interval_s`` outside (0.001, 60], ``warn_above_pct`` outside (0, 100], a
@@ -103,7 +112,7 @@ class VRAMMonitor(PerfCallback):
     """
 
     section_name = "vram"
-    _transient = ("_sampler", "_nvml_reader", "_allocator", "_activity")
+    _transient = ("_sampler", "_nvml_reader", "_allocator", "_activity", "_hook_trainer")
 
     def __init__(
         self,
@@ -149,6 +158,7 @@ class VRAMMonitor(PerfCallback):
         self._sampler: Optional[PeakSampler] = None
         self._rss: Optional[RssReader] = None
         self._nvml_reader: Optional[NvmlReader] = None
+        self._hook_trainer: Optional[Any] = None
         self._reset_run()
 
     # -- set-up and tear-down ------------------------------------------------------------------------------------
@@ -210,6 +220,7 @@ class VRAMMonitor(PerfCallback):
 
         self._sampler = PeakSampler(read, self.nvml_interval_s, on_tick=self._start_activity())
         self._sampler.start()
+        self._listen_to_hook_phases(trainer)
 
     def _device(self, trainer: Trainer) -> Any:
         return trainer.strategy.root_device
@@ -231,6 +242,7 @@ class VRAMMonitor(PerfCallback):
             self._warn_once("nvml", f"NVML figures are unavailable ({reason}); allocator figures go on.")
 
     def _stop_probes(self) -> None:
+        self._stop_listening_to_hook_phases()
         if self._sampler is not None:
             self._sampler.stop()
             if self._sampler.error and self._nvml_reader is not None:
@@ -468,6 +480,30 @@ class VRAMMonitor(PerfCallback):
             self._leaks[phase] = self._eval_leak.result()
         if self._in_training:
             self._enter("train")
+
+    # -- phases a user's training hook opens: `with lightning_perf.phase("eval_in_train_hooks"):` -----------------
+    def _listen_to_hook_phases(self, trainer: Trainer) -> None:
+        self._hook_trainer = weakref.ref(trainer)
+        add_listener(self._hook_phase)
+
+    def _stop_listening_to_hook_phases(self) -> None:
+        remove_listener(self._hook_phase)
+        self._hook_trainer = None
+
+    @guarded
+    def _hook_phase(self, name: str, entering: bool) -> None:
+        """Ends the train phase (keeping its peak) and opens ``name``, or closes ``name`` and opens train again:
+        what validation inside fit does, at the user's marks. Only inside training; no sync, no NVML call."""
+        trainer = self._hook_trainer() if self._hook_trainer is not None else None
+        if trainer is None or trainer.sanity_checking:
+            return
+        if entering and self._phase == "train":
+            self._exit(trainer, "train")
+            self._enter(name)
+        elif not entering and self._phase == name:
+            self._exit(trainer, name)
+            if self._in_training:
+                self._enter("train")
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

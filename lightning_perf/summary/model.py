@@ -184,7 +184,7 @@ class Error(Section):
 
 
 class Logged(Section):
-    values: Map(Real) = Field(None, description="name -> last logged value; report's loss columns")
+    values: Map(Real) = Field(None, description="name -> last logged value; report's loss columns and `--column`")
     monitor: Text = Field(None, description="what `ModelCheckpoint(monitor=...)` watched")
 
 
@@ -342,7 +342,9 @@ class Vram(Section):
     device: Text = None
     source: Text = None
     device_total_mb: MB = None
-    phases: Map(Obj(PhaseMemory)) = Field(None, description="`train`, `validation`, `test`, `predict`")
+    phases: Map(Obj(PhaseMemory)) = Field(None, description="`train`, `validation`, `test`, `predict`, and"
+                                          " `eval_in_train_hooks` (evaluation a training hook runs inside"
+                                          " `lightning_perf.phase`)")
     lifetime_peak_allocated_mb: MB = None
     lifetime_peak_reserved_mb: MB = None
     resets_torch_peak_stats: Flag = None
@@ -378,6 +380,8 @@ class QualityGate(Section):
     step: Count = None
     images_scored: Count = None
     baseline_images: Count = None
+    baseline_step: Count = Field(None, description="the global step the baseline was recorded at, where it says")
+    require_same_step: Flag = Field(None, description="a check at another step than `baseline_step` fails")
     baseline_source: Text = None
     recorded_baseline: Text = None
     data_range: Real = None
