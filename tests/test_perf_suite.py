@@ -201,9 +201,11 @@ def test_a_larger_tensorboard_queue_loses_no_scalar(tmp_path):
         return {tag: sorted(step for step, _ in points) for tag, points in read_scalars(root).items()}
 
     default, large = run(tmp_path / "default"), run(tmp_path / "large", max_queue=1000)
+    # host/ CPU figures need 0.25 s between readings, so which windows have one depends on the machine's speed
     ours = [tag for tag in default if tag.startswith(("perf/", "time/", "time_share/", "vram/"))]
     assert len(ours) >= 15 and sum(len(default[tag]) for tag in ours) > 100
-    assert large == default
+    assert {tag: large.get(tag) for tag in ours} == {tag: default[tag] for tag in ours}
+    assert {tag for tag in large if tag.startswith(("perf/", "time/", "time_share/", "vram/"))} == set(ours)
 
 
 class CountGathers(Callback):
