@@ -241,12 +241,12 @@ class SimulatedLeak(SimulatedGpuModel):
         return super().training_step(batch, batch_idx)
 
 
-def test_simulated_allocator_leak_is_read_from_the_nested_stats_every_4th_iteration(tmp_path, simulated_gpu):
+def test_simulated_allocator_leak_is_read_from_the_nested_stats_every_16th_iteration(tmp_path, simulated_gpu):
     fit(tmp_path, [VRAMMonitor(nvml=False)], model=SimulatedLeak(), max_epochs=None, max_steps=200,
         limit_val_batches=0)
     leak = find_summary(tmp_path)["vram"]["leak"]["train"]
     assert leak["suspected"] is True and leak["rate_mb_per_100_iters"] == pytest.approx(800.0)
-    assert leak["iterations_per_sample"] == 4 and leak["samples"] == 50
+    assert leak["iterations_per_sample"] == 16 and leak["samples"] == 200 // 16
     assert getattr(simulated_gpu, "flat_reads", 0) == 0  # never the slow torch.cuda.memory_allocated
 
 

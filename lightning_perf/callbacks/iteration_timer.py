@@ -15,7 +15,7 @@ from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spre
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import error_message
-from lightning_perf.measure.clock import DeviceIntervalClock, now
+from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
 from lightning_perf.measure.flops import count_step_flops, mfu_pct, precision_dtype, tflops_per_s
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
 from lightning_perf.measure.tail import (AFTER_VALIDATION, CHECKPOINT, EPOCH_START, GC, TAIL_FACTOR, CauseBook,
@@ -507,8 +507,9 @@ class IterationTimer(PerfCallback):
             self._warmup_time_s += seconds
         if self._clock is not None:
             self._clock.mark(counted=reason is None)
-            for ms in self._clock.poll():
-                self._device.add(ms)
+            if self._fit_iterations % POLL_EVERY == 0:  # the events the device has passed, read in batches
+                for ms in self._clock.poll():
+                    self._device.add(ms)
         if flags:
             self._flags = 0
             self._gc_pause_s = 0.0

@@ -17,7 +17,7 @@ from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spre
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure import sections as user_sections
-from lightning_perf.measure.clock import DeviceIntervalClock, now
+from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
 
 AUTO_SECTIONS = ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "other")
@@ -168,6 +168,7 @@ class SectionProfiler(PerfCallback):
         self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
         self._iter_calls: List[Any] = []  # (name, seconds, failed) of user sections in this iteration
         self._iteration = _Samples()
+        self._unfolded: List[Any] = []  # (pieces, user seconds, user calls) of counted iterations not yet folded
         self._iterations = 0
         self._fit_iterations = 0  # warm-up is per fit, also after a resume
         self._counted = self.warmup_steps == 0  # warmup_steps=0: the first iteration counts too
@@ -430,33 +431,44 @@ class SectionProfiler(PerfCallback):
         """Closes the iteration: its pieces go into the statistics. The "other" piece now running (other callbacks'
         batch-end hooks, logging, schedulers) belongs to the next iteration, up to its data fetch."""
         counted = self._counted
-        total = sum(self._piece.values()) + self._user_s
-        if counted and total > 0:
-            self._iteration.raw.append(total)
-            sections = self._sections
-            for name, seconds in self._piece.items():
-                (sections.get(name) or self._section(name)).raw.append(seconds)
-            for name, seconds, failed in self._iter_calls:
-                sec = sections[name]
-                sec.raw.append(seconds)
-                sec.closed_by_exception += failed
-            if len(self._iteration.raw) >= FOLD_EVERY:  # one raw time per counted iteration
+        if counted:  # the pieces join the statistics at the next fold, in one batch (one append a step here)
+            unfolded = self._unfolded
+            unfolded.append((self._piece, self._user_s, self._iter_calls or ()))
+            if len(unfolded) >= FOLD_EVERY:
                 self._fold()
-        self._piece, self._user_s, self._iter_calls = {}, 0.0, []
+        self._piece, self._user_s = {}, 0.0
+        if self._iter_calls:
+            self._iter_calls = []
         self._iterations += 1
         self._fit_iterations += 1
         if self._fit_iterations == 3 and self._fetches == 0 and not self._gap_mode:
             self._gap_mode = True  # from the next batch on
             self._warn_once("fetch", GAP_REASON)
         self._counted = self._fit_iterations >= self.warmup_steps
-        self._poll_device()
+        if self._clock is not None and self._fit_iterations % POLL_EVERY == 0:  # device events read in batches
+            self._poll_device()
         if counted and self._iterations % self.report_every_n_steps == 0:
             self._fold()
             if self._iteration.window_n:
                 self._report_window(trainer)
 
     def _fold(self) -> None:
-        """Raw host times into histograms and window sums: before every read of a figure."""
+        """The iterations' pieces into raw host times, and those into histograms and window sums: before every
+        read of a figure."""
+        if self._unfolded:
+            sections, iteration = self._sections, self._iteration.raw
+            for piece, user_s, calls in self._unfolded:
+                total = sum(piece.values()) + user_s
+                if total <= 0:
+                    continue
+                iteration.append(total)
+                for name, seconds in piece.items():
+                    (sections.get(name) or self._section(name)).raw.append(seconds)
+                for name, seconds, failed in calls:
+                    sec = sections[name]
+                    sec.raw.append(seconds)
+                    sec.closed_by_exception += failed
+            self._unfolded = []
         self._iteration.fold()
         for sec in self._sections.values():
             sec.fold()
@@ -466,6 +478,8 @@ class SectionProfiler(PerfCallback):
         metrics = {"time/iteration_ms": 1000.0 * seconds / iters}
         rows = []
         for name, sec in self._sections.items():
+            if not sec.window_n and not sec.host.count:  # not run yet in this run (no checkpoint so far): no point
+                continue
             metrics[f"time/{name}_ms"] = 1000.0 * sec.window_s / iters
             metrics[f"time_share/{name}_pct"] = 100.0 * sec.window_s / seconds if seconds > 0 else None
             if sec.window_n:

@@ -35,7 +35,11 @@ from lightning_perf.measure.phases import add_listener, remove_listener
 #: ``eval_in_train_hooks``: evaluation a training hook runs inside ``lightning_perf.phase(...)``.
 PHASES = ("train", "validation", "test", "predict", "eval_in_train_hooks")
 #: The training leak check reads memory once every this many iterations (a CUDA allocator read costs ~20 us).
-TRAIN_LEAK_STRIDE = 4
+#: Training iterations per leak reading: a CUDA allocator read costs ~20 µs on an H100 host, a host RSS read ~15 µs
+#: right after a CPU step; the allocator's count at the end of an iteration is exact (one reading a window
+#: suffices), host RSS drifts (a few readings are averaged per window).
+TRAIN_LEAK_STRIDE_CUDA = 16
+TRAIN_LEAK_STRIDE_HOST = 8
 LEAK_THRESHOLD_CUDA = 2.0  # MB per 100 iterations, torch allocator
 LEAK_THRESHOLD_RSS = 20.0  # MB per 100 iterations, host RSS
 _EVAL_KEY = {"validation": "eval", "test": "test", "predict": "predict", "train": "train",
@@ -77,8 +81,8 @@ class VRAMMonitor(PerfCallback):
     Evaluation that a training hook runs (``on_train_batch_end`` calling a sampling pass) is its own phase,
     ``eval_in_train_hooks``, when wrapped in ``with lightning_perf.phase("eval_in_train_hooks"):``; else it is part
     of the train peak. Also: headroom (peak as a share of device memory, a warning above ``warn_above_pct``) and a leak
-    check on memory read at the end of every 4th training iteration (a CUDA allocator read costs ~20 us, too much
-    for every step) and of every evaluation batch; its windows and rate are in iterations.
+    check on memory read at the end of every 16th training iteration on CUDA, 8th on the host (a CUDA allocator read
+    costs ~20 us, too much for every step) and of every evaluation batch; its windows and rate are in iterations.
 
     Args:
         nvml: sample NVML on CUDA devices.
@@ -230,8 +234,9 @@ class VRAMMonitor(PerfCallback):
         if threshold is None:
             threshold = LEAK_THRESHOLD_CUDA if on_cuda else LEAK_THRESHOLD_RSS
         self._leak_threshold = float(threshold)
+        self._leak_stride = TRAIN_LEAK_STRIDE_CUDA if on_cuda else TRAIN_LEAK_STRIDE_HOST
         self._train_leak = LeakDetector(window=self.leak_window, threshold_mb_per_100=threshold, warmup=50,
-                                        stride=TRAIN_LEAK_STRIDE)
+                                        stride=self._leak_stride)
         self._eval_leak = LeakDetector(window=max(2, self.leak_window // 5), threshold_mb_per_100=threshold,
                                        warmup=2)
 
@@ -416,7 +421,7 @@ class VRAMMonitor(PerfCallback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._steps += 1
-        if self._steps % TRAIN_LEAK_STRIDE == 0:  # one reading every few iterations: O(1) cost per step
+        if self._steps % self._leak_stride == 0:  # one reading every few iterations: O(1) cost per step
             self._leak_sample(self._train_leak, "train")
         if self._steps % self._log_every == 0:
             metrics = self._phase_metrics("train", live=True)

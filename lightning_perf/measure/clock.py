@@ -6,9 +6,13 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Tuple
 
-__all__ = ["DeviceIntervalClock", "now"]
+__all__ = ["DeviceIntervalClock", "POLL_EVERY", "now"]
 
 now = time.perf_counter
+
+#: Iterations between two reads of the events the device has passed: each ``Event.query()`` is a driver call
+#: (~1-2 µs on the host), so the step path asks in batches; what is recorded meanwhile waits in the bounded pool.
+POLL_EVERY = 16
 
 
 class DeviceIntervalClock:
