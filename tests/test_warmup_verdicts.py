@@ -143,6 +143,22 @@ def test_break_even_is_extra_warm_up_over_the_saving_per_iteration(runs):
     assert "never pays back: 1.00 s more warm-up" in format_text(compare_summaries(base, runs["slowwarm"][0]))
 
 
+def test_break_even_at_equal_warm_up_or_equal_speed(runs):
+    """Edges: the same run is no warm-up cost to pay back; the same warm-up but slower per iteration is never ahead;
+    the same speed with more warm-up never pays back."""
+    base = runs["baseline"][0]
+    assert break_even(base, base)["verdict"] == "no_warmup_cost" and break_even(base, base)["extra_warmup_s"] == 0
+    slower = json.loads(json.dumps(base))
+    slower["iteration_timer"]["ms_per_iter"]["mean"] = 11.0
+    slower["iteration_timer"]["warmup_time_s"] = 2 * 0.011  # its warm-up steps at its own pace: no extra cost
+    assert break_even(base, slower)["verdict"] == "never"
+    assert "never ahead: no less warm-up and slower per iteration" in format_text(compare_summaries(base, slower))
+    later = json.loads(json.dumps(base))
+    later["iteration_timer"]["startup_time_s"] = 1.0
+    be = break_even(base, later)
+    assert be["verdict"] == "never" and be["extra_warmup_s"] == pytest.approx(1.0) and be["iterations"] is None
+
+
 def test_break_even_fails_closed_without_a_startup_time(runs, tmp_path):
     base = runs["baseline"][0]
     old = json.loads(json.dumps(runs["compile"][0]))

@@ -250,19 +250,19 @@ def break_even(base: SummaryLike, candidate: SummaryLike) -> Dict[str, Any]:
         out["reason"] = "; ".join(reasons)
         return out
     b, c = speed(base), speed(candidate)
-    scale = 1.0
-    if b["samples_per_iter"] and c["samples_per_iter"] and abs(b["samples_per_iter"] - c["samples_per_iter"]) > 0.01 * b["samples_per_iter"]:
-        scale, out["basis"] = c["samples_per_iter"] / b["samples_per_iter"], "samples/s"
+    scale, spi_b, spi_c = 1.0, b["samples_per_iter"], c["samples_per_iter"]
+    if spi_b and spi_c and abs(spi_b - spi_c) > 0.01 * spi_b:  # as the headline: the base's time for the same samples
+        scale, out["basis"] = spi_c / spi_b, "samples/s"
     saving = finite(b["ms_per_iter_mean"] * scale - c["ms_per_iter_mean"])
     extra = finite(out["warmup_cost_s"]["candidate"] - out["warmup_cost_s"]["base"])
     if saving is None or extra is None:
         out["reason"] = "the mean ms/iter or the warm-up costs give no finite difference"
         return out
     out["saving_ms_per_iter"], out["extra_warmup_s"] = saving, extra
-    if extra > 0 and saving <= 0:
-        out["verdict"] = "never"
-    elif extra <= 0 and saving >= 0:
+    if extra <= 0 and saving >= 0:
         out["verdict"] = "no_warmup_cost"
+    elif extra >= 0 and saving <= 0:
+        out["verdict"] = "never"
     else:  # one side is ahead until the other's per-iteration pace catches up
         crossing = finite(extra / (saving / 1000.0))
         if crossing is None or crossing > 1e15:
@@ -283,6 +283,8 @@ def break_even_text(result: Dict[str, Any], duration=fmt_duration) -> str:
     if verdict == "pays_back":
         return f"pays back its {extra:.2f} s of extra warm-up after {n:,} iterations ({duration(result['seconds'])})"
     if verdict == "never":
+        if extra < 0.005:
+            return "never ahead: no less warm-up and slower per iteration"
         return f"never pays back: {extra:.2f} s more warm-up and not faster per iteration"
     less = f"{-extra:.2f} s less warm-up" if -extra >= 0.005 else "no more warm-up"
     if verdict == "ahead_until":
