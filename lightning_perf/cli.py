@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="also write the report to this file (markdown)")
     p.add_argument("--csv", help="also write the rows to this CSV")
     p.add_argument("--timeout", type=_positive_float, default=None, help="seconds per variant (> 0)")
+    p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
+                   help="rank Best by the whole fit at the run's length, warm-up and evaluation included (default),"
+                        " or by the speed per measured iteration")
 
     p = sub.add_parser("run", help="run a training command with the suite attached to every Trainer it builds,"
                        " with no change to its code (the way to measure a baseline checkout)")
@@ -414,10 +417,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
                          log=lambda m: print(m, file=sys.stderr))
     rows = matrix_rows(results)
     header = matrix_header(results, args.config)
-    text = format_matrix(rows, args.format, header)
+    text = format_matrix(rows, args.format, header, best_by=args.best_by)
     print(text)
     if args.report:
-        _write_text(args.report, "--report", format_matrix(rows, "markdown", header) + "\n")
+        _write_text(args.report, "--report", format_matrix(rows, "markdown", header, best_by=args.best_by) + "\n")
     if args.csv:
         _write_text(args.csv, "--csv", format_matrix(rows, "csv") + "\n")
     return EXIT_OK if all(r["status"] == "completed" for r in rows) else 1

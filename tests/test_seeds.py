@@ -1,6 +1,7 @@
 """Each seed's workflow end to end with lightning_perf alone (examples/seeds/), as its author would run it."""
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ def test_seed_000_benchmark_then_compare(tmp_path):
     out = run_seed("000_training_benchmark.sh", tmp_path)
     text = out[out.index("TRAINING TIME COMPARISON"):]
     for expected in ("baseline:", "optimized:", "Speedup:", "95% CI", "Typical:", "Iteration time distribution:",
-                     "p99", "Estimated time to 30,000 iterations", "Time saved:"):
+                     "p99", "Estimated time to 30,000 iterations", "Time saved:", "Warm-up:", "Break-even:"):
         assert expected in text, expected
 
 
@@ -59,12 +60,21 @@ def test_seed_002_matrix_report(tmp_path):
     run_seed("002_optimization_matrix.sh", tmp_path, timeout=600)
     report = (tmp_path / "report.md").read_text()
     for expected in ("**System:**", "**Versions:** torch", "max_steps 80", "| baseline |", "| workers |", "| amp |",
-                     "| amp+workers |", "Total time (train + eval)", "**Findings:**", "Least memory:", "**Best:**"):
+                     "| amp+workers |", "Total time (train + eval)", "**Findings:**", "Least memory:", "**Best:**",
+                     "CPU cores", "GB RAM", "**Model:** denoise.DenoiseNet; num_workers 0 (workers: 2, amp+workers: 2)",
+                     "| End-to-end speedup |", "| Warm-up (", "| Steady speedup (95% CI) |", "| Break-even |",
+                     "by end to end: the whole fit at 80 iterations"):
         assert expected in report, expected
     with open(tmp_path / "report.csv", newline="") as fh:
         rows = {r["variant"]: r for r in csv.DictReader(fh)}
     assert rows["workers"]["overrides"].endswith("--data.prefetch_factor=4")
     assert float(rows["baseline"]["speedup"]) == pytest.approx(1.0)
+    for name, row in rows.items():  # each variant's whole fit: its startup, train and eval time, from its summary
+        timer = json.loads((tmp_path / name / "perf_summary.json").read_text())["iteration_timer"]
+        assert float(row["end_to_end_s"]) == pytest.approx(
+            timer["startup_time_s"] + timer["train_time_s"] + timer["eval_time_s"], rel=0.05)
+        if name != "baseline":
+            assert row["break_even"] in ("pays_back", "never", "no_warmup_cost", "ahead_until")
 
 
 @pytest.mark.slow

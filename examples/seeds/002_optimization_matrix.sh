@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Seed 002, "ML Training Optimization Benchmark Report": one training under switches (AMP, persistent workers and
-# their combination), each in its own process: a header with system and versions, total and train time, speedup,
-# samples/s, peak memory, per-epoch times, status, findings (best, diminishing returns, warm-up cost).
+# their combination, torch.compile), each in its own process: a header with system, CPU cores, RAM, num_workers,
+# model and versions; end-to-end time and speedup (the whole fit, warm-up and evaluation included), total and train
+# time, warm-up cost, steady-state speedup, break-even, samples/s, peak memory, per-epoch times, status (a variant
+# over 3x slower than the baseline flagged), findings (best, diminishing returns, warm-up cost).
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 OUT="${OUT:-$ROOT/runs/seeds/002}"
 rm -rf "$OUT"
 cd "$ROOT/examples"
+# torch.compile on CPU builds C++ kernels: the compile variant (its warm-up and break-even) needs a C++ compiler.
+COMPILE=()
+if command -v "${CXX:-c++}" >/dev/null 2>&1; then
+  COMPILE=(--variant compile)
+else
+  echo "no C++ compiler on PATH: the compile variant is left out" >&2
+fi
 "${LP[@]}" matrix --script denoise_cli.py --config denoise_matrix.yaml \
-  --variant baseline --variant workers --variant amp --variant amp+workers \
+  --variant baseline --variant workers --variant amp --variant amp+workers ${COMPILE[@]+"${COMPILE[@]}"} \
   --out "$OUT" --report "$OUT/report.md" --csv "$OUT/report.csv"

@@ -10,20 +10,21 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from lightning_perf.summary.compare import compare_summaries
+from lightning_perf.summary.compare import break_even_text, compare_summaries, warmup_section
 from lightning_perf.summary.fields import (
     csv_text,
     finite,
-    fmt_duration,
     fmt_mb,
     fmt_num,
     markdown_table,
     quality,
+    ratio,
     speed,
     train_peak_mb,
 )
 from lightning_perf.summary.io import load_summary
 from lightning_perf.summary.model import PerfSummary, Versions, as_summary
+from lightning_perf.summary.projection import end_to_end_time
 from lightning_perf.summary.schema import SummaryError
 
 #: Shipped presets: name -> LightningCLI overrides. Model and data presets need those init arguments.
@@ -179,16 +180,38 @@ def _typed(result: Dict[str, Any]) -> Optional[PerfSummary]:
     return as_summary(result["summary"], result.get("summary_path") or result["name"])
 
 
+#: Ways to pick the Best variant: the whole fit at the run's length, or the speed per measured iteration.
+BEST_BY = ("end-to-end", "steady")
+#: A completed variant slower than the baseline by more than this factor is flagged.
+SLOW_FACTOR = 3.0
+
+
+def _end_to_end(base: PerfSummary, run: PerfSummary) -> Tuple[Optional[float], Optional[float], Optional[str]]:
+    """(iterations, seconds, reason): the run's whole fit projected to the baseline's length, the same samples where
+    the two process different samples per iteration."""
+    n = base.iteration_timer.iterations if base.iteration_timer is not None else None
+    if not n:
+        return None, None, "the baseline ran no iteration"
+    spi_b, spi_r = speed(base)["samples_per_iter"], speed(run)["samples_per_iter"]
+    if spi_b and spi_r and abs(spi_b - spi_r) > 0.01 * spi_b:
+        n = n * spi_b / spi_r
+    seconds, reason = end_to_end_time(warmup_section(run), n)
+    return n, seconds, reason
+
+
 def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per variant: total wall time (train + eval, what seed 002's "Time (s)" meant), train time, the
-    headline speedup with its CI, samples/s, peak memory, per-epoch times (``epoch_1_s``, ...), PSNR, the gate, and
-    a status that flags a crash, an OOM, a timeout or a failed quality gate."""
+    """One row per variant: the end-to-end time (the whole fit, warm-up and evaluation included, at the baseline's
+    length) and its speedup, total time (train + eval, what seed 002's "Time (s)" meant), train time, the warm-up
+    cost, the steady-state headline speedup with its CI (none for the baseline itself), the break-even, samples/s,
+    peak memory, per-epoch times (``epoch_1_s``, ...), PSNR, the gate, a status that flags a crash, an OOM, a timeout
+    or a failed quality gate, and ``flag`` for a completed variant more than 3x slower than the baseline."""
     typed = [_typed(r) for r in results]
     base = next((s for s in typed if s is not None), None)
+    base_end = _end_to_end(base, base)[1] if base is not None else None
     rows = []
     for r, s in zip(results, typed):
         row: Dict[str, Any] = {"variant": r["name"], "status": _status(r, s), "overrides": " ".join(r["overrides"]),
-                               "wall_s": r["wall_s"]}
+                               "wall_s": r["wall_s"], "baseline": s is not None and s is base}
         if s is not None:
             cmp = compare_summaries(base, s) if base is not None else {}
             timer = s.iteration_timer
@@ -216,14 +239,70 @@ def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 row[f"epoch_{i}_s"] = epoch.time_s if epoch is not None else None
             if row["status"] == "completed" and row["quality_gate"] is False:
                 row["status"] = "quality gate FAILED"
+            _add_warmup(row, base, s, base_end, cmp.get("break_even"))
         rows.append(row)
     return rows
 
 
-def best_variant(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The fastest completed variant whose gate did not fail, by the headline (samples/s where batch sizes differ)."""
-    ok = [r for r in rows if r["status"] == "completed" and r.get("speedup") and r.get("quality_gate") is not False]
-    return max(ok, key=lambda r: r["speedup"]) if ok else None
+def _add_warmup(row: Dict[str, Any], base: Optional[PerfSummary], run: PerfSummary, base_end: Optional[float],
+                be: Optional[Dict[str, Any]]) -> None:
+    """The row's end-to-end time and speedup, warm-up cost, break-even against the baseline, and the slow flag."""
+    n, seconds, reason = _end_to_end(base, run) if base is not None else (None, None, "no baseline")
+    row.update(end_to_end_iterations=n, end_to_end_s=seconds,
+               end_to_end_speedup=None if seconds is None else ratio(base_end, seconds),
+               end_to_end_reason=reason, warmup_cost_s=(be or {}).get("warmup_cost_s", {}).get("candidate"))
+    if row["baseline"]:
+        row.update(speedup_ci_low=None, speedup_ci_high=None)  # the baseline against itself: no interval
+        be = None
+    row.update(break_even=(be or {}).get("verdict"), break_even_iterations=(be or {}).get("iterations"),
+               break_even_s=(be or {}).get("seconds"), extra_warmup_s=(be or {}).get("extra_warmup_s"),
+               break_even_reason=(be or {}).get("reason"))
+    row["flag"] = None
+    if row["status"] == "completed":
+        for key, what in (("end_to_end_speedup", "end to end"), ("speedup", "per iteration")):
+            if row.get(key) and row[key] < 1.0 / SLOW_FACTOR:
+                row["flag"] = f"{1.0 / row[key]:.1f}x slower than the baseline {what}"
+                break
+
+
+def _break_even_of(row: Dict[str, Any]) -> Dict[str, Any]:
+    return {"verdict": row.get("break_even"), "iterations": row.get("break_even_iterations"),
+            "seconds": row.get("break_even_s"), "extra_warmup_s": row.get("extra_warmup_s"),
+            "reason": row.get("break_even_reason")}
+
+
+def _check_best_by(best_by: str) -> str:
+    if best_by not in BEST_BY:
+        raise ValueError(f"--best-by {best_by!r}: expected one of {', '.join(BEST_BY)}")
+    return best_by
+
+
+def _rank_key(best_by: str) -> str:
+    return "end_to_end_speedup" if _check_best_by(best_by) == "end-to-end" else "speedup"
+
+
+def best_variant(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> Optional[Dict[str, Any]]:
+    """The fastest completed variant whose gate did not fail: by the end-to-end time at the baseline's length
+    (``end-to-end``, warm-up and evaluation included), or by the steady-state headline (``steady``: mean ms/iter over
+    the measured iterations); samples/s (the same samples) where batch sizes differ. None when no variant has the
+    figure."""
+    key = _rank_key(best_by)
+    ok = [r for r in rows if r["status"] == "completed" and r.get(key) and r.get("quality_gate") is not False]
+    return max(ok, key=lambda r: r[key]) if ok else None
+
+
+def _length(row: Dict[str, Any]) -> str:
+    n = row.get("end_to_end_iterations")
+    return f"{n:,.0f} iterations" if isinstance(n, (int, float)) else "the baseline's length"
+
+
+def _basis_words(row: Dict[str, Any], best_by: str) -> str:
+    samples = row.get("speedup_basis") == "samples/s"
+    if best_by == "steady":
+        return ("steady state: samples/s over the measured iterations" if samples else
+                "steady state: mean ms/iter over the measured iterations, warm-up and evaluation left out")
+    return (f"end to end: the whole fit at {_length(row)}" + (" (the baseline's samples)" if samples else "")
+            + ", warm-up and evaluation included")
 
 
 def matrix_header(results: List[Dict[str, Any]], config: Optional[str] = None) -> List[str]:
@@ -237,7 +316,13 @@ def matrix_header(results: List[Dict[str, Any]], config: Optional[str] = None) -
                                  f"max_epochs {epochs}" if epochs not in (None, -1) else "") if x) or "n/a"
     samples_per_iter = speed(s)["samples_per_iter"]
     per_iter = f"{samples_per_iter:.0f} samples per iteration (baseline)" if samples_per_iter else ""
-    return [f"**System:** {run.host} ({run.platform}); device {run.device}",
+    cores = f"{run.cpu_count} CPU cores" if run.cpu_count is not None else "CPU cores n/a"
+    ram = f"{run.memory_total_mb / 1024:.1f} GB RAM" if run.memory_total_mb is not None else "RAM n/a"
+    others = [(r["name"], _typed(r).run.num_workers) for r in results if r["summary"] is not None]
+    differ = ", ".join(f"{name}: {w}" for name, w in others if w != run.num_workers)
+    workers = ("n/a" if run.num_workers is None else str(run.num_workers)) + (f" ({differ})" if differ else "")
+    return [f"**System:** {run.host} ({run.platform}); device {run.device}; {cores}, {ram}",
+            f"**Model:** {run.model_class or 'n/a'}; num_workers {workers}",
             f"**Versions:** torch {v.torch} (CUDA {v.cuda or 'none'}), lightning {v.lightning},"
             f" lightning_perf {v.lightning_perf}, python {v.python}",
             f"**Config:** {config or 'none'}; test configuration: {test}; precision {run.precision}"
@@ -246,19 +331,24 @@ def matrix_header(results: List[Dict[str, Any]], config: Optional[str] = None) -
 
 #: A first epoch this many times slower than the later ones is called a warm-up cost.
 WARMUP_EPOCH_RATIO = 1.5
+#: Extra warm-up above this share of the baseline's end-to-end time is a finding.
+WARMUP_SHARE = 0.05
 #: A combination gaining less than this share of the product of its parts' speedups is "diminishing returns".
 DIMINISHING = 0.95
 
 
-def findings(rows: List[Dict[str, Any]]) -> List[str]:
-    """Computed from the numbers: the best by speed and by memory, combinations that gain less than the product of
-    their parts, variants whose first epoch is much slower than the later ones (a warm-up cost)."""
+def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[str]:
+    """Computed from the numbers: the best by speed (``best_by``) and by memory, combinations that gain less than the
+    product of their parts, variants whose warm-up (fit start to the first measured iteration) costs more than 5% of
+    the baseline's whole fit beyond the baseline's own, with their break-even, and variants whose first epoch is much
+    slower than the later ones."""
     out: List[str] = []
     ok = [r for r in rows if r["status"] == "completed" and r.get("speedup")]
-    best = best_variant(rows)
+    base = next((r for r in rows if r.get("baseline")), rows[0] if rows else None)
+    best = best_variant(rows, best_by)
+    key = _rank_key(best_by)
     if best is not None:
-        out.append(f"Fastest: {best['variant']} ({best['speedup']:.2f}x {rows[0]['variant']},"
-                   f" {best.get('speedup_basis') or 'it/s'}).")
+        out.append(f"Fastest: {best['variant']} ({best[key]:.2f}x {base['variant']}, {_basis_words(best, best_by)}).")
     with_memory = [r for r in ok if r.get("peak_memory_mb")]
     if with_memory:
         low = min(with_memory, key=lambda r: r["peak_memory_mb"])
@@ -274,6 +364,17 @@ def findings(rows: List[Dict[str, Any]]) -> List[str]:
         if finite(product) is not None and r["speedup"] < DIMINISHING * product:
             out.append(f"Diminishing returns: {r['variant']} gains {r['speedup']:.2f}x, less than its parts together"
                        f" ({' x '.join(f'{speed[p]:.2f}' for p in parts)} = {product:.2f}x).")
+    base_end = base.get("end_to_end_s") if base is not None else None
+    for r in ok:
+        extra = r.get("extra_warmup_s")
+        if r.get("baseline") or extra is None or not base_end or extra <= WARMUP_SHARE * base_end:
+            continue
+        end = r.get("end_to_end_speedup")
+        out.append(f"Warm-up cost: {r['variant']}'s warm-up (the fit's start to its first measured iteration:"
+                   " compilation, autotuning such as cudnn.benchmark, caches) is"
+                   f" {extra:.2f} s longer than {base['variant']}'s: {r['speedup']:.2f}x per iteration,"
+                   f" {'n/a' if end is None else f'{end:.2f}x'} end to end at {_length(r)};"
+                   f" {break_even_text(_break_even_of(r))}.")
     for r in rows:
         epochs = [r[k] for k in sorted((k for k in r if k.startswith("epoch_") and k.endswith("_s")),
                                        key=lambda k: int(k.split("_")[1])) if r[k]]
@@ -285,40 +386,101 @@ def findings(rows: List[Dict[str, Any]]) -> List[str]:
     return out
 
 
-def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Optional[List[str]] = None) -> str:
+#: Time units a column can use: (name, seconds per unit, a column's largest value below which the unit is chosen).
+UNITS = (("s", 1.0, 60.0), ("min", 60.0, 3600.0), ("h", 3600.0, float("inf")))
+
+
+def _unit(values: List[Any]) -> Tuple[str, float, int]:
+    """One unit for a column of seconds: s below a minute, min below an hour, else h; decimals to match."""
+    known = [abs(v) for v in values if finite(v) is not None]
+    top = max(known, default=0.0)
+    name, size, _ = next(u for u in UNITS if top < u[2])
+    return name, size, 2 if top / size < 10 else 1
+
+
+def _in(value: Optional[float], unit: Tuple[str, float, int]) -> str:
+    return "n/a" if finite(value) is None else f"{value / unit[1]:.{unit[2]}f}"
+
+
+def _break_even_cell(row: Dict[str, Any], unit: Tuple[str, float, int]) -> str:
+    if row.get("baseline"):
+        return "baseline"
+    verdict, n = row.get("break_even"), row.get("break_even_iterations")
+    when = f"{n:,} it ({_in(row.get('break_even_s'), unit)} {unit[0]})" if n is not None else ""
+    return {"pays_back": f"after {when}", "never": "never", "no_warmup_cost": "none needed",
+            "ahead_until": f"ahead until {when}"}.get(verdict, "n/a")
+
+
+def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Optional[List[str]] = None,
+                  best_by: str = "end-to-end") -> str:
+    _check_best_by(best_by)
     if fmt == "csv":
         return csv_text(rows)
     n_epochs = max((int(k.split("_")[1]) for r in rows for k in r if k.startswith("epoch_") and k.endswith("_s")),
                    default=0)
     compute = any(r.get("tflops_per_s") is not None for r in rows)  # columns only where a variant counted FLOPs
+    timed = ["end_to_end_s", "total_time_s", "train_time_s", "warmup_cost_s", "break_even_s"] + [
+        f"epoch_{i}_s" for i in range(1, n_epochs + 1)]
+    units = {key: _unit([r.get(key) for r in rows]) for key in timed}
     table = []
     for r in rows:
-        if r.get("speedup"):
-            ci = (f" [{r['speedup_ci_low']:.2f}-{r['speedup_ci_high']:.2f}]" if r.get("speedup_ci_low") else "")
-            speed = f"{r['speedup']:.2f}x{ci}"
-            if r.get("speedup_basis") == "samples/s":
-                speed += " samples/s"
+        if r.get("baseline"):
+            speed, end = "baseline", "baseline"
         else:
-            speed = "-"
+            end = "-" if not r.get("end_to_end_speedup") else f"{r['end_to_end_speedup']:.2f}x"
+            if r.get("speedup"):
+                ci = (f" [{r['speedup_ci_low']:.2f}-{r['speedup_ci_high']:.2f}]" if r.get("speedup_ci_low") else "")
+                speed = f"{r['speedup']:.2f}x{ci}"
+            else:
+                speed = "-"
+        if r.get("speedup_basis") == "samples/s":
+            speed += " samples/s"
         gate = {True: "passed", False: "FAILED", None: "-"}[r.get("quality_gate")]
         status = r["status"] if r["status"] == "completed" else f"⚠ {r['status']}"
-        table.append([r["variant"], fmt_duration(r.get("total_time_s")), fmt_duration(r.get("train_time_s")),
+        if r.get("flag"):
+            status = f"⚠ {status}: {r['flag']}"
+        table.append([r["variant"], _in(r.get("end_to_end_s"), units["end_to_end_s"]), end,
+                      _in(r.get("total_time_s"), units["total_time_s"]),
+                      _in(r.get("train_time_s"), units["train_time_s"]),
+                      _in(r.get("warmup_cost_s"), units["warmup_cost_s"]),
                       fmt_num(r.get("ms_per_iter")), fmt_num(r.get("samples_per_s"), 1), speed,
-                      fmt_mb(r.get("peak_memory_mb"))]
+                      _break_even_cell(r, units["break_even_s"]), fmt_mb(r.get("peak_memory_mb"))]
                      + ([fmt_num(r.get("tflops_per_s"), 3), fmt_num(r.get("mfu_pct"), 1, "%")] if compute else [])
-                     + [fmt_duration(r.get(f"epoch_{i}_s")) for i in range(1, n_epochs + 1)]
+                     + [_in(r.get(f"epoch_{i}_s"), units[f"epoch_{i}_s"]) for i in range(1, n_epochs + 1)]
                      + [fmt_num(r.get("psnr")), gate, status])
-    headers = (["Variant", "Total time (train + eval)", "Train time", "ms/iter (mean)", "Samples/s",
-                "Speedup (95% CI)", "Peak memory"] + (["TFLOP/s", "MFU"] if compute else [])
-               + [f"Epoch {i}" for i in range(1, n_epochs + 1)]
+
+    def unit(key: str) -> str:
+        return units[key][0]
+
+    headers = (["Variant", f"End to end ({unit('end_to_end_s')})", "End-to-end speedup",
+                f"Total time (train + eval) ({unit('total_time_s')})", f"Train time ({unit('train_time_s')})",
+                f"Warm-up ({unit('warmup_cost_s')})", "ms/iter (mean)", "Samples/s", "Steady speedup (95% CI)",
+                "Break-even", "Peak memory"] + (["TFLOP/s", "MFU"] if compute else [])
+               + [f"Epoch {i} ({unit(f'epoch_{i}_s')})" for i in range(1, n_epochs + 1)]
                + ["PSNR", "Quality gate", "Status"])
     parts = (header or []) + ([""] if header else []) + [markdown_table(headers, table)]
-    found = findings(rows)
+    parts += ["", "End to end: the whole fit (fit start to end: warm-up and evaluation included) at the baseline's"
+              " length. Warm-up: from the fit's start to the first measured iteration, beyond the steady pace."
+              " Steady: mean ms/iter over the measured iterations. Break-even: when a variant's faster iterations"
+              " pay back its extra warm-up."]
+    found = findings(rows, best_by)
     if found:
         parts += ["", "**Findings:**"] + [f"- {f}" for f in found]
-    best = best_variant(rows)
-    if best is not None:
-        basis = "samples/s" if best.get("speedup_basis") == "samples/s" else "it/s"
-        parts += ["", f"**Best:** {best['variant']}, {best['speedup']:.2f}x the {basis} of the first variant"
-                      f" ({rows[0]['variant']}), quality gate not failed."]
+    parts += ["", _best_line(rows, best_by)]
     return "\n".join(parts)
+
+
+def _best_line(rows: List[Dict[str, Any]], best_by: str) -> str:
+    base = next((r for r in rows if r.get("baseline")), rows[0] if rows else None)
+    best = best_variant(rows, best_by)
+    if best is None or base is None:
+        reasons = sorted({r["end_to_end_reason"] for r in rows if r.get("end_to_end_reason")})
+        why = f" ({'; '.join(reasons)})" if best_by == "end-to-end" and reasons else ""
+        return f"**Best:** n/a: no completed variant has the {best_by} figure{why}."
+    key, other = _rank_key(best_by), "speedup" if best_by == "end-to-end" else "end_to_end_speedup"
+    other_text = "n/a" if not best.get(other) else f"{best[other]:.2f}x"
+    line = (f"**Best:** {best['variant']}, by {_basis_words(best, best_by)}: {best[key]:.2f}x the baseline"
+            f" ({base['variant']}); {other_text} {'steady state' if best_by == 'end-to-end' else 'end to end'}")
+    if not best.get("baseline"):
+        line += f"; break-even: {break_even_text(_break_even_of(best))}"
+    return line + "; quality gate not failed."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
 import platform
 import socket
 import sys
@@ -23,6 +24,28 @@ def _device_name(trainer: Trainer) -> str:
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
     return f"{device.type}: {platform.processor() or platform.machine()}"
+
+
+def _cpu_count() -> Optional[int]:
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count()
+
+
+def _memory_total_mb() -> Optional[float]:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
+        return None
+
+
+def _model_class(trainer: Trainer) -> Optional[str]:
+    module = trainer.lightning_module
+    return None if module is None else f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+def _num_workers(trainer: Trainer) -> Optional[int]:
+    workers = getattr(trainer.train_dataloader, "num_workers", None)
+    return workers if isinstance(workers, int) and not isinstance(workers, bool) else None
 
 
 #: At most this many of the run's logged scalars go into the summary (the first by name).
@@ -83,6 +106,10 @@ def run_info(trainer: Trainer, started_at: Optional[str], log_dir: Optional[str]
         "strategy": lambda: type(trainer.strategy).__name__,
         "world_size": lambda: trainer.world_size,
         "num_nodes": lambda: trainer.num_nodes,
+        "cpu_count": _cpu_count,
+        "memory_total_mb": _memory_total_mb,
+        "model_class": lambda: _model_class(trainer),
+        "num_workers": lambda: _num_workers(trainer),
         "accumulate_grad_batches": lambda: trainer.accumulate_grad_batches,
         "max_steps": lambda: trainer.max_steps,
         "max_epochs": lambda: trainer.max_epochs,

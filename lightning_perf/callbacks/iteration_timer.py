@@ -216,6 +216,7 @@ class IterationTimer(PerfCallback):
         self._gc = GcWatch(self._gc_flagged)
         self._excluded: Dict[str, int] = {"warmup": 0}
         self._warmup_time_s = 0.0
+        self._startup_time_s: Optional[float] = 0.0  # None: an older checkpoint's fits did not record theirs
         self._validation_runs = 0
         self._fits = 0
         self._epochs: List[Dict[str, Any]] = []
@@ -224,6 +225,7 @@ class IterationTimer(PerfCallback):
         self._size_path: Optional[tuple] = None
         self._ranks: Optional[Dict[str, Any]] = None
         # This fit only.
+        self._fit_start: Optional[float] = None
         self._fit_iterations = 0
         self._train_start: Optional[float] = None
         self._train_end: Optional[float] = None
@@ -279,6 +281,7 @@ class IterationTimer(PerfCallback):
         if stage != "fit":
             return
         self._carry_or_reset(trainer, self._reset)
+        self._fit_start = now()  # the warm-up cost runs from here (after the data module's setup) to training
         self._gc.install()  # removed at teardown and on an exception
         self._start_run(trainer)
         self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
@@ -310,6 +313,8 @@ class IterationTimer(PerfCallback):
             "num_workers": workers, "persistent_workers": bool(getattr(loader, "persistent_workers", False))}
         self._fits += 1
         self._train_start = self._last_mark = now()
+        if self._startup_time_s is not None and self._fit_start is not None:
+            self._startup_time_s += self._train_start - self._fit_start
         carried = self._open_epoch
         if carried is not None and carried.get("epoch") == trainer.current_epoch:
             # resumed mid-epoch: Lightning starts no new epoch, so this epoch's record goes on from the checkpoint
@@ -695,6 +700,10 @@ class IterationTimer(PerfCallback):
                 f"no iteration was measured: {self.iterations} iterations ran and the first"
                 f" {self.warmup_steps} of each fit are warm-up"
             )
+        startup = self._startup_time_s if self._fits else None
+        if startup is None:
+            unavailable["startup_time_s"] = ("training never started" if not self._fits else
+                                             "resumed from a checkpoint that kept no startup time (an older version)")
         if self._clock is None:
             unavailable["device_ms_per_iter"] = "device timing needs CUDA" if self.device_timing else "switched off"
         elif self._device.count == 0:
@@ -718,6 +727,7 @@ class IterationTimer(PerfCallback):
             "warmup_steps": self.warmup_steps,
             "excluded": dict(self._excluded),
             "warmup_time_s": self._warmup_time_s,
+            "startup_time_s": startup,
             "fits": self._fits,
             "manual_optimization": self._manual,
             "resumed_at_iteration": self._resumed_at,
@@ -818,6 +828,7 @@ class IterationTimer(PerfCallback):
                       "count_time_s": self._flops_count_time_s},
             "excluded": dict(self._excluded),
             "warmup_time_s": self._warmup_time_s,
+            "startup_time_s": self._startup_time_s,
             "validation_runs": self._validation_runs,
             "fits": self._fits,
             "epochs": list(self._epochs),
@@ -873,7 +884,8 @@ class IterationTimer(PerfCallback):
             _flops_counted_at=flops.count("counted_at", None) if flops.data.get("counted_at") is not None else None,
             _flops_count_time_s=flops.number("count_time_s"),
             _excluded={**self._excluded, "warmup": s.mapping("excluded").count("warmup")},
-            _warmup_time_s=s.number("warmup_time_s"), _validation_runs=s.count("validation_runs"),
+            _warmup_time_s=s.number("warmup_time_s"), _startup_time_s=s.number("startup_time_s", None, allow_none=True),
+            _validation_runs=s.count("validation_runs"),
             _fits=s.count("fits"), _epochs=epochs, _open_epoch=open_epoch,
             _host=s.histogram("histogram_ms", self._host), _blocks=s.series("blocks_ms", self._blocks),
             _device=s.histogram("device_histogram_ms", self._device), _slowest=slowest,

@@ -25,7 +25,7 @@ from lightning_perf.summary.fields import (
     speed,
 )
 from lightning_perf.summary.model import PerfSummary, as_summary
-from lightning_perf.summary.projection import project_time
+from lightning_perf.summary.projection import project_time, warmup_cost
 
 
 def _delta(base: Optional[float], cand: Optional[float]) -> Dict[str, Optional[float]]:
@@ -208,6 +208,7 @@ def compare_summaries(
         },
         "tail": {"base": tail_text(base), "candidate": tail_text(candidate)},
         "sections": section_changes(base, candidate),
+        "break_even": break_even(base, candidate),
         "notes": notes,
     }
 
@@ -298,6 +299,99 @@ def _sections_markdown(result: Dict[str, Any]) -> List[str]:
     return ["", table] + (["", f"**Moved most:** {moved}."] if moved else [])
 
 
+def warmup_section(run: PerfSummary) -> Dict[str, Any]:
+    """The iteration_timer figures the warm-up cost and the end-to-end time read, as the projection's dict."""
+    timer = run.iteration_timer
+    if timer is None:
+        return {}
+    return {"ms_per_iter": {"mean": timer.ms_per_iter.mean} if timer.ms_per_iter is not None else None,
+            "startup_time_s": timer.startup_time_s, "warmup_time_s": timer.warmup_time_s,
+            "excluded": dict(timer.excluded or {}), "fits": timer.fits, "iterations": timer.iterations,
+            "validation_runs": timer.validation_runs, "eval_time_s": timer.eval_time_s}
+
+
+def break_even(base: SummaryLike, candidate: SummaryLike) -> Dict[str, Any]:
+    """When a candidate pays more warm-up than the base (fit start to first measured iteration, beyond its steady
+    pace: :func:`~lightning_perf.summary.projection.warmup_cost`) but is faster per iteration, the iteration count
+    from which its whole training is shorter: extra warm-up seconds / seconds saved per iteration, rounded up.
+
+    ``verdict``: ``pays_back`` (``iterations`` and ``seconds``: the candidate's training time to get there, its
+    warm-up included, which equals the base's), ``never`` (not faster per iteration and no less warm-up),
+    ``no_warmup_cost`` (no more warm-up and not slower per iteration: ahead from the start), ``ahead_until`` (less
+    warm-up but slower per iteration: ahead for the first ``iterations`` only), or None with the ``reason`` when a
+    figure is missing or not finite. Iterations are the candidate's; where the runs process different samples per
+    iteration, the base's time per iteration is scaled to the candidate's samples (the headline's samples/s basis).
+    Evaluation is left out: it is its own figure.
+    """
+    base, candidate = as_summary(base, "base"), as_summary(candidate, "candidate")
+    out: Dict[str, Any] = {"verdict": None, "iterations": None, "seconds": None,
+                           "warmup_cost_s": {"base": None, "candidate": None}, "extra_warmup_s": None,
+                           "saving_ms_per_iter": None, "basis": "it/s", "reason": None}
+    reasons = []
+    for key, run in (("base", base), ("candidate", candidate)):
+        cost, why = warmup_cost(warmup_section(run))
+        out["warmup_cost_s"][key] = cost
+        if cost is None:
+            reasons.append(f"the {key}'s warm-up cost is unknown: {why}")
+    if reasons:
+        out["reason"] = "; ".join(reasons)
+        return out
+    b, c = speed(base), speed(candidate)
+    scale, spi_b, spi_c = 1.0, b["samples_per_iter"], c["samples_per_iter"]
+    if spi_b and spi_c and abs(spi_b - spi_c) > 0.01 * spi_b:  # as the headline: the base's time for the same samples
+        scale, out["basis"] = spi_c / spi_b, "samples/s"
+    saving = finite(b["ms_per_iter_mean"] * scale - c["ms_per_iter_mean"])
+    extra = finite(out["warmup_cost_s"]["candidate"] - out["warmup_cost_s"]["base"])
+    if saving is None or extra is None:
+        out["reason"] = "the mean ms/iter or the warm-up costs give no finite difference"
+        return out
+    out["saving_ms_per_iter"], out["extra_warmup_s"] = saving, extra
+    if extra <= 0 and saving >= 0:
+        out["verdict"] = "no_warmup_cost"
+    elif extra >= 0 and saving <= 0:
+        out["verdict"] = "never"
+    else:  # one side is ahead until the other's per-iteration pace catches up
+        crossing = finite(extra / (saving / 1000.0))
+        if crossing is None or crossing > 1e15:
+            out["reason"] = "the per-iteration difference is too small for a finite break-even"
+            return out
+        out["verdict"] = "pays_back" if extra > 0 else "ahead_until"
+        out["iterations"] = max(1, math.ceil(crossing))
+        out["seconds"] = (out["warmup_cost_s"]["candidate"]
+                          + out["iterations"] * c["ms_per_iter_mean"] / 1000.0)
+    return out
+
+
+def break_even_text(result: Dict[str, Any], duration=fmt_duration) -> str:
+    """The break-even in words (``result``: :func:`break_even`'s dict); ``duration`` formats seconds."""
+    verdict, extra, n = result["verdict"], result["extra_warmup_s"], result["iterations"]
+    if verdict is None:
+        return f"n/a: {result['reason']}"
+    if verdict == "pays_back":
+        return f"pays back its {extra:.2f} s of extra warm-up after {n:,} iterations ({duration(result['seconds'])})"
+    if verdict == "never":
+        if extra < 0.005:
+            return "never ahead: no less warm-up and slower per iteration"
+        return f"never pays back: {extra:.2f} s more warm-up and not faster per iteration"
+    less = f"{-extra:.2f} s less warm-up" if -extra >= 0.005 else "no more warm-up"
+    if verdict == "ahead_until":
+        return (f"no warm-up cost to pay back ({less}), but slower per iteration: ahead for the first {n:,}"
+                f" iterations ({duration(result['seconds'])}) only")
+    return f"no warm-up cost to pay back ({less}) and not slower per iteration"
+
+
+def _warmup_lines(result: Dict[str, Any], width: int) -> List[str]:
+    be = result.get("break_even")
+    if not be:
+        return []
+    costs = be["warmup_cost_s"]
+    names = (result["base"]["name"], result["candidate"]["name"])
+    cost_text = ("n/a" if None in costs.values() else
+                 f"{names[0]} {costs['base']:.2f} s, {names[1]} {costs['candidate']:.2f} s (fit start to the first"
+                 " measured iteration, beyond the steady pace)")
+    return [f"  {'Warm-up:':<{width}}{cost_text}", f"  {'Break-even:':<{width}}{break_even_text(be)}"]
+
+
 def tail_text(run: PerfSummary) -> Optional[str]:
     """The run's slow iterations in one line (IterationTimer's ``tail`` block), or None where it has none."""
     tail = run.iteration_timer.tail if run.iteration_timer is not None else None
@@ -360,6 +454,7 @@ def format_text(result: Dict[str, Any]) -> str:
         f"  {'Typical:':<{width}}"
         + ("n/a" if typical is None else f"{typical:.2f}x the median iteration (stalls and slow steps left out)"),
         *([f"  {'Between:':<{width}}{result['between_runs']}"] if result.get("between_runs") else []),
+        *_warmup_lines(result, width),
         "",
         "Iteration time distribution:",
         f"  {b['name'] + ':':<{width}}{_spread_line(b)}",
@@ -435,6 +530,7 @@ def format_markdown(result: Dict[str, Any]) -> str:
     if result.get("between_runs"):
         parts += ["", f"**Between runs:** {result['between_runs']}."]
     parts += _sections_markdown(result)
+    parts += ["", f"**Break-even:** {break_even_text(result['break_even'])}."] if result.get("break_even") else []
     if result["memory_mb"]:
         mem_rows = [
             [label, fmt_mb(d["base"]), fmt_mb(d["candidate"]), fmt_pct(d["delta_pct"])]

@@ -168,6 +168,10 @@ class Run(Section):
     world_size: Count = None
     num_nodes: Count = None
     accumulate_grad_batches: Count = None
+    cpu_count: Count = Field(None, description="logical CPUs this process may run on")
+    memory_total_mb: MB = Field(None, description="the host's physical memory")
+    model_class: Text = Field(None, description="the LightningModule's class, `module.QualName`")
+    num_workers: Count = Field(None, description="the training data loader's worker processes")
     max_steps: Integer = Field(None, description="-1 when unlimited")
     max_epochs: Integer = Field(None, description="-1 when unlimited")
     global_step: Count = None
@@ -258,6 +262,8 @@ class IterationTimer(Section):
     warmup_steps: Count = None
     excluded: Map(Count) = Field(None, description="reason -> iterations left out, e.g. `warmup`")
     warmup_time_s: Seconds = None
+    startup_time_s: Seconds = Field(None, description="all fits: from IterationTimer's `setup` to the training loop's"
+                                                      " start (model setup, `configure_model`, the sanity check)")
     fits: Count = None
     manual_optimization: Flag = None
     resumed_at_iteration: Count = None
