@@ -300,3 +300,37 @@ def test_the_suite_key_is_built_once_and_survives_copies():
     assert suite.__dict__["_state_key"] == suite.state_key == expected
     for twin in (copy.deepcopy(suite), pickle.loads(pickle.dumps(suite))):
         assert twin.state_key == expected and all(cb._in_suite for cb in twin.callbacks)
+
+
+def test_one_tensorboard_event_per_step_holds_the_same_points_as_one_per_scalar(tmp_path):
+    """To Lightning's TensorBoardLogger the scalars of a step go as one event (one protobuf and two CRCs instead of
+    one per scalar). In one fit with two loggers, Lightning's own and a subclass that keeps log_metrics (so gets one
+    event per scalar), TensorBoard's own EventAccumulator reads back the same tags, steps and values from both."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from helpers import read_scalars
+    from lightning_perf.callbacks import _scalars
+
+    class OneByOne(TensorBoardLogger):
+        def log_metrics(self, metrics, step=None):
+            super().log_metrics(metrics, step)
+
+    batched, one_by_one = TensorBoardLogger(str(tmp_path / "batched")), OneByOne(str(tmp_path / "one_by_one"))
+    callbacks = [IterationTimer(warmup_steps=1), SectionProfiler(warmup_steps=1, report_every_n_steps=2,
+                                                                 print_reports=False), VRAMMonitor(activity=False)]
+    paths = []
+
+    class Probe(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            paths.append((_scalars._event_writer(batched) is not None, _scalars._event_writer(one_by_one) is None))
+
+    fit(tmp_path, [PerfSuite(callbacks), Probe()], log_every_n_steps=2, logger=[batched, one_by_one])
+    assert paths and all(a and b for a, b in paths)  # one event a step for Lightning's own, log_metrics for the other
+
+    def ours(root):
+        return {tag: sorted(points) for tag, points in read_scalars(root).items()
+                if tag.startswith(("perf/", "time/", "time_share/", "vram/"))}
+
+    a, b = ours(tmp_path / "batched"), ours(tmp_path / "one_by_one")
+    assert len(a) >= 15 and sum(len(points) for points in a.values()) > 100
+    assert a == b
