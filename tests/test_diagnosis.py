@@ -1,10 +1,12 @@
 """The run's one primary diagnosis: each verdict fired by a real fit whose costs are injected on the virtual clock
 (helpers.VirtualClock), so every share is a closed form, and a close case that stays below its threshold; the end
-of fit's first console line."""
+of fit's first console line; compare's first line from the real command."""
 
 import copy
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -280,3 +282,52 @@ def test_a_validate_run_has_no_diagnosis(tmp_path):
     with open(next(tmp_path.rglob("perf_summary_validate.json"))) as fh:
         assert "diagnosis" not in json.load(fh)
 
+
+def cli(*args):
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory):
+    """An input-bound run and two compute-bound ones, named by ``run_name``."""
+    root = tmp_path_factory.mktemp("diag_runs")
+    paths = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, costs in (("loader", dict(fetch=16.0, step=30.0)), ("fast", dict(fetch=2.0, step=38.0)),
+                            ("faster", dict(fetch=2.0, step=20.0))):
+            clock = use_virtual_clock(mp)
+            path = root / name / "perf_summary.json"
+            fit(root / name, [IterationTimer(warmup_steps=2, run_name=name, summary_path=str(path)),
+                              SectionProfiler(warmup_steps=2, print_reports=False)], model=Costs(clock, **costs),
+                max_epochs=2, enable_checkpointing=False)
+            paths[name] = str(path)
+    return paths
+
+
+def test_compare_starts_with_the_candidates_diagnosis_and_the_baselines_where_it_differs(three_runs):
+    text = cli("compare", three_runs["loader"], three_runs["fast"])
+    first = text.splitlines()[0]
+    assert first.startswith("Diagnosis of fast: compute-bound: forward + backward + optimizer step 95.0%")
+    assert "| Diagnosis of loader: input-bound: data loading + transfer 34.8%" in first
+    markdown = cli("compare", three_runs["loader"], three_runs["fast"], "--format", "markdown")
+    assert markdown.splitlines()[0] == f"**{first}**"
+    result = json.loads(cli("compare", three_runs["loader"], three_runs["fast"], "--format", "json"))
+    assert list(result)[0] == "diagnosis" and result["diagnosis"]["differs"] is True
+    assert result["diagnosis"]["candidate"]["verdict"] == "compute-bound"
+    assert result["diagnosis"]["base"]["verdict"] == "input-bound" and result["diagnosis"]["line"] == first
+
+
+def test_compare_of_one_verdict_says_so_and_reads_files_from_before_diagnoses(three_runs, tmp_path):
+    same = cli("compare", three_runs["fast"], three_runs["faster"]).splitlines()[0]
+    assert same.startswith("Diagnosis of faster: compute-bound") and same.endswith("| fast: the same verdict")
+    with open(three_runs["loader"]) as fh:
+        old = json.load(fh)
+    del old["diagnosis"]  # a file written before the diagnosis existed: computed from its figures
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    result = json.loads(cli("compare", three_runs["fast"], str(path), "--format", "json"))
+    assert result["diagnosis"]["candidate"]["verdict"] == "input-bound"
+    assert result["diagnosis"]["candidate"]["value"] == pytest.approx(100 * 16 / 46)
