@@ -20,7 +20,30 @@ from lightning.pytorch import Trainer, seed_everything  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
 from denoise import DenoiseDataModule, DenoiseNet  # noqa: E402
-from lightning_perf import EvalNoGradGuard, IterationTimer, QualityGate, SectionProfiler, VRAMMonitor  # noqa: E402
+from lightning_perf import (  # noqa: E402
+    EvalNoGradGuard,
+    IterationTimer,
+    QualityGate,
+    SectionProfiler,
+    VRAMMonitor,
+    phase,
+)
+
+
+class DemoNet(DenoiseNet):
+    """The denoiser; with ``sample_every``, it also denoises the held-out patches from a training hook every N steps,
+    as seed 001's train.py evaluated inside its training loop. Marked with ``phase("eval_in_train_hooks")``, that
+    evaluation's memory is a phase of its own, not part of the train peak."""
+
+    def __init__(self, sample_every: int = 0) -> None:
+        super().__init__()
+        self.sample_every = sample_every
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.sample_every and self.global_step % self.sample_every == 0:
+            with phase("eval_in_train_hooks"), torch.no_grad():
+                for noisy, _ in self.trainer.datamodule.val_dataloader():
+                    self(noisy.to(self.device))
 
 
 def suite(args: argparse.Namespace) -> list:
@@ -48,6 +71,8 @@ def main(argv: list = None) -> int:
     parser.add_argument("--val-every", type=int, default=50, help="validate every N training batches")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--notes", default=None, help="a note for this run, shown by `lightning-perf report`")
+    parser.add_argument("--sample-every", type=int, default=0,
+                        help="also denoise the held-out patches from a training hook every N steps (0: never)")
     parser.add_argument("--baseline", default=None,
                         help="gate quality against this perf_summary.json or baseline file (within 0.5%%)")
     args = parser.parse_args(argv)
@@ -68,7 +93,7 @@ def main(argv: list = None) -> int:
         log_every_n_steps=10,
     )
     data = DenoiseDataModule(batch_size=args.batch_size, patch_size=args.patch_size, num_workers=args.workers)
-    trainer.fit(DenoiseNet(), datamodule=data)
+    trainer.fit(DemoNet(sample_every=args.sample_every), datamodule=data)
 
     path = os.path.join(logger.log_dir, "perf_summary.json")
     with open(path) as fh:
@@ -99,15 +124,19 @@ def main(argv: list = None) -> int:
     vram = summary["vram"]
     peaks = {phase: values.get("peak_allocated_mb") or values.get("host_rss_peak_mb")
              for phase, values in vram["phases"].items()}
+    hooks = (f", peak eval in train hooks {peaks['eval_in_train_hooks']:.0f} MB" if "eval_in_train_hooks" in peaks
+             else "")
     print(f"  memory     peak train {peaks.get('train', 0):.0f} MB, peak eval {peaks.get('validation', 0):.0f} MB"
-          f" ({vram['source']}); leak suspected: {vram['leak_suspected']}")
+          f"{hooks} ({vram['source']}); leak suspected: {vram['leak_suspected']}")
     guard = summary["eval_no_grad_guard"]
     print(f"  autograd   {'clean' if guard['clean'] else 'FINDINGS'}: {guard['grad_enabled_eval_forwards']}"
           f" eval forwards with grad on, {len(guard['retained_graphs'])} retained graphs")
     gate = summary["quality_gate"]
     values = ", ".join(f"{k.upper()} {v['value']:.4f}" for k, v in gate["metrics"].items())
     verdict = {True: "gate passed", False: "gate FAILED", None: "no baseline, not gated"}[gate["passed"]]
-    print(f"  quality    {values} ({verdict})")
+    at = f" at step {gate['step']}" + (f", baseline at step {gate['baseline_step']}" if gate["baseline_step"] is not None
+                                        else "")
+    print(f"  quality    {values}{at} ({verdict})")
     if "lpips" in gate["unavailable"]:
         print("             LPIPS unavailable here: pretrained backbone weights could not be loaded (offline)")
     print(f"  summary    {path}")

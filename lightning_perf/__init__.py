@@ -15,6 +15,7 @@ _LAZY = {
     "SectionProfiler": "lightning_perf.callbacks.section_profiler",
     "PerfSuite": "lightning_perf.callbacks.perf_suite",
     "profile_section": "lightning_perf.measure.sections",
+    "phase": "lightning_perf.measure.phases",
     "allow_grad_in_eval": "lightning_perf.measure.autograd",
     "PerfCheckFailed": "lightning_perf.errors",
     "PerfConfigError": "lightning_perf.errors",

@@ -1,4 +1,4 @@
-"""The ``lightning-perf`` command: a thin argparse layer over compare, report, bench and matrix."""
+"""The ``lightning-perf`` command: a thin argparse layer over compare, report, bench, matrix and run."""
 
 from __future__ import annotations
 
@@ -90,7 +90,8 @@ def _iterations(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lightning-perf",
-                     description="Compare and tabulate lightning_perf summary files; sweep models and variants.")
+                     description="Compare and tabulate lightning_perf summary files; sweep models and variants;"
+                     " attach the suite to a training command.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("compare", help="compare two runs: speedup with a 95%% CI, time saved, memory, quality")
@@ -116,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                    " differs)")
     p.add_argument("--notes", nargs="+", help="a free-text note per run (default: each run's run.notes)")
     p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    p.add_argument("--change-vs", choices=("first", "previous"), default="first",
+                   help="the row each change (speed, it/s, memory) is taken against: the first row (default) or the"
+                   " row before")
+    p.add_argument("--column", action="append", metavar="KEY",
+                   help="add the last logged value of scalar KEY (the summary's `logged` block); repeatable")
     p.add_argument("--plot", metavar="PNG", help="also draw it/s, peak memory and quality per run")
 
     p = sub.add_parser("bench", help="sweep a model over input sizes x batch sizes: time, throughput, memory")
@@ -157,7 +163,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="also write the report to this file (markdown)")
     p.add_argument("--csv", help="also write the rows to this CSV")
     p.add_argument("--timeout", type=_positive_float, default=None, help="seconds per variant (> 0)")
+
+    p = sub.add_parser("run", help="run a training command with the suite attached to every Trainer it builds,"
+                       " with no change to its code (the way to measure a baseline checkout)")
+    p.add_argument("--out", metavar="DIR", help="folder of the summaries (with --name: DIR/NAME); default each"
+                   " Trainer's log_dir, as callbacks given by hand")
+    p.add_argument("--name", help="the runs' run.name, and with --out the subfolder of DIR")
+    p.add_argument("--callbacks", type=_callback_names, metavar="LIST",
+                   help="comma-separated, from IterationTimer, SectionProfiler, VRAMMonitor, EvalNoGradGuard,"
+                   " QualityGate (default the first four, PerfSuite's)")
+    p.add_argument("--baseline", metavar="FILE", help="also gate quality against this perf_summary.json or baseline"
+                   " file (QualityGate, every metric it holds, warn only)")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
+                   help="the command, e.g. -- python train.py --lr 0.1 (or python -m pkg.train ...)")
     return parser
+
+
+def _callback_names(text: str) -> List[str]:
+    from lightning_perf._attach import parse_callbacks
+
+    try:
+        return parse_callbacks(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+#: The longest --name: it names a folder, and file systems refuse names over 255 bytes.
+MAX_RUN_NAME = 100
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from lightning_perf._attach import SUMMARY_NAME, gate_arguments
+    from lightning_perf._attach.launch import run_command
+
+    command = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not command:
+        raise SummaryError("run needs the command to run after --, e.g. lightning-perf run -- python train.py")
+    name = args.name
+    if name is not None and (not name.strip() or name in (os.curdir, os.pardir) or "\0" in name
+                             or any(sep and sep in name for sep in (os.sep, os.altsep, "/", "\\"))
+                             or len(name) > MAX_RUN_NAME):
+        raise SummaryError(f"--name {name[:MAX_RUN_NAME]!r}: expected a folder name (no path separator, not '.' or"
+                           f" '..', 1 to {MAX_RUN_NAME} characters)")
+    out = None
+    if args.out is not None:
+        out = os.path.abspath(os.path.join(args.out, name) if name else args.out)
+        if os.path.lexists(out) and not os.path.isdir(out):
+            raise SummaryError(f"--out {out!r} is {special_kind(out) or 'a file'}; expected a folder")
+        try:
+            probe_folder(os.path.join(out, SUMMARY_NAME))
+        except (OSError, ValueError) as err:
+            raise SummaryError(f"--out {out!r} cannot be written: {getattr(err, 'strerror', None) or err}") from None
+    baseline = None
+    if args.baseline is not None:
+        baseline = os.path.abspath(args.baseline)
+        try:
+            gate_arguments(baseline)
+        except (OSError, ValueError) as err:
+            raise SummaryError(f"--baseline {args.baseline!r}: {err}") from None
+    return run_command(command, callbacks=args.callbacks, out=out, name=name, baseline=baseline,
+                       say=lambda text: _say(text, sys.stderr))
 
 
 def _say(text: str, stream: Optional[TextIO] = None) -> None:
@@ -211,7 +276,7 @@ def _plain_label(text: str) -> str:
 def _cmd_report(args: argparse.Namespace) -> int:
     from lightning_perf.summary.fields import run_names
     from lightning_perf.summary.io import read_summary
-    from lightning_perf.summary.report import format_report, report_rows
+    from lightning_perf.summary.report import column_notes, format_report, report_rows
 
     if args.names and len(args.names) != len(args.runs):
         raise SummaryError(f"--names got {len(args.names)} names for {len(args.runs)} runs")
@@ -221,8 +286,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     names = args.names or run_names(args.runs, summaries)
     if args.plot:
         _check_output(args.plot, "--plot")
-    rows = report_rows(summaries, names, args.notes)
-    _say(format_report(rows, args.format))
+    rows = report_rows(summaries, names, args.notes, change_vs=args.change_vs, columns=args.column)
+    notes = column_notes(summaries, names, args.column)
+    _say(format_report(rows, args.format, notes))
+    if notes and args.format == "csv":  # stdout stays CSV
+        _say("\n".join(f"lightning-perf: {note}" for note in notes), sys.stderr)
     if args.plot:
         from lightning_perf.bench.plots import plot_report
 
@@ -377,7 +445,7 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"compare": _cmd_compare, "report": _cmd_report, "bench": _cmd_bench, "bench-compare": _cmd_bench_compare,
-            "matrix": _cmd_matrix}
+            "matrix": _cmd_matrix, "run": _cmd_run}
 
 
 #: Commands that only read summaries: whatever a file holds, they answer with one line, never a traceback.

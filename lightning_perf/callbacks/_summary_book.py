@@ -160,6 +160,11 @@ class SummaryBook:
             if in_spawned_worker(trainer):
                 self._hand_off(trainer)
 
+    @property
+    def written_paths(self) -> List[str]:
+        """The files this record has been written to so far (rank 0), sorted."""
+        return sorted(self._written_paths)
+
     # -- a spawned worker (ddp_spawn) --------------------------------------------------------------------------------
     def _hand_off(self, trainer: Trainer) -> None:
         """In rank 0's spawned worker: names this record's files to the parent, and writes the record when the

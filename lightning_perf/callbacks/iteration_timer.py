@@ -232,6 +232,7 @@ class IterationTimer(PerfCallback):
         self._eval_start: Optional[float] = None
         self._last_mark: Optional[float] = None
         self._last_global_step = 0
+        self._stepped = False
         self._first_global_step = 0
         self._target: Optional[int] = self.target_steps
         self._target_from_max_steps = False
@@ -359,6 +360,12 @@ class IterationTimer(PerfCallback):
         self._trainer_epoch = trainer.current_epoch
 
     @guarded
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        # automatic optimization calls this once per optimizer step: the batch that ends here ends an iteration (a
+        # flag, where reading trainer.global_step at every batch end costs a chain of five properties)
+        self._stepped = True
+
+    @guarded
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -374,12 +381,14 @@ class IterationTimer(PerfCallback):
             if items is not None:
                 self.items += items
                 self._iter_items += items
-        step = trainer.global_step
         if not self._manual:
-            if step == self._last_global_step:
+            if not self._stepped:
                 return  # still accumulating: the iteration ends with the optimizer step
-        self._last_global_step = step
+            self._stepped = False
+        else:  # an iteration is a batch; the optimizer steps taken convert a target from max_steps
+            self._last_global_step = trainer.global_step
         self._end_iteration(trainer)
+        self._drain_scalars(trainer)
         if self._fit_iterations == self._flops_due:
             self._count_flops(trainer, pl_module, batch, batch_idx)
 

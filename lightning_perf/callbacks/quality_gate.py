@@ -73,6 +73,9 @@ class QualityGate(PerfCallback):
         lpips_weights_dir: a torch hub folder whose ``checkpoints/`` holds torchvision's backbone weights, for
             machines without internet.
         lpips_pretrained: False uses a random backbone (``pnet_rand=True``): plumbing tests only, not LPIPS.
+        require_same_step: a check at another global step than the baseline's (a baseline file's ``step``, an
+            earlier summary's ``quality_gate.step``) fails, naming both steps; False (default): it warns once and
+            is gated. A baseline without a step (a dict) is not checked for it.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
 
     Logged metrics: ``quality/psnr``, ``quality/ssim``, ``quality/lpips``, ``quality/l1`` and ``quality/gate_passed``
@@ -117,6 +120,7 @@ class QualityGate(PerfCallback):
         lpips_net: str = "alex",
         lpips_weights_dir: Optional[str] = None,
         lpips_pretrained: bool = True,
+        require_same_step: bool = False,
         summary_path: Optional[str] = None,
         run_name: Optional[str] = None,
         run_notes: Optional[str] = None,
@@ -185,6 +189,7 @@ class QualityGate(PerfCallback):
         self.every_n_steps = every_n_steps
         self.record_baseline = check_path(owner, "record_baseline", record_baseline)
         self.lpips_pretrained = check_bool(owner, "lpips_pretrained", lpips_pretrained)
+        self.require_same_step = check_bool(owner, "require_same_step", require_same_step)
         self.preds_key, self.target_key = preds_key, target_key
         self.data_range = float(data_range)
         self.lpips_net = lpips_net
@@ -413,6 +418,7 @@ class QualityGate(PerfCallback):
         self._step = step
         self._checks += 1
         failing = []
+        mismatch = self._step_mismatch(step)
         for name in self.gated:
             if name not in values and name == "lpips" and self._lpips_reason:
                 continue  # unavailable here: said once at load, not a failure of the model
@@ -429,6 +435,8 @@ class QualityGate(PerfCallback):
             result = verdict(values[name], self.baseline[name], self.modes[name], self.tolerance[name],
                              self.tolerance_mode[name] == "relative")
             result["step"] = step
+            if mismatch and self.require_same_step:
+                result.update(passed=False, reason=mismatch)
             self._results[name] = result
             if not result["passed"]:
                 failing.append(name)
@@ -445,7 +453,8 @@ class QualityGate(PerfCallback):
         if not passed:
             self._failed_count += 1
             if len(self._failed) < _MAX_FAILED_RECORDS:
-                self._failed.append({"step": step, "metrics": failing})
+                self._failed.append({"step": step, "metrics": failing,
+                                     **({"reason": mismatch} if mismatch and self.require_same_step else {})})
             if self.action != "stop":
                 self._warn_once(f"failed:{','.join(failing)}", self._failure_message(step, failing))
         if self.action == "stop":
@@ -454,6 +463,18 @@ class QualityGate(PerfCallback):
                 self._warn_once("stop", self._failure_message(step, failing or ["(another rank)"])
                                 + " Training stops (action='stop').")
                 trainer.should_stop = True
+
+    def _step_mismatch(self, step: int) -> Optional[str]:
+        """Why a check at ``step`` is not like for like with the baseline (None when the steps agree or the baseline
+        has none); warned once unless ``require_same_step`` makes it fail the check."""
+        recorded = self._baseline_meta.get("step")
+        if self.baseline is None or recorded is None or recorded == step:
+            return None
+        reason = f"checked at step {step} against a baseline recorded at step {recorded}"
+        if not self.require_same_step:
+            self._warn_once("step", f"{reason}: a model at another step is not like for like; gate at step"
+                            f" {recorded} (at_steps=[{recorded}]), or require_same_step=True to fail such a check.")
+        return reason
 
     def _failure_message(self, step: int, failing: List[str]) -> str:
         parts = []
@@ -501,9 +522,10 @@ class QualityGate(PerfCallback):
                                   " of the summary.")
         if self.action == "fail" and self._failed_count:
             first = self._failed[0]
+            why = f" ({first['reason']})" if first.get("reason") else ""
             raise PerfCheckFailed(
                 f"QualityGate: {self._failed_count} of {self._checks} checks failed (action='fail'); first at step"
-                f" {first['step']}: {', '.join(first['metrics'])}. See the quality_gate section of the summary.")
+                f" {first['step']}: {', '.join(first['metrics'])}{why}. See the quality_gate section of the summary.")
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -562,6 +584,8 @@ class QualityGate(PerfCallback):
             "step": self._step,
             "images_scored": self._images_scored,
             "baseline_images": self._baseline_images,
+            "baseline_step": self._baseline_meta.get("step"),
+            "require_same_step": self.require_same_step,
             "baseline_source": self.baseline_source,
             "baseline": dict(self.baseline) if self.baseline else None,
             "recorded_baseline": self.record_baseline,

@@ -134,7 +134,8 @@ class SectionProfiler(PerfCallback):
     """
 
     section_name = "section_profiler"
-    _transient = ("_checkpoint_io", "_strategy", "_profiler", "_profiler_start", "_previous_sink", "_clock",
+    _transient = ("_checkpoint_io", "_strategy", "_profiler", "_profiler_start", "_fetch_watch_toggles",
+                  "_previous_sink", "_clock",
                   "_pending_user", "_transfer")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
@@ -191,6 +192,7 @@ class SectionProfiler(PerfCallback):
         self._checkpoint_reason: Optional[str] = None
         self._profiler: Any = None
         self._profiler_start: Any = None
+        self._fetch_watch_toggles = False
         self._transfer: Any = None  # our mark on the strategy's batch_to_device, during a fit
 
     def _is_enabled(self) -> bool:
@@ -290,9 +292,22 @@ class SectionProfiler(PerfCallback):
         if self._active and action_name.endswith(_FETCH_ACTION):
             self._fetches += 1
             t = now()
-            self._switch("data_loading", t)  # until on_train_batch_start: the fetch and batch_to_device
+            self._disarm_fetch_watch()
+            self._switch("data_loading", t)  # the fetch, until the transfer (or on_train_batch_start)
             self._overhead_s += now() - t
         self._profiler_start(action_name)
+
+    # Lightning starts ~30 profiler actions a step (one per hook of every callback, module and strategy): the watch
+    # for the fetch is armed only from where a fetch can come next (the batch end, an epoch or a validation boundary)
+    # until it comes, so the ~25 actions inside the step call the profiler's own start. Arming and disarming is one
+    # instance attribute. Where something else had replaced the profiler's start before setup, the watch stays armed.
+    def _arm_fetch_watch(self) -> None:
+        if self._fetch_watch_toggles and self._profiler is not None:
+            self._profiler.start = self._profiler_started  # type: ignore[method-assign]
+
+    def _disarm_fetch_watch(self) -> None:
+        if self._fetch_watch_toggles and self._profiler.__dict__.get("start") == self._profiler_started:
+            del self._profiler.start
 
     def _checkpoint_written(self, seconds: float) -> None:
         """A checkpoint write or removal, from the strategy's CheckpointIO: carved out of the running section."""
@@ -334,6 +349,7 @@ class SectionProfiler(PerfCallback):
         if not self._gap_mode:
             self._profiler = trainer.profiler
             self._profiler_start = trainer.profiler.start
+            self._fetch_watch_toggles = "start" not in trainer.profiler.__dict__
             trainer.profiler.start = self._profiler_started  # type: ignore[method-assign]
 
     def _restore(self) -> None:
@@ -360,6 +376,7 @@ class SectionProfiler(PerfCallback):
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
         self._switch("other")
+        self._arm_fetch_watch()
 
     def _between_batches(self) -> str:
         """The section that runs from the end of a batch (or a validation) until the next batch starts."""
@@ -370,6 +387,7 @@ class SectionProfiler(PerfCallback):
         # what follows is the new epoch's dataloader iterator (workers starting) and its first fetch
         if self._active and (self._current is None or self._gap_mode):
             self._switch(self._between_batches())
+        self._arm_fetch_watch()
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -415,11 +433,14 @@ class SectionProfiler(PerfCallback):
         if not self._manual:
             if not self._stepped:  # accumulating: the iteration goes on with the next batch
                 self._switch(self._between_batches(), t)
+                self._arm_fetch_watch()
                 self._overhead_s += now() - t
                 return
             self._stepped = False
         self._switch(self._between_batches(), t, iteration_end=True)
         self._end_iteration(trainer)
+        self._arm_fetch_watch()
+        self._drain_scalars(trainer)
         self._overhead_s += now() - t
 
     def _end_iteration(self, trainer: Trainer) -> None:
@@ -493,6 +514,7 @@ class SectionProfiler(PerfCallback):
             self._validation_runs += 1
             self._val_start = None
             self._switch(self._between_batches(), t)
+            self._arm_fetch_watch()
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import weakref
+from typing import Any, Callable, Dict, List, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
@@ -12,6 +13,14 @@ from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.measure.device_activity import (
+    GPU_READINGS,
+    HOST_MIN_SPAN_S,
+    HOST_READINGS,
+    ActivitySampler,
+    HostActivityReader,
+    NvmlActivityReader,
+)
 from lightning_perf.measure.memory import (
     AllocatorPeaks,
     LeakDetector,
@@ -21,16 +30,24 @@ from lightning_perf.measure.memory import (
     RssReader,
     host_total_mb,
 )
+from lightning_perf.measure.phases import add_listener, remove_listener
 
-PHASES = ("train", "validation", "test", "predict")
+#: ``eval_in_train_hooks``: evaluation a training hook runs inside ``lightning_perf.phase(...)``.
+PHASES = ("train", "validation", "test", "predict", "eval_in_train_hooks")
 #: The training leak check reads memory once every this many iterations (a CUDA allocator read costs ~20 us).
 TRAIN_LEAK_STRIDE = 4
 LEAK_THRESHOLD_CUDA = 2.0  # MB per 100 iterations, torch allocator
 LEAK_THRESHOLD_RSS = 20.0  # MB per 100 iterations, host RSS
-_EVAL_KEY = {"validation": "eval", "test": "test", "predict": "predict", "train": "train"}
+_EVAL_KEY = {"validation": "eval", "test": "test", "predict": "predict", "train": "train",
+             "eval_in_train_hooks": "eval_in_train_hooks"}
 # sampler field -> summary field
 _SAMPLED = {"nvml_used_mb": "nvml_peak_used_mb", "nvml_process_mb": "nvml_process_peak_mb",
             "host_rss_mb": "host_rss_peak_mb"}
+# activity reading -> (logged group, logged name); eval phases put their prefix before the name
+_ACTIVITY_KEYS = {"gpu_util_pct": ("gpu", "util_pct"), "mem_util_pct": ("gpu", "mem_util_pct"),
+                  "power_w": ("gpu", "power_w"), "sm_clock_mhz": ("gpu", "sm_clock_mhz"),
+                  "temperature_c": ("gpu", "temperature_c"), "process_cpu_cores": ("host", "process_cpu_cores"),
+                  "host_cpu_pct": ("host", "cpu_pct")}
 
 
 def _hold_max(held: Dict[str, Optional[float]], values: Dict[str, Optional[float]]) -> None:
@@ -53,14 +70,20 @@ class VRAMMonitor(PerfCallback):
     On CUDA: peak allocated and reserved MB per phase from torch's allocator (this callback resets torch's global
     peak counters with ``torch.cuda.reset_peak_memory_stats`` at each phase start and keeps the lifetime peak
     itself), and device used / process MB from NVML sampled every ``nvml_interval_s`` on a background thread with
-    peak-hold per phase. Without CUDA: the process's resident memory (RSS) from the same sampler. Sanity checking is
-    not a phase. Also: headroom (peak as a share of device memory, a warning above ``warn_above_pct``) and a leak
+    peak-hold per phase. Without CUDA: the process's resident memory (RSS) from the same sampler. The same thread
+    reads what the GPU and host are doing (``activity``): NVML utilisation, memory-controller utilisation, power, SM
+    clock and temperature, and the CPU use of this process and of the machine; per phase a mean and a p5 in the
+    summary, window means in the loggers, no call on the training thread. Sanity checking is not a phase.
+    Evaluation that a training hook runs (``on_train_batch_end`` calling a sampling pass) is its own phase,
+    ``eval_in_train_hooks``, when wrapped in ``with lightning_perf.phase("eval_in_train_hooks"):``; else it is part
+    of the train peak. Also: headroom (peak as a share of device memory, a warning above ``warn_above_pct``) and a leak
     check on memory read at the end of every 4th training iteration (a CUDA allocator read costs ~20 us, too much
     for every step) and of every evaluation batch; its windows and rate are in iterations.
 
     Args:
         nvml: sample NVML on CUDA devices.
-        nvml_interval_s: sampling period of the background thread (NVML and RSS), in (0.001, 60] seconds.
+        nvml_interval_s: sampling period of the background thread (NVML, RSS and activity), in (0.001, 60] seconds.
+        activity: also sample GPU utilisation, power, clock and temperature (NVML) and host CPU use (psutil).
         warn_above_pct: warn once per phase when its peak passes this share of device (or host) memory.
         leak_window: iterations per averaging window of the leak check (4 consecutive rising windows flag a leak).
         leak_threshold_mb_per_100: smallest rise, in MB per 100 iterations, that counts as a leak; default 2 on CUDA
@@ -72,7 +95,12 @@ class VRAMMonitor(PerfCallback):
     Logged metrics (as they apply; every ``log_every_n_steps`` and at phase ends):
         ``vram/train_peak_allocated_mb``, ``vram/train_peak_reserved_mb``, ``vram/eval_peak_allocated_mb``,
         ``vram/eval_peak_reserved_mb``, ``vram/nvml_used_mb``, ``vram/host_rss_peak_mb``,
-        ``vram/eval_host_rss_peak_mb``.
+        ``vram/eval_host_rss_peak_mb``; with ``activity``, window means ``gpu/util_pct``, ``gpu/mem_util_pct``,
+        ``gpu/power_w``, ``gpu/sm_clock_mhz``, ``gpu/temperature_c``, ``host/process_cpu_cores``, ``host/cpu_pct``
+        (training; ``gpu/eval_util_pct``, ... for validation, at its end); and where a training hook runs
+        evaluation inside ``lightning_perf.phase("eval_in_train_hooks")``, its own peak at each exit of that phase:
+        ``vram/eval_in_train_hooks_peak_allocated_mb``, ``vram/eval_in_train_hooks_peak_reserved_mb``,
+        ``vram/eval_in_train_hooks_host_rss_peak_mb``.
 
     Raises:
         ValueError: for ``nvml_interval_s`` outside (0.001, 60], ``warn_above_pct`` outside (0, 100], a
@@ -84,7 +112,7 @@ class VRAMMonitor(PerfCallback):
     """
 
     section_name = "vram"
-    _transient = ("_sampler", "_nvml_reader", "_allocator")
+    _transient = ("_sampler", "_nvml_reader", "_allocator", "_activity", "_hook_trainer")
 
     def __init__(
         self,
@@ -98,6 +126,7 @@ class VRAMMonitor(PerfCallback):
         summary_path: Optional[str] = None,
         run_name: Optional[str] = None,
         run_notes: Optional[str] = None,
+        activity: bool = True,
     ) -> None:
         super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         if isinstance(nvml_interval_s, bool) or not isinstance(nvml_interval_s, (int, float)) or not (
@@ -115,6 +144,9 @@ class VRAMMonitor(PerfCallback):
         check_positive_int("VRAMMonitor", "log_every_n_steps", log_every_n_steps, allow_none=True)
         self.nvml = check_bool("VRAMMonitor", "nvml", nvml)
         check_bool("VRAMMonitor", "show_in_progress_bar", show_in_progress_bar)
+        self.activity = check_bool("VRAMMonitor", "activity", activity)
+        self._activity: Optional[ActivitySampler] = None
+        self._host_cores: Optional[int] = None
         self.nvml_interval_s = float(nvml_interval_s)
         self.warn_above_pct = float(warn_above_pct)
         self.leak_window = leak_window
@@ -126,6 +158,7 @@ class VRAMMonitor(PerfCallback):
         self._sampler: Optional[PeakSampler] = None
         self._rss: Optional[RssReader] = None
         self._nvml_reader: Optional[NvmlReader] = None
+        self._hook_trainer: Optional[Any] = None
         self._reset_run()
 
     # -- set-up and tear-down ------------------------------------------------------------------------------------
@@ -185,8 +218,9 @@ class VRAMMonitor(PerfCallback):
                 values.update(nvml_reader.read())
             return values
 
-        self._sampler = PeakSampler(read, self.nvml_interval_s)
+        self._sampler = PeakSampler(read, self.nvml_interval_s, on_tick=self._start_activity())
         self._sampler.start()
+        self._listen_to_hook_phases(trainer)
 
     def _device(self, trainer: Trainer) -> Any:
         return trainer.strategy.root_device
@@ -208,10 +242,12 @@ class VRAMMonitor(PerfCallback):
             self._warn_once("nvml", f"NVML figures are unavailable ({reason}); allocator figures go on.")
 
     def _stop_probes(self) -> None:
+        self._stop_listening_to_hook_phases()
         if self._sampler is not None:
             self._sampler.stop()
             if self._sampler.error and self._nvml_reader is not None:
                 self._nvml_unavailable(f"sampling stopped: {self._sampler.error}")
+        self._note_sampler_stop()
         for probe in (self._rss, self._nvml_reader):
             if probe is not None:
                 probe.close()
@@ -287,7 +323,87 @@ class VRAMMonitor(PerfCallback):
             metrics["vram/nvml_used_mb"] = self._sampler.last["nvml_used_mb"]
         rss_key = "vram/host_rss_peak_mb" if phase == "train" else prefix + "host_rss_peak_mb"
         metrics[rss_key] = held.get("host_rss_peak_mb")
+        metrics.update(self._activity_metrics(phase))
         return metrics
+
+    # -- device activity: read on the sampler's thread; the training thread only takes window sums ----------------
+    def _start_activity(self) -> Optional[Callable[[Optional[str]], None]]:
+        """The activity readers for this run (after the NVML reader is made); their ``tick`` for the sampler's
+        thread, or None when ``activity=False``."""
+        self._activity = None
+        self._host_cores = None
+        if not self.activity:
+            return None
+        readers: List[Any] = []
+        unavailable: Dict[str, str] = {}
+        if self._nvml_reader is not None:
+            readers.append(NvmlActivityReader(self._nvml_reader.nvml, self._nvml_reader.handle))
+        else:
+            reason = self._unavailable.get("nvml_peak_used_mb", "NVML was not started")
+            unavailable.update({name: reason for name in GPU_READINGS})
+        try:
+            host = HostActivityReader()
+            readers.append(host)
+            self._host_cores = host.logical_cores
+        except Exception as err:  # noqa: BLE001 - psutil refused (a sandbox): the GPU readings go on
+            unavailable.update({name: f"psutil failed: {type(err).__name__}: {err}" for name in HOST_READINGS})
+        self._activity = ActivitySampler(readers, unavailable)
+        return self._activity.tick
+
+    def _note_sampler_stop(self) -> None:
+        if self._activity is not None and self._sampler is not None and self._sampler.error:
+            self._activity.stopped = f"sampling stopped: {self._sampler.error}"
+
+    def _activity_metrics(self, phase: str) -> Dict[str, float]:
+        """The window means of ``phase`` since its last log under their logged keys: sums the thread kept, no call
+        to NVML or psutil here."""
+        if self._activity is None:
+            return {}
+        infix = "" if phase == "train" else _EVAL_KEY[phase] + "_"
+        return {f"{_ACTIVITY_KEYS[name][0]}/{infix}{_ACTIVITY_KEYS[name][1]}": value
+                for name, value in self._activity.take_window(phase).items()}
+
+    def _activity_section(self, unavailable: Dict[str, str]) -> Optional[Dict[str, Any]]:
+        """``vram.activity``: per phase the mean and p5 of each reading; null, with ``unavailable.activity``, when
+        switched off."""
+        if self._activity is None:
+            unavailable["activity"] = ("switched off (`activity=False`)" if not self.activity
+                                       else "not started (no setup ran)")
+            return None
+        self._note_sampler_stop()
+        activity = self._activity
+        return {
+            "source": " + ".join(src for src, names in (("NVML", GPU_READINGS), ("psutil", HOST_READINGS))
+                                 if any(n not in activity.unavailable for n in names)) or None,
+            "interval_s": self.nvml_interval_s,
+            "host_min_span_s": HOST_MIN_SPAN_S,
+            "host_logical_cores": self._host_cores,
+            "ticks": activity.ticks,
+            "phases": {phase: activity.phase_stats(phase) for phase in PHASES if phase in activity.phases()},
+            "unavailable": activity.unavailable,
+        }
+
+    def activity_verdict(self) -> str:
+        """One line for the console: per phase, GPU utilisation (mean and p5) beside the CPU use of this process and
+        of the machine, so "the GPU idles while the process keeps one core of 16 busy" can be read off."""
+        if self._activity is None:
+            return "VRAMMonitor activity: not measured" + (" (`activity=False`)" if not self.activity else "")
+        parts = []
+        for phase in PHASES:
+            if phase not in self._activity.phases():
+                continue
+            stats = self._activity.phase_stats(phase)
+            bits = []
+            gpu, own, machine = stats["gpu_util_pct"], stats["process_cpu_cores"], stats["host_cpu_pct"]
+            if gpu is not None:
+                bits.append(f"GPU busy {gpu['mean']:.0f}% (p5 {gpu['p5']:.0f}%)")
+            if own is not None:
+                bits.append(f"process {own['mean']:.1f} of {self._host_cores or '?'} cores")
+            if machine is not None:
+                bits.append(f"machine CPU {machine['mean']:.0f}%")
+            if bits:
+                parts.append(f"{phase}: " + ", ".join(bits))
+        return "VRAMMonitor activity: " + ("; ".join(parts) or "no sample taken")
 
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
@@ -309,6 +425,7 @@ class VRAMMonitor(PerfCallback):
                 peak = metrics.get("vram/train_peak_allocated_mb") or metrics.get("vram/host_rss_peak_mb")
                 if peak is not None:
                     pl_module.log("vram_peak_mb", peak, prog_bar=True, logger=False)
+        self._drain_scalars(trainer)
 
     def _leak_sample(self, detector: LeakDetector, phase: str) -> None:
         if self._allocator is not None:
@@ -364,6 +481,30 @@ class VRAMMonitor(PerfCallback):
         if self._in_training:
             self._enter("train")
 
+    # -- phases a user's training hook opens: `with lightning_perf.phase("eval_in_train_hooks"):` -----------------
+    def _listen_to_hook_phases(self, trainer: Trainer) -> None:
+        self._hook_trainer = weakref.ref(trainer)
+        add_listener(self._hook_phase)
+
+    def _stop_listening_to_hook_phases(self) -> None:
+        remove_listener(self._hook_phase)
+        self._hook_trainer = None
+
+    @guarded
+    def _hook_phase(self, name: str, entering: bool) -> None:
+        """Ends the train phase (keeping its peak) and opens ``name``, or closes ``name`` and opens train again:
+        what validation inside fit does, at the user's marks. Only inside training; no sync, no NVML call."""
+        trainer = self._hook_trainer() if self._hook_trainer is not None else None
+        if trainer is None or trainer.sanity_checking:
+            return
+        if entering and self._phase == "train":
+            self._exit(trainer, "train")
+            self._enter(name)
+        elif not entering and self._phase == name:
+            self._exit(trainer, name)
+            if self._in_training:
+                self._enter("train")
+
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._eval_start(trainer, "validation")
@@ -404,6 +545,7 @@ class VRAMMonitor(PerfCallback):
         self._write_summary(trainer)
         if trainer.is_global_zero:
             rank_zero_info(self.verdict())
+            rank_zero_info(self.activity_verdict())
 
     def verdict(self) -> str:
         """One line for the console: each phase's peak (allocator on CUDA, else host RSS), its usage, and leaks."""
@@ -472,6 +614,7 @@ class VRAMMonitor(PerfCallback):
             "sampler_samples": self._sampler.samples if self._sampler is not None else None,
             "ranks": self._ranks,
             "unavailable": unavailable,
+            "activity": self._activity_section(unavailable),
         }
 
     def state_dict(self) -> Dict[str, Any]:

@@ -160,10 +160,14 @@ class PeakSampler:
 
     The training thread only switches phases (at phase boundaries); it never waits for a sample.
     ``read`` returns a dict of floats (or None); a read that raises stops sampling and sets :attr:`error`.
+    ``on_tick(phase)``, when given, runs on the thread after each periodic sample (not at phase boundaries): the
+    device activity readings ride on this thread.
     """
 
-    def __init__(self, read: Callable[[], Dict[str, Optional[float]]], interval_s: float) -> None:
+    def __init__(self, read: Callable[[], Dict[str, Optional[float]]], interval_s: float,
+                 on_tick: Optional[Callable[[Optional[str]], None]] = None) -> None:
         self._read = read
+        self.on_tick = on_tick
         self.interval_s = interval_s
         self.peaks: Dict[str, Dict[str, float]] = {}
         self.last: Dict[str, Optional[float]] = {}
@@ -194,6 +198,8 @@ class PeakSampler:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
+            if self.on_tick is not None and self.error is None:
+                self.on_tick(self.phase)
 
     def start(self) -> None:
         if self._thread is None:

@@ -65,8 +65,9 @@ def read_baseline_with_gaps(source: Any) -> "tuple[Dict[str, float], Dict[str, s
 
 
 def read_baseline_meta(source: Any) -> Dict[str, Any]:
-    """What a baseline says about how it was measured: ``{"images": n}`` when known (a baseline file or a summary
-    that recorded it), else ``{}``. Never raises: the values were read (and checked) already."""
+    """What a baseline says about how it was measured: ``{"images": n, "step": s}``, each when known (a baseline
+    file or a summary that recorded it: ``step`` is the global step of its last check), else ``{}``. Never raises:
+    the values were read (and checked) already."""
     if isinstance(source, dict):
         return {}
     try:
@@ -76,9 +77,12 @@ def read_baseline_meta(source: Any) -> Dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         return {}
-    images = data.get("images") if data.get("kind") == BASELINE_KIND else (
-        (data.get("quality_gate") or {}).get("images_scored") if isinstance(data.get("quality_gate"), dict) else None)
-    return {"images": images} if isinstance(images, int) and not isinstance(images, bool) else {}
+    if data.get("kind") == BASELINE_KIND:
+        found = {"images": data.get("images"), "step": data.get("step")}
+    else:
+        gate = data.get("quality_gate") if isinstance(data.get("quality_gate"), dict) else {}
+        found = {"images": gate.get("images_scored"), "step": gate.get("step")}
+    return {k: v for k, v in found.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
 
 
 def write_baseline(path: str, metrics: Dict[str, Dict[str, Any]], step: Optional[int],

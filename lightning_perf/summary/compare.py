@@ -209,6 +209,7 @@ def compare_summaries(
             "candidate": candidate.quality_gate.passed if candidate.quality_gate is not None else None,
         },
         "tail": {"base": tail_text(base), "candidate": tail_text(candidate)},
+        "sections": section_changes(base, candidate),
         "notes": notes,
     }
 
@@ -221,6 +222,92 @@ def diagnoses(base: PerfSummary, candidate: PerfSummary, base_name: str, candida
     line = diagnosis_line(cand, candidate_name) + (f" | {diagnosis_line(old, base_name)}" if differs else
                                                     f" | {base_name}: the same verdict")
     return {"candidate": cand, "base": old, "differs": differs, "line": line}
+
+
+def _section_ms(run: PerfSummary) -> Dict[str, Dict[str, Optional[float]]]:
+    """SectionProfiler's sections of a run: name -> ms per measured iteration (total / iterations) and share."""
+    profiler = run.section_profiler
+    if profiler is None or not profiler.sections:
+        return {}
+    iterations = profiler.iterations
+    out = {}
+    for name, sec in profiler.sections.items():
+        per_iter = (finite(1000.0 * sec.total_s / iterations) if sec is not None and sec.total_s is not None
+                    and iterations else None)
+        out[name] = {"ms_per_iter": per_iter, "share_pct": sec.share_pct if sec is not None else None}
+    return out
+
+
+def section_changes(base: PerfSummary, candidate: PerfSummary) -> Optional[Dict[str, Any]]:
+    """The section breakdown side by side, so a speed change can be traced to the section that moved: per section
+    (the base's order, then the candidate's new ones) ms per measured iteration and share of iteration time in each
+    run and the change; ``moved_most``: the section whose ms per iteration changed most; ``iteration_delta_ms``:
+    the change of SectionProfiler's mean iteration. None unless both runs have a section table."""
+    b, c = _section_ms(base), _section_ms(candidate)
+    if not b or not c:
+        return None
+    rows = []
+    for name in list(b) + [n for n in c if n not in b]:
+        d = _delta((b.get(name) or {}).get("ms_per_iter"), (c.get(name) or {}).get("ms_per_iter"))
+        rows.append({"name": name, "base_ms_per_iter": d["base"], "candidate_ms_per_iter": d["candidate"],
+                     "base_share_pct": (b.get(name) or {}).get("share_pct"),
+                     "candidate_share_pct": (c.get(name) or {}).get("share_pct"),
+                     "delta_ms": d["delta"], "delta_pct": d["delta_pct"]})
+    moved = [r for r in rows if r["delta_ms"] is not None]
+    means = [run.section_profiler.iteration_ms.mean if run.section_profiler.iteration_ms is not None else None
+             for run in (base, candidate)]
+    return {"rows": rows,
+            "moved_most": max(moved, key=lambda r: abs(r["delta_ms"]))["name"] if moved else None,
+            "iteration_delta_ms": _delta(*means)["delta"]}
+
+
+def _moved_text(sections: Dict[str, Any]) -> Optional[str]:
+    row = next((r for r in sections["rows"] if r["name"] == sections["moved_most"]), None)
+    if row is None:
+        return None
+    whole = sections["iteration_delta_ms"]
+    return (f"{row['name']}, {row['delta_ms']:+.2f} ms/iter ({fmt_pct(row['delta_pct'])})"
+            + (f"; the whole iteration {whole:+.2f} ms" if whole is not None else ""))
+
+
+def _sections_text(result: Dict[str, Any]) -> List[str]:
+    """compare's text: the section table (SectionProfiler's, both runs), or nothing where a run has none."""
+    sections = result.get("sections")
+    if not sections:
+        return []
+    names = [r["name"] for r in sections["rows"]]
+    w = max(len("section"), *(len(n) for n in names)) + 2
+
+    def cell(ms: Optional[float], share: Optional[float]) -> str:
+        return "n/a" if ms is None else f"{ms:.2f} ({fmt_num(share, 1, '%')})"
+
+    b, c = result["base"]["name"], result["candidate"]["name"]
+    col = max(18, len(b) + 2, len(c) + 2)
+    lines = ["", "Sections (SectionProfiler: ms per measured iteration, share of iteration time):",
+             f"  {'section':<{w}}{b:<{col}}{c:<{col}}change"]
+    for r in sections["rows"]:
+        change = "n/a" if r["delta_ms"] is None else f"{r['delta_ms']:+.2f} ms ({fmt_pct(r['delta_pct'])})"
+        lines.append(f"  {r['name']:<{w}}{cell(r['base_ms_per_iter'], r['base_share_pct']):<{col}}"
+                     f"{cell(r['candidate_ms_per_iter'], r['candidate_share_pct']):<{col}}{change}")
+    moved = _moved_text(sections)
+    if moved:
+        lines.append(f"  Moved most: {moved}")
+    return lines
+
+
+def _sections_markdown(result: Dict[str, Any]) -> List[str]:
+    sections = result.get("sections")
+    if not sections:
+        return []
+    b, c = result["base"]["name"], result["candidate"]["name"]
+    rows = [[r["name"], fmt_num(r["base_ms_per_iter"]), fmt_num(r["base_share_pct"], 1, "%"),
+             fmt_num(r["candidate_ms_per_iter"]), fmt_num(r["candidate_share_pct"], 1, "%"),
+             "n/a" if r["delta_ms"] is None else f"{r['delta_ms']:+.2f}", fmt_pct(r["delta_pct"])]
+            for r in sections["rows"]]
+    moved = _moved_text(sections)
+    table = markdown_table(["section", f"{b} ms/iter", f"{b} share", f"{c} ms/iter", f"{c} share", "change ms/iter",
+                            "change"], rows)
+    return ["", table] + (["", f"**Moved most:** {moved}."] if moved else [])
 
 
 def tail_text(run: PerfSummary) -> Optional[str]:
@@ -303,6 +390,7 @@ def format_text(result: Dict[str, Any]) -> str:
         f"  {'Time saved:':<{width}}{fmt_duration(result['time_saved_s'])}"
         f" ({fmt_pct(result['time_saved_pct'])})",
     ]
+    lines += _sections_text(result)
     if result["memory_mb"]:
         lines += ["", "Peak memory:"]
         for label, d in result["memory_mb"].items():
@@ -360,6 +448,7 @@ def format_markdown(result: Dict[str, Any]) -> str:
     ]
     if result.get("between_runs"):
         parts += ["", f"**Between runs:** {result['between_runs']}."]
+    parts += _sections_markdown(result)
     if result["memory_mb"]:
         mem_rows = [
             [label, fmt_mb(d["base"]), fmt_mb(d["candidate"]), fmt_pct(d["delta_pct"])]

@@ -27,6 +27,8 @@ MEMORY_FIELDS = [
     ("eval peak reserved", "validation", "peak_reserved_mb"),
     ("eval peak device used (NVML)", "validation", "nvml_peak_used_mb"),
     ("eval peak host RSS", "validation", "host_rss_peak_mb"),
+    ("eval in train hooks peak allocated", "eval_in_train_hooks", "peak_allocated_mb"),
+    ("eval in train hooks peak host RSS", "eval_in_train_hooks", "host_rss_peak_mb"),
 ]
 
 

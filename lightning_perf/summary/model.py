@@ -184,7 +184,7 @@ class Error(Section):
 
 
 class Logged(Section):
-    values: Map(Real) = Field(None, description="name -> last logged value; report's loss columns")
+    values: Map(Real) = Field(None, description="name -> last logged value; report's loss columns and `--column`")
     monitor: Text = Field(None, description="what `ModelCheckpoint(monitor=...)` watched")
 
 
@@ -312,11 +312,39 @@ class Leak(Section):
     iterations_per_sample: Count = None
 
 
+class Reading(Section):
+    mean: NonNegative = None
+    p5: NonNegative = Field(None, description="5th percentile: 5% of the samples were at or below it")
+    samples: Count = None
+
+
+class PhaseActivity(Section):
+    gpu_util_pct: Obj(Reading) = Field(None, description="NVML: % of time a kernel was running")
+    mem_util_pct: Obj(Reading) = Field(None, description="NVML: % of time device memory was read or written")
+    power_w: Obj(Reading) = None
+    sm_clock_mhz: Obj(Reading) = None
+    temperature_c: Obj(Reading) = None
+    process_cpu_cores: Obj(Reading) = Field(None, description="psutil: cores this process kept busy")
+    host_cpu_pct: Obj(Reading) = Field(None, description="psutil: % of all logical cores busy")
+
+
+class Activity(Section):
+    source: Text = Field(None, description="`NVML + psutil`, `psutil` or `NVML`")
+    interval_s: Seconds = None
+    host_min_span_s: Seconds = None
+    host_logical_cores: Count = None
+    ticks: Count = None
+    phases: Map(Obj(PhaseActivity)) = Field(None, description="`train`, `validation`, `test`, `predict`")
+    unavailable: Reasons = None
+
+
 class Vram(Section):
     device: Text = None
     source: Text = None
     device_total_mb: MB = None
-    phases: Map(Obj(PhaseMemory)) = Field(None, description="`train`, `validation`, `test`, `predict`")
+    phases: Map(Obj(PhaseMemory)) = Field(None, description="`train`, `validation`, `test`, `predict`, and"
+                                          " `eval_in_train_hooks` (evaluation a training hook runs inside"
+                                          " `lightning_perf.phase`)")
     lifetime_peak_allocated_mb: MB = None
     lifetime_peak_reserved_mb: MB = None
     resets_torch_peak_stats: Flag = None
@@ -329,6 +357,7 @@ class Vram(Section):
     ranks: Ranks = None
     unavailable: Reasons = None
     measurement_failures: Reasons = None
+    activity: Obj(Activity) = Field(None, description="what the GPU and host were doing, per phase")
 
 
 # -- quality_gate, section_profiler, eval_no_grad_guard -----------------------------------------------------------------
@@ -351,6 +380,8 @@ class QualityGate(Section):
     step: Count = None
     images_scored: Count = None
     baseline_images: Count = None
+    baseline_step: Count = Field(None, description="the global step the baseline was recorded at, where it says")
+    require_same_step: Flag = Field(None, description="a check at another step than `baseline_step` fails")
     baseline_source: Text = None
     recorded_baseline: Text = None
     data_range: Real = None

@@ -1,8 +1,9 @@
-"""The phase table: one row per run with speed, change vs the first row, peak memory and quality."""
+"""The phase table: one row per run with speed, change vs the first (or the previous) row, peak memory and its
+change, quality and any logged scalar asked for."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from lightning_perf.summary.compare import headline
 from lightning_perf.summary.fields import (
@@ -39,11 +40,18 @@ def _loss_names(summaries: List[PerfSummary]) -> List[str]:
 
 
 def report_rows(summaries: List[SummaryLike], names: List[str],
-                notes: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+                notes: Optional[List[str]] = None, change_vs: str = "first",
+                columns: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """One dict per run. ``speedup`` and ``change_pct`` are the :func:`~lightning_perf.summary.compare.headline`
-    against the first run: the same figure `compare` prints for that pair (samples/s where batch sizes differ).
-    ``date`` is the run's start; ``notes`` the given note, else the run's ``run.notes``; loss columns are the last
-    logged value of ``train_loss``/``val_loss`` (and the like, and what ModelCheckpoint monitored)."""
+    against the reference run (``change_vs``: the first row, or the row before): the same figure `compare` prints
+    for that pair (samples/s where batch sizes differ). ``it_per_s_delta`` and ``samples_per_s_delta`` are the
+    absolute changes, and each memory column has its change in MB and % (only where both runs read the same memory
+    figure: allocator, NVML or host RSS). ``date`` is the run's start; ``notes`` the given note, else the run's
+    ``run.notes``; loss columns are the last logged value of ``train_loss``/``val_loss`` (and the like, and what
+    ModelCheckpoint monitored); ``columns`` adds any logged scalar by name (None where a run did not log it, see
+    :func:`column_notes`)."""
+    if change_vs not in CHANGE_VS:
+        raise ValueError(f"change_vs={change_vs!r}; expected one of {', '.join(CHANGE_VS)}")
     typed = [as_summary(summary, name) for summary, name in zip(summaries, names)]
     rows: List[Dict[str, Any]] = []
     metric_names: List[str] = []
@@ -54,9 +62,11 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
     # a logged or metric name equal to a fixed column ("run", "status", ...) would overwrite it
     losses = [n for n in _loss_names(typed) if n not in _FIXED]
     metric_names = [n for n in metric_names if n not in _FIXED]
+    extra = column_keys(columns or [], losses, metric_names)
     for i, (summary, name) in enumerate(zip(typed, names)):
         s = speed(summary)
-        head = headline(typed[0], summary, with_ci=False)
+        ref = 0 if change_vs == "first" or i == 0 else i - 1
+        head = headline(typed[ref], summary, with_ci=False)
         speedup = head["speedup"]
         q = quality(summary)
         values = (summary.logged.values if summary.logged is not None else None) or {}
@@ -72,13 +82,20 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
             "speedup": speedup,
             "speedup_basis": head["basis"] if speedup is not None else None,
             "change_pct": None if i == 0 or speedup is None else finite(100.0 * (speedup - 1.0)),
+            "change_vs": change_vs,
+            "reference": None if i == 0 else names[ref],
+            **_speed_deltas(speed(typed[ref]), s, i == 0),
             "train_peak_mb": train_peak_mb(summary),
             "eval_peak_mb": eval_peak_mb(summary),
+            "eval_in_train_hooks_peak_mb": _peak(summary, HOOK_PHASES)[0],
+            **_memory_deltas(typed[ref], summary, i == 0),
             "tflops_per_s": s["tflops_per_s"],
             "mfu_pct": s["mfu_pct"],
         }
         for loss in losses:
             row[loss] = values.get(loss)
+        for key, logged_name in extra:
+            row[key] = values.get(logged_name)
         for metric in metric_names:
             row[metric] = q[metric].value if metric in q else None
         row["quality_gate"] = summary.quality_gate.passed if summary.quality_gate is not None else None
@@ -86,8 +103,107 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
     return rows
 
 
+#: Memory columns: (row key, label, phases it reads, the largest across them).
+_MEMORY = (("train_peak", "Train peak", ("train",)), ("eval_peak", "Eval peak", ("validation", "test")),
+           ("eval_in_train_hooks_peak", "Eval in train hooks peak", ("eval_in_train_hooks",)))
+HOOK_PHASES = ("eval_in_train_hooks",)
+#: Where ``report`` takes its change from: the first row, or the row before each.
+CHANGE_VS = ("first", "previous")
+#: The memory figures a peak is read from, in order of preference (as ``train_peak_mb`` and ``eval_peak_mb``).
+_PEAK_FIELDS = ("peak_allocated_mb", "nvml_peak_used_mb", "host_rss_peak_mb")
+
 _FIXED = ("run", "date", "notes", "status", "it_per_s", "samples_per_s", "ms_per_iter_mean", "ms_per_iter_median", "speedup",
-          "speedup_basis", "change_pct", "train_peak_mb", "eval_peak_mb", "tflops_per_s", "mfu_pct", "quality_gate")
+          "speedup_basis", "change_pct", "change_vs", "reference", "it_per_s_delta", "samples_per_s_delta",
+          "train_peak_mb", "eval_peak_mb", "eval_in_train_hooks_peak_mb",
+          *(f"{key}_delta_{unit}" for key, _, _ in _MEMORY for unit in ("mb", "pct")),
+          "tflops_per_s", "mfu_pct", "quality_gate")
+
+
+def column_keys(columns: List[str], shown: List[str], other: List[str]) -> List[Tuple[str, str]]:
+    """(row key, logged name) per ``--column``: a logged name already ``shown`` (a loss column) is not repeated, and
+    one equal to a fixed or ``other`` column's key (a quality metric) is kept apart as ``logged:<name>``."""
+    out: List[Tuple[str, str]] = []
+    for name in columns:
+        if name in shown or any(name == logged for _, logged in out):
+            continue
+        out.append((f"logged:{name}" if name in _FIXED or name in other else name, name))
+    return out
+
+
+def column_notes(summaries: List[SummaryLike], names: List[str], columns: Optional[List[str]]) -> List[str]:
+    """What a ``--column`` could not show: a name no run logged (with the names they did log), or the runs that
+    lack it. Said under the table; the cells read n/a."""
+    typed = [as_summary(summary, name) for summary, name in zip(summaries, names)]
+    logged = [set((t.logged.values if t.logged is not None else None) or {}) for t in typed]
+    notes: List[str] = []
+    for column in dict.fromkeys(columns or []):
+        lacking = [name for name, values in zip(names, logged) if column not in values]
+        if len(lacking) == len(names):
+            known = sorted(set().union(*logged))
+            shown = ", ".join(known[:20]) + (f", ... ({len(known)} in all)" if len(known) > 20 else "")
+            notes.append(f"--column {column!r}: no run logged it; logged names: {shown or 'none'}")
+        elif lacking:
+            notes.append(f"--column {column!r}: not logged by {', '.join(lacking)} (n/a)")
+    return notes
+
+
+def _speed_deltas(ref: Dict[str, Optional[float]], run: Dict[str, Optional[float]], first: bool) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key in ("it_per_s", "samples_per_s"):
+        a, b = ref[key], run[key]
+        out[f"{key}_delta"] = None if first or a is None or b is None else finite(b - a)
+    return out
+
+
+def _peak(summary: PerfSummary, phases: Tuple[str, ...]) -> Tuple[Optional[float], Optional[str]]:
+    """The largest peak over ``phases`` and the figure it is (allocator first, else NVML, else host RSS)."""
+    vram = summary.vram
+    held = (vram.phases or {}) if vram is not None else {}
+    for field in _PEAK_FIELDS:
+        known = [getattr(held[p], field) for p in phases if held.get(p) is not None]
+        known = [v for v in known if v is not None]
+        if known:
+            return max(known), field
+    return None, None
+
+
+def _memory_deltas(ref: PerfSummary, run: PerfSummary, first: bool) -> Dict[str, Any]:
+    """Each memory column's change from the reference run, in MB and %: None where either lacks it or the two read
+    different figures (an allocator peak against host RSS is no change)."""
+    out: Dict[str, Any] = {}
+    for key, _, phases in _MEMORY:
+        (a, field_a), (b, field_b) = _peak(ref, phases), _peak(run, phases)
+        same = not first and a is not None and b is not None and field_a == field_b
+        delta = finite(b - a) if same else None
+        out[f"{key}_delta_mb"] = delta
+        out[f"{key}_delta_pct"] = finite(100.0 * delta / a) if delta is not None and a else None
+    return out
+
+
+def _fmt_mb_delta(mb: Optional[float]) -> str:
+    if finite(mb) is None:
+        return "n/a"
+    sign = "+" if mb >= 0 else "-"
+    return f"{sign}{abs(mb) / 1024:.2f} GB" if abs(mb) >= 1024 else f"{sign}{abs(mb):.0f} MB"
+
+
+def _memory_cell(row: Dict[str, Any], key: str, first: bool) -> str:
+    text = fmt_mb(row[f"{key}_mb"])
+    if first or row[f"{key}_mb"] is None or row[f"{key}_delta_mb"] is None:
+        return text
+    return f"{text} ({_fmt_mb_delta(row[f'{key}_delta_mb'])}, {fmt_pct(row[f'{key}_delta_pct'])})"
+
+
+def _fmt_logged(value: Optional[float]) -> str:
+    """A logged scalar: four decimals (a loss, PSNR), whole numbers from 1000 on (a count), three significant
+    digits below 0.001."""
+    if finite(value) is None:
+        return "n/a"
+    if abs(value) >= 1000:
+        return f"{value:.0f}"
+    if 0 < abs(value) < 0.001:
+        return f"{value:.3g}"
+    return f"{value:.4f}"
 
 
 def _date(iso: Optional[str]) -> str:
@@ -95,23 +211,24 @@ def _date(iso: Optional[str]) -> str:
     return iso[:16].replace("T", " ") if isinstance(iso, str) and len(iso) >= 16 else "-"
 
 
-def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
+def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown", notes: Optional[List[str]] = None) -> str:
+    """The rows as a markdown table (with ``notes`` under it, e.g. :func:`column_notes`) or as CSV (no notes: the
+    command prints them on stderr)."""
     if not rows:
         return ""
     if fmt == "csv":
         return csv_text(rows)
     metrics = [k for k in rows[0] if k not in _FIXED]
     compute = any(r.get("tflops_per_s") is not None for r in rows)  # columns only where a run counted FLOPs
-    headers = ["Run", "Date", "Speed (it/s)", "Samples/s", "ms/iter (mean)", "ms/iter (median)", "Change",
-               "Train peak", "Eval peak"] + (["TFLOP/s", "MFU"] if compute else [])
+    memory = [(key, label) for key, label, _ in _MEMORY
+              if key != "eval_in_train_hooks_peak" or any(r.get(f"{key}_mb") is not None for r in rows)]
+    headers = ["Run", "Date", "Speed (it/s)", "Samples/s", "ms/iter (mean)", "ms/iter (median)", "Change"]
+    headers += [label for _, label in memory] + (["TFLOP/s", "MFU"] if compute else [])
     headers += [m.upper() if m in ("psnr", "ssim", "lpips", "l1") else m for m in metrics] + ["Quality", "Status",
                                                                                               "Notes"]
     table = []
     for i, row in enumerate(rows):
         gate = {True: "passed", False: "FAILED", None: "-"}[row["quality_gate"]]
-        change = "baseline" if i == 0 else ("n/a" if row["change_pct"] is None else fmt_pct(row["change_pct"]))
-        if i and row["speedup_basis"] == "samples/s":
-            change += " (samples/s)"
         table.append(
             [
                 row["run"],
@@ -120,16 +237,37 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown") -> str:
                 fmt_num(row["samples_per_s"], 1),
                 fmt_num(row["ms_per_iter_mean"]),
                 fmt_num(row["ms_per_iter_median"]),
-                change,
-                fmt_mb(row["train_peak_mb"]),
-                fmt_mb(row["eval_peak_mb"]),
+                _change_cell(row, i == 0),
             ]
+            + [_memory_cell(row, key, i == 0) for key, _ in memory]
             + ([fmt_num(row["tflops_per_s"], 3), fmt_num(row["mfu_pct"], 1, "%")] if compute else [])
-            + [fmt_num(row[m], 4) for m in metrics]
+            + [_fmt_logged(row[m]) for m in metrics]
             + [gate, str(row["status"]), row["notes"] or ""]
         )
     text = markdown_table(headers, table)
+    previous = rows[0].get("change_vs") == "previous"
+    if previous:
+        text += "\n\nChange and the memory changes are against the row before each (`--change-vs previous`)."
     if any(r["speedup_basis"] == "samples/s" for r in rows[1:]):
         text += ("\n\nChange is the samples/s ratio where a run processes a different number of samples per"
-                 " iteration than the first (its batch size differs); elsewhere it is the it/s ratio.")
+                 f" iteration than {'the row before' if previous else 'the first'} (its batch size differs);"
+                 " elsewhere it is the it/s ratio.")
+    if notes:
+        text += "\n\n" + "\n".join(f"- {note}" for note in notes)
+    return text
+
+
+def _change_cell(row: Dict[str, Any], first: bool) -> str:
+    """``+2.7%, +0.30 it/s``: the headline change and the absolute change in its unit."""
+    if first:
+        return "baseline"
+    if row["change_pct"] is None:
+        return "n/a"
+    text = fmt_pct(row["change_pct"])
+    samples = row["speedup_basis"] == "samples/s"
+    if samples:
+        text += " (samples/s)"
+    delta = row["samples_per_s_delta"] if samples else row["it_per_s_delta"]
+    if delta is not None:
+        text += f", {delta:+.1f} samples/s" if samples else f", {delta:+.2f} it/s"
     return text

@@ -1,0 +1,130 @@
+"""The PerfSuite that ``lightning-perf run`` attaches to a Trainer: it places its summary where the run's options
+say, and stands aside (warns once, measures nothing) where it would change what the command does."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional
+
+from lightning.pytorch import Callback
+
+from lightning_perf._attach import (
+    BASELINE_ENV,
+    CALLBACKS_ENV,
+    DEFAULT_CALLBACKS,
+    NAME_ENV,
+    OUT_ENV,
+    env_text,
+    gate_arguments,
+    parse_callbacks,
+    record,
+    summary_file,
+)
+from lightning_perf._attach.hook import is_lightning_perf_callback, next_trainer_number, warn_once
+from lightning_perf.callbacks._arguments import check_path, check_text
+from lightning_perf.callbacks._base import SUITE_KEY
+from lightning_perf.callbacks._summary_book import book_for
+from lightning_perf.callbacks.perf_suite import PerfSuite
+from lightning_perf.errors import PerfCheckFailed
+
+
+def build_suite() -> "AttachedSuite":
+    """The suite of the run's options (the environment ``lightning-perf run`` set)."""
+    names = parse_callbacks(os.environ.get(CALLBACKS_ENV) or ",".join(DEFAULT_CALLBACKS))
+    baseline = env_text(BASELINE_ENV)
+    if baseline and "QualityGate" not in names:
+        names.append("QualityGate")
+    import lightning_perf
+
+    callbacks: List[Callback] = []
+    for name in names:
+        cls = getattr(lightning_perf, name)
+        if name == "QualityGate" and baseline:
+            callbacks.append(cls(baseline=baseline, **gate_arguments(baseline)))
+        else:
+            callbacks.append(cls())
+    return AttachedSuite(callbacks, out=env_text(OUT_ENV), name=env_text(NAME_ENV))
+
+
+class AttachedSuite(PerfSuite):
+    """A :class:`PerfSuite` attached by ``lightning-perf run``.
+
+    Args:
+        callbacks: the lightning_perf callbacks it drives.
+        out: the folder of its summary; None: the Trainer's ``log_dir``.
+        name: the summaries' ``run.name``.
+
+    At its Trainer's first set-up it takes the next number of this process (1, 2, ...): the first Trainer writes
+    ``perf_summary.json``, the N-th ``perf_summary_trainer<N>.json`` (``run.name`` ``NAME-trainer<N>``). It stands
+    aside when the Trainer has other lightning_perf callbacks by then (appended after construction, or from the
+    module's ``configure_callbacks``), and when its callbacks refuse their set-up (a summary path that cannot be
+    written): the command runs on, unmeasured by it.
+    """
+
+    def __init__(self, callbacks: List[Callback], out: Optional[str] = None, name: Optional[str] = None) -> None:
+        super().__init__(callbacks)
+        self.out = out
+        self.name = name
+        self.trainer_number: Optional[int] = None
+
+    @property
+    def state_key(self) -> str:
+        """The key a ``PerfSuite`` of these callbacks has: a checkpoint of a run with the suite attached resumes with
+        explicit callbacks, and the other way round."""
+        return f"{SUITE_KEY}{repr({'callbacks': [cb.state_key for cb in self.callbacks]})}"
+
+    def _stand_aside(self, trainer: Any, why: str, event: str = "left_alone") -> None:
+        self.callbacks = []
+        self._build_dispatch()
+        record(event, reason=why)
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if not self.callbacks:
+            return
+        try:
+            if any(cb is not self and is_lightning_perf_callback(cb) for cb in trainer.callbacks):
+                self._stand_aside(trainer, "the Trainer has lightning_perf callbacks of its own")
+                return
+            if self.trainer_number is None:
+                self.trainer_number = next_trainer_number()
+                self._place(trainer)
+        except Exception as err:  # noqa: BLE001
+            warn_once("place", f"the summary cannot be placed ({type(err).__name__}: {err}); this Trainer runs"
+                      " unmeasured")
+            self._stand_aside(trainer, f"{type(err).__name__}: {err}", "failed")
+            return
+        try:
+            PerfSuite.setup(self, trainer, pl_module, stage)
+        except PerfCheckFailed as err:  # PerfConfigError: an output that cannot be written, a state key taken
+            warn_once("setup", f"{err}; this Trainer runs unmeasured")
+            PerfSuite.teardown(self, trainer, pl_module, stage)  # undoes what the callbacks set up
+            self._stand_aside(trainer, str(err), "failed")
+
+    def _place(self, trainer: Any) -> None:
+        number = self.trainer_number or 1
+        folder = self.out
+        if folder is None and number > 1:  # beside the first's default place, under a name of its own
+            folder = trainer.log_dir or trainer.default_root_dir
+        for cb in self.callbacks:
+            if folder is not None:
+                cb.summary_path = check_path(type(cb).__name__, "summary_path",
+                                             os.path.join(folder, summary_file(number)))
+            if self.name:
+                cb.run_name = check_text(type(cb).__name__, "run_name",
+                                         self.name if number == 1 else f"{self.name}-trainer{number}")
+
+    def _record_written(self, trainer: Any) -> None:
+        try:
+            paths = book_for(trainer).written_paths
+        except Exception:  # noqa: BLE001
+            return
+        if paths and self.trainer_number is not None:
+            record("written", trainer=self.trainer_number, paths=paths)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        PerfSuite.teardown(self, trainer, pl_module, stage)
+        self._record_written(trainer)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        PerfSuite.on_exception(self, trainer, pl_module, exception)
+        self._record_written(trainer)
