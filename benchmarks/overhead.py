@@ -11,6 +11,8 @@ the same round, with a bootstrap 95% CI over rounds. Then, per callback:
 - in its hooks: time spent inside the callback's own hooks (median of several runs, less what the timing wrapper
   adds to each call; with a logger, this includes waits for the GIL that its writer thread holds);
 - total, and the suite's share of a 10 ms and a 1 ms step;
+- SectionProfiler's transfer boundary: what its wrapper around the strategy's ``batch_to_device`` and the section
+  switch add to each batch (outside its hooks, so not in the figures above);
 - validation under ``torch.no_grad`` (``Trainer(inference_mode=False)``) with and without EvalNoGradGuard, CPU time
   per batch in paired rounds;
 - what one scalar logged to TensorBoard costs with TensorBoard's default queue of 10 events and with 1000.
@@ -334,6 +336,47 @@ def hook_cost(make: Callable[[], List[Callback]], steps: int, rounds: int, root:
     return statistics.median(costs)
 
 
+class _TimeTransfer(Callback):
+    """Listed after SectionProfiler: times every call of the strategy's ``batch_to_device``, every other one through
+    the profiler's wrapper and the rest straight to the strategy's own method, in one run (so both see the same
+    machine, caches and batches)."""
+
+    def __init__(self) -> None:
+        self.marked: List[float] = []
+        self.plain: List[float] = []
+
+    def setup(self, trainer, pl_module, stage):
+        strategy = trainer.strategy
+        wrapped, plain = strategy.batch_to_device, type(strategy).batch_to_device.__get__(strategy)
+        clock, calls = time.perf_counter, [0]
+
+        def alternate(*a: Any, **k: Any) -> Any:
+            calls[0] += 1
+            fn, times = (wrapped, self.marked) if calls[0] % 2 else (plain, self.plain)
+            t = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                times.append(clock() - t)
+
+        self.saved, strategy.batch_to_device = wrapped, alternate
+
+    def on_train_end(self, trainer, pl_module):
+        trainer.strategy.batch_to_device = self.saved  # off before the profiler's teardown, as in a real fit
+
+
+def transfer_boundary_us(steps: int, rounds: int, root: str) -> float:
+    """What SectionProfiler's ``transfer`` section adds to each batch: its wrapper around the strategy's
+    ``batch_to_device`` and its section switch. Per run, the median time of a transfer through the wrapper less the
+    median of one straight to the strategy's method, batches alternating; the median over runs."""
+    costs = []
+    for _ in range(rounds):
+        probe = _TimeTransfer()
+        run([lightning_perf.SectionProfiler(print_reports=False), probe], steps=steps, skip=1, root=root)
+        costs.append(1e6 * (statistics.median(probe.marked) - statistics.median(probe.plain)))
+    return statistics.median(costs)
+
+
 def dispatch_counts(steps: int, root: str) -> Dict[str, float]:
     """How many hook calls Lightning makes per training step on one callback, by hook name."""
     from lightning.pytorch.trainer import call
@@ -521,6 +564,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         unlogged_one = hook_cost(lambda: [lightning_perf.PerfSuite(suite())], args.steps, HOOK_ROUNDS, root)
         unlogged_each = {name: hook_cost(lambda name=name: [getattr(lightning_perf, name)()], args.steps,
                                          HOOK_ROUNDS, root) for name in inside_each}
+        transfer = transfer_boundary_us(args.steps, HOOK_ROUNDS, root)
         LOGGER["on"] = True
         per_step = dispatch_counts(args.steps // 2, root)
         validation = validation_cost(2 * args.steps, 2 * args.rounds, root) if args.device == "cpu" else None
@@ -544,6 +588,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{dispatch + unlogged_one:>11.1f}")
     print("'no logger': the same hooks with Trainer(logger=False); the difference is the logger writing the scalars"
           " the callbacks log (TensorBoard: one event per scalar, see docs/perf_suite.md).")
+    print(f"SectionProfiler's transfer boundary (its batch_to_device wrapper and one section switch, outside its"
+          f" hooks): {transfer:.2f} µs per batch{where}, goal <= 2 µs")
     for label, total in (("separate", separate), ("PerfSuite", together)):
         print(f"suite ({label}): {100 * total / 10_000:.2f}% of a 10 ms step, {100 * total / 1_000:.1f}% of a 1 ms step")
     if validation is not None:

@@ -76,7 +76,9 @@ def test_compare_json_is_consistent_with_the_files(runs):
 
 def test_compare_markdown(runs):
     out = cli("compare", runs["fast"], runs["slow"], "--format", "markdown", "--names", "A", "B", check_rc=0).stdout
-    assert out.startswith("| run | ms/iter (mean) | it/s | samples/s | min ms | median ms | p95 ms | p99 ms | max ms")
+    first, blank, table = out.split("\n", 2)  # the diagnosis line first (tests/test_diagnosis.py), then the table
+    assert first.startswith("**Diagnosis of B: not enough measured") and blank == ""
+    assert table.startswith("| run | ms/iter (mean) | it/s | samples/s | min ms | median ms | p95 ms | p99 ms | max ms")
     assert "| A |" in out and "| B |" in out and "**Speedup:**" in out
 
 

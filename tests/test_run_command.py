@@ -85,7 +85,8 @@ def read(path):
 
 
 def sections(summary):
-    return {key for key, value in summary.items() if isinstance(value, dict) and key not in ("run", "logged", "error")}
+    return {key for key, value in summary.items()
+            if isinstance(value, dict) and key not in ("run", "logged", "error", "diagnosis")}
 
 
 def test_an_unchanged_script_is_measured_as_with_explicit_callbacks(tmp_path):

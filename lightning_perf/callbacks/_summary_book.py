@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_perf.callbacks._run_info import iso_now, logged_scalars, run_info
 from lightning_perf.errors import PerfConfigError
+from lightning_perf.summary.diagnosis import NOT_ENOUGH, diagnose, diagnosis_line
 from lightning_perf.summary.io import probe_folder, special_kind, write_json_atomic
 from lightning_perf.summary.schema import SCHEMA_VERSION, SUMMARY_FILENAME
 
@@ -136,6 +137,7 @@ class SummaryBook:
         self._handoff: Optional[str] = None  # in rank 0's spawned worker: the file that names ours to the parent
         self._exit_hook: Any = None
         self._handed_paths: List[str] = []  # in the parent of spawned workers: the files rank 0's worker named
+        self._diagnosis: Optional[Dict[str, Any]] = None  # the fit's, once printed: the file says what was printed
 
     def attach(self, trainer: Trainer, callback: PerfCallback, stage: str = "fit") -> None:
         """Called from ``setup`` on every rank: the only place ``trainer.log_dir`` (a broadcast under DDP) is read."""
@@ -281,7 +283,29 @@ class SummaryBook:
             data["run"][field] = given
         for cb in self.callbacks:
             data[cb.section_name] = cb.summary_section()
+        if self.stage == "fit":  # a validate/test/predict record has no training to diagnose
+            diagnosis = self._diagnosis if self._diagnosis is not None else self._diagnose(data)
+            data = {"schema_version": data.pop("schema_version"), "status": data.pop("status"),
+                    "error": data.pop("error"), "diagnosis": diagnosis, **data}
         return data
+
+    def _diagnose(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        """The run's primary diagnosis from its sections; a failure is a reason, never an error in training."""
+        try:
+            return diagnose(data)
+        except Exception as err:  # noqa: BLE001 - a measurement never raises into training
+            reason = f"the diagnosis failed ({type(err).__name__}: {error_message(err)})"
+            rank_zero_warn(f"lightning_perf: {reason}; the summary is written without a verdict")
+            return {"verdict": NOT_ENOUGH, "reason": reason}
+
+    def _print_diagnosis(self, trainer: Trainer) -> None:
+        """The first line of the end-of-fit output: each callback prints its own after it reports its end, and the
+        first report comes here before any of them prints."""
+        try:
+            self._diagnosis = self.build(trainer)["diagnosis"]
+            rank_zero_info(diagnosis_line(self._diagnosis))
+        except Exception as err:  # noqa: BLE001 - the file is still written; the line is what is lost
+            rank_zero_warn(f"lightning_perf: the diagnosis line could not be printed ({type(err).__name__}: {err})")
 
     def write(self, trainer: Trainer, exception: Optional[BaseException] = None,
               ended: Optional["PerfCallback"] = None) -> None:
@@ -293,6 +317,9 @@ class SummaryBook:
         if trainer_stage(trainer) != self.stage:
             return
         self.finished = True
+        if exception is None and ended is not None and self._diagnosis is None and self.stage == "fit" and (
+                trainer.is_global_zero):
+            self._print_diagnosis(trainer)
         if exception is None and ended is not None:
             self._ended.add(id(ended))
             if any(id(cb) not in self._ended for cb in self.callbacks):

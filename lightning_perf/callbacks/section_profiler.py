@@ -10,6 +10,7 @@ from typing import Any, Deque, Dict, List, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_perf.callbacks import _batch_transfer as batch_transfer
 from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
@@ -20,8 +21,8 @@ from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
 
-AUTO_SECTIONS = ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "other")
-MANUAL_SECTIONS = ("data_loading", "training_step", "checkpointing", "other")
+AUTO_SECTIONS = ("data_loading", "transfer", "forward", "backward", "optimizer_step", "checkpointing", "other")
+MANUAL_SECTIONS = ("data_loading", "transfer", "training_step", "checkpointing", "other")
 ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
 _FETCH_ACTION = "].train_dataloader_next"
 BOUNDARIES = ("batch_gap", "fetch")
@@ -86,7 +87,8 @@ class SectionProfiler(PerfCallback):
     r"""Splits every training iteration into sections and reports count, total, mean, min, max, p50, p95 and share.
 
     Automatic sections, from Lightning's hooks: ``data_loading`` (from the end of one batch to the start of the
-    next: waiting for the dataloader, moving the batch to the device), ``forward`` (``training_step``), ``backward``,
+    next: the wait for the batch), ``transfer`` (Lightning's ``batch_to_device``: the host-to-device copy,
+    ``transfer_batch_to_device`` and ``on_after_batch_transfer``), ``forward`` (``training_step``), ``backward``,
     ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (checkpoint writes and removals, timed through the
     strategy's ``CheckpointIO`` plugin) and ``other`` (gradient clipping, epoch-end hooks: the rest). They add up to
     the iteration. Validation runs
@@ -115,6 +117,7 @@ class SectionProfiler(PerfCallback):
 
     Logged metrics (every ``report_every_n_steps``, means over the window): ``time/<section>_ms`` and
     ``time_share/<section>_pct`` for each section, e.g. ``time/forward_ms``, ``time_share/data_loading_pct``,
+    ``time/transfer_ms``,
     ``time/ema_ms``; ``time/iteration_ms``.
 
     Raises:
@@ -133,7 +136,7 @@ class SectionProfiler(PerfCallback):
     section_name = "section_profiler"
     _transient = ("_checkpoint_io", "_strategy", "_profiler", "_profiler_start", "_fetch_watch_toggles",
                   "_previous_sink", "_clock",
-                  "_pending_user")
+                  "_pending_user", "_transfer")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
                  device_timing: bool = True, print_reports: bool = True, summary_path: Optional[str] = None,
@@ -191,6 +194,7 @@ class SectionProfiler(PerfCallback):
         self._profiler: Any = None
         self._profiler_start: Any = None
         self._fetch_watch_toggles = False
+        self._transfer: Any = None  # our mark on the strategy's batch_to_device, during a fit
 
     def _is_enabled(self) -> bool:
         value = os.environ.get(ENV_SWITCH)
@@ -290,7 +294,7 @@ class SectionProfiler(PerfCallback):
             self._fetches += 1
             t = now()
             self._disarm_fetch_watch()
-            self._switch("data_loading", t)  # until on_train_batch_start: the fetch and batch_to_device
+            self._switch("data_loading", t)  # the fetch, until the transfer (or on_train_batch_start)
             self._overhead_s += now() - t
         self._profiler_start(action_name)
 
@@ -312,6 +316,16 @@ class SectionProfiler(PerfCallback):
             self._carved += seconds
             self._piece["checkpointing"] = self._piece.get("checkpointing", 0.0) + seconds
 
+    def _batch_transfer(self) -> None:
+        """Lightning's ``batch_to_device`` starts: in the training loop the ``transfer`` section runs from here to
+        ``on_train_batch_start`` (one boundary more per batch); in a validation or the sanity check no section is
+        running and the transfer stays in evaluation."""
+        try:
+            if self._active and self._current is not None:
+                self._switch("transfer")
+        except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
+            self._record_failure("batch_to_device", err)
+
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -332,6 +346,7 @@ class SectionProfiler(PerfCallback):
         self._checkpoint_io = timed_checkpoint_io.install(trainer.strategy, self._checkpoint_written)
         self._checkpoint_reason = (None if self._checkpoint_io is not None else
                                    timed_checkpoint_io.OWN_WRITER_REASON.format(strategy=type(trainer.strategy).__name__))
+        self._transfer = batch_transfer.install(trainer.strategy, self._batch_transfer)
         if not self._gap_mode:
             self._profiler = trainer.profiler
             self._profiler_start = trainer.profiler.start
@@ -343,6 +358,8 @@ class SectionProfiler(PerfCallback):
             if self._profiler.__dict__.get("start") is not None:
                 del self._profiler.start
             self._profiler_start = self._profiler = None
+        batch_transfer.uninstall(self._transfer)
+        self._transfer = None
         if self._strategy is not None:
             timed_checkpoint_io.uninstall(self._strategy, self._checkpoint_io)
             self._checkpoint_io = self._strategy = None

@@ -24,6 +24,7 @@ from lightning_perf.summary.fields import (
     run_names,
     speed,
 )
+from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
 from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.projection import project_time, warmup_cost
 
@@ -182,6 +183,7 @@ def compare_summaries(
             entry["candidate_passed"] = q_c[name].passed
             qual[name] = entry
     return {
+        "diagnosis": diagnoses(base, candidate, base_name, candidate_name),
         "base": {"name": base_name, "status": base.status, "device": devices[0], **b},
         "candidate": {"name": candidate_name, "status": candidate.status, "device": devices[1], **c},
         "speedup": speedup,
@@ -211,6 +213,16 @@ def compare_summaries(
         "break_even": break_even(base, candidate),
         "notes": notes,
     }
+
+
+def diagnoses(base: PerfSummary, candidate: PerfSummary, base_name: str, candidate_name: str) -> Dict[str, Any]:
+    """compare's first line: the candidate's primary diagnosis, and the baseline's where its verdict differs (each
+    run's recorded one, or the one its figures give for a file from before diagnoses)."""
+    cand, old = recorded_or_computed(candidate), recorded_or_computed(base)
+    differs = old.get("verdict") != cand.get("verdict")
+    line = diagnosis_line(cand, candidate_name) + (f" | {diagnosis_line(old, base_name)}" if differs else
+                                                    f" | {base_name}: the same verdict")
+    return {"candidate": cand, "base": old, "differs": differs, "line": line}
 
 
 def _section_ms(run: PerfSummary) -> Dict[str, Dict[str, Optional[float]]]:
@@ -444,6 +456,7 @@ def format_text(result: Dict[str, Any]) -> str:
     width = max(len(b["name"]), len(c["name"]), len("Time saved")) + 2
     typical = result["typical_iteration_speedup"]
     lines = [
+        result["diagnosis"]["line"],
         "TRAINING TIME COMPARISON",
         "=" * 70,
         "",
@@ -522,6 +535,7 @@ def format_markdown(result: Dict[str, Any]) -> str:
     headers = ["run", "ms/iter (mean)", "it/s", "samples/s", "min ms", "median ms", "p95 ms", "p99 ms", "max ms",
                f"time to {n}", f"time to {n} with eval"]
     parts = [
+        f"**{result['diagnosis']['line']}**", "",
         markdown_table(headers, rows),
         "",
         f"**Speedup:** {_speedup_text(result)}. **Time saved:** {fmt_duration(result['time_saved_s'])}"

@@ -406,8 +406,14 @@ class Section_(Section):
     p50_ms: Ms = None
     p95_ms: Ms = None
     share_pct: Pct = None
+    inclusive_share_pct: Pct = Field(None, description="automatic sections: with the user sections inside them")
     device_mean_ms: Ms = None
     closed_by_exception: Count = None
+
+
+class Validation(Section):
+    runs: Count = None
+    total_s: Seconds = None
 
 
 class SectionProfiler(Section):
@@ -416,6 +422,7 @@ class SectionProfiler(Section):
     iteration_ms: Obj(IterStats) = None
     sections: Map(Obj(Section_)) = None
     slowest_section: Text = None
+    validation: Obj(Validation) = Field(None, description="validations inside fit, timed outside the table")
     insights: Seq(Annotated[str, BeforeValidator(_text_item)]) = None
     overhead_us_per_step: Real = None
     ranks: Ranks = None
@@ -432,6 +439,20 @@ class EvalNoGradGuard(Section):
     measurement_failures: Reasons = None
 
 
+class Diagnosis(Section):
+    verdict: Text = Field(None, description="`input-bound`, `host-bound`, `compute-bound`, `evaluation-heavy`,"
+                                            " `checkpoint-heavy`, `tail-heavy`, `mixed` or `not-enough-measured`")
+    figure: Text = Field(None, description="the measured figure that decided it")
+    value: Pct = Field(None, description="its value, %")
+    of: Text = Field(None, description="what the % is of, e.g. `iteration time`")
+    threshold: Pct = Field(None, description="the threshold it crossed, % (docs/diagnosis.md)")
+    advice: Text = Field(None, description="the one change most likely to help")
+    also: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="other verdicts that fired")
+    unchecked: Reasons = Field(None, description="verdict -> why it could not be checked")
+    reason: Text = Field(None, description="why no verdict (`not-enough-measured`)")
+    thresholds: Map(Real) = None
+
+
 class PerfSummary(Section):
     """One perf_summary.json. ``schema_version``, ``status`` and ``run`` are required; every section is optional."""
 
@@ -440,6 +461,7 @@ class PerfSummary(Section):
     status: Literal[STATUSES] = Field(description="`running` only while a fit is still writing")  # type: ignore
     stage: Text = Field(None, description="`fit`, `validate`, `test` or `predict`")
     error: Obj(Error) = None
+    diagnosis: Obj(Diagnosis) = Field(None, description="the run's one primary diagnosis (fit records)")
     run: Annotated[Run, BeforeValidator(_obj)]
     logged: Obj(Logged) = None
     iteration_timer: Obj(IterationTimer) = None
