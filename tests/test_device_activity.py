@@ -330,7 +330,8 @@ def test_nvml_absent_says_why_and_host_figures_go_on(tmp_path, simulated_gpu):
     activity = find_summary(tmp_path)["vram"]["activity"]
     for name in GPU_READINGS:
         assert "NVMLError_LibraryNotFound" in activity["unavailable"][name], name
-        assert activity["phases"]["train"][name] is None
+        # a phase appears once the sampler ticked in it (under load a short phase may see none): no GPU figure
+        assert (activity["phases"].get("train") or {}).get(name) is None
     assert not set(HOST_READINGS) & set(activity["unavailable"])
     assert activity["source"] == "psutil"
 
