@@ -83,6 +83,14 @@ def test_seed_003_sweep_analysis_and_compare(tmp_path):
     assert out.count("Analysis (train, cpu, precision 32):") == 3  # the sweep, --from-csv, the second sweep
     assert "- 48 is" in out and "per sample than 32 (batch 1)" in out and "Batch size effects:" in out
     assert "| mode | size | batch | precision | device | old samples/s |" in out
+    # the frontier, its trade-offs and the verdicts in every analysis (3 above, 2 of --sweep all); a verdict or a "no
+    # verdict" saying why, as the CPU's noise decides (tests/test_bench_frontier.py checks their figures)
+    analyses = out.count("Analysis (")
+    assert analyses == 5 and out.count("least memory first: ") == analyses and "Trade-off" in out
+    assert out.count("- 48 is more efficient per pixel") + out.count("- 32 is more efficient per pixel") + out.count(
+        "- 48 against 32 per pixel: no verdict") == analyses
+    assert out.count("from batching: samples/s from batch 1 to 4") + out.count(
+        "- Batching, samples/s from batch 1 to 4") == analyses
     for name in ("bench.png", "from_csv.png", "bench.csv", "bench_new.csv"):
         assert (tmp_path / name).stat().st_size > 0, name
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Seed 003, "Stage 2 Memory & Throughput Benchmarking": a sweep over input sizes x batch sizes in training mode,
-# rows appended to a CSV, four plots, the analysis (per-sample cost, pixel throughput, batch-size effects); the
-# plots again from the CSV alone; a second sweep compared with the first, within its noise; both sweeps in one CSV.
+# rows appended to a CSV, four plots (the memory-vs-throughput panel with its frontier line), the analysis (per-sample
+# cost, pixel throughput, batch-size effects, the frontier and its trade-offs, the seed's verdicts: "384 more
+# efficient", "larger tiles benefit less from batching", each said only where the rows decide it); the plots again
+# from the CSV alone; a second sweep compared with the first, within its noise; both sweeps in one CSV.
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 OUT="${OUT:-$ROOT/runs/seeds/003}"

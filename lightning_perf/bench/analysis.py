@@ -1,5 +1,6 @@
 """What a sweep's rows say, as seed 003 wrote it by hand: per-sample cost and pixel throughput by size, batch-size
-effects, and the change between two sweeps. Reads and writes plain rows; needs no torch."""
+effects, the memory/throughput frontier with its trade-offs, the verdicts, and the change between two sweeps. Reads
+and writes plain rows; needs no torch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import math
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from lightning_perf.bench.sweep import CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, BenchError, noisy_note, spread_pct
+from lightning_perf.bench.sweep import (CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, BenchError, noisy_note,
+                                        significant, spread_pct)
 from lightning_perf.summary.fields import markdown_table
 
 _INTS = ("tile_size", "batch_size", "model_params")
@@ -76,12 +78,15 @@ def _ok(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [r for r in rows if not r["error"] and r["throughput_samples_per_sec"]]
 
 
-def _groups(rows: List[Dict[str, Any]]) -> Dict[Tuple[Any, ...], List[Dict[str, Any]]]:
+def groups(rows: List[Dict[str, Any]]) -> List[Tuple[Tuple[Any, ...], List[Dict[str, Any]]]]:
+    """The successful rows by what makes them comparable, in sweep order: ``((sweep_id, mode, device, precision),
+    rows)``, ``sweep_id`` None where ``rows`` hold one sweep."""
     out: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = defaultdict(list)
     several = len(sweep_ids(rows)) > 1
     for r in _ok(rows):
-        out[((r["sweep_id"],) if several else ()) + (r["mode"], r["device"], r["precision"])].append(r)
-    return out
+        out[(r["sweep_id"] if several else None, r["mode"], r["device"], r["precision"])].append(r)
+    order = {sweep: i for i, sweep in enumerate(sweep_ids(rows))}
+    return sorted(out.items(), key=lambda kv: (order[kv[1][0]["sweep_id"]], str(kv[0])))
 
 
 def _latest(rows: List[Dict[str, Any]]) -> Dict[Tuple[int, int], Dict[str, Any]]:
@@ -101,10 +106,9 @@ def analysis(rows: List[Dict[str, Any]]) -> str:
     """Seed 003's "Analysis" and "Batch Size Effects": per sample cost and pixel throughput of each size against the
     smallest (at the smallest batch), then per size the throughput and memory of each batch against the smallest."""
     parts: List[str] = []
-    order = {sweep: i for i, sweep in enumerate(sweep_ids(rows))}
-    for key, group in sorted(_groups(rows).items(), key=lambda kv: (order[kv[1][0]["sweep_id"]], str(kv[0]))):
-        sweep = f"sweep {key[0]}, " if len(key) == 4 else ""
-        mode, device, precision = key[-3:]
+    for key, group in groups(rows):
+        sweep = "" if key[0] is None else f"sweep {key[0]}, "
+        mode, device, precision = key[1:]
         cells = _latest(group)
         sizes = sorted({s for s, _ in cells})
         batches = sorted({b for _, b in cells})
@@ -139,8 +143,153 @@ def analysis(rows: List[Dict[str, Any]]) -> str:
                                                         else "n/a"))
                 table.append(row)
             parts += ["", "Batch size effects:", markdown_table(headers, table)]
+        parts += [""] + frontier_lines(list(cells.values()))
+        said = verdicts(list(cells.values()))
+        if said:
+            parts += ["", "Verdicts:"] + said
         parts.append("")
     return "\n".join(parts).rstrip()
+
+
+def label(row: Dict[str, Any]) -> str:
+    """A configuration as the plots name it: ``48/b2`` is input size 48, batch size 2."""
+    return f"{row['tile_size']}/b{row['batch_size']}"
+
+
+def frontier(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The memory/throughput frontier of one sweep's rows (one mode, device and precision; see :func:`groups`): the
+    successful rows with a peak memory that no other row beats, a row being beaten by one with at least its pixels/s
+    at no more peak memory and better on one of the two. Least memory first (hence fewest pixels/s first)."""
+    placed = [r for r in _ok(rows) if r["memory_peak_mb"] is not None and r["pixels_per_sec"] is not None]
+
+    def beats(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+        return (a["pixels_per_sec"] >= b["pixels_per_sec"] and a["memory_peak_mb"] <= b["memory_peak_mb"]
+                and (a["pixels_per_sec"] > b["pixels_per_sec"] or a["memory_peak_mb"] < b["memory_peak_mb"]))
+
+    on = [r for r in placed if not any(beats(other, r) for other in placed)]
+    return sorted(on, key=lambda r: (r["memory_peak_mb"], r["pixels_per_sec"]))
+
+
+def _noise(*rows: Dict[str, Any]) -> float:
+    """:data:`NOISE_FACTOR` x the largest spread (std / mean time, %) of ``rows``, as bench-compare's noise; 0 where
+    no row has one."""
+    spreads = [v for v in (spread_pct(r) for r in rows) if v is not None]
+    return NOISE_FACTOR * max(spreads) if spreads else 0.0
+
+
+def _sign(change_pct: float, noise_pct: float) -> int:
+    """+1 / -1 for a change beyond the noise either way, 0 inside it (or none at all)."""
+    return 1 if change_pct > noise_pct else -1 if change_pct < -noise_pct else 0
+
+
+def _mpx(row: Dict[str, Any]) -> str:
+    return f"{significant(row['pixels_per_sec'] / 1e6)} Mpx/s"
+
+
+def _mb(value: float) -> str:
+    return f"{significant(value, 2)} MB"
+
+
+def frontier_lines(rows: List[Dict[str, Any]]) -> List[str]:
+    """The frontier of one group's rows (one row per configuration), then the trade-off list: what each step along
+    it gains in pixels/s and pays in peak memory."""
+    on = frontier(rows)
+    if not on:
+        return []
+    unplaced = [label(r) for r in _ok(rows) if r["memory_peak_mb"] is None or r["pixels_per_sec"] is None]
+    names = [label(r) + (" (noisy)" if noisy_note(r) else "") for r in on]
+    lines = ["Frontier (pixels/s against peak memory; no other configuration has as many pixels/s for as little"
+             " memory), least memory first: " + ", ".join(names)
+             + (f" (not placed, no peak memory: {', '.join(unplaced)})" if unplaced else "")]
+    if len(on) == 1:
+        lines.append(f"Trade-offs: none; {label(on[0])} has the most pixels/s ({_mpx(on[0])}) and the least peak"
+                     f" memory ({_mb(on[0]['memory_peak_mb'])}) of all")
+        return lines
+    lines.append("Trade-offs along the frontier:")
+    lines.append(f"- {label(on[0])}: the least peak memory ({_mb(on[0]['memory_peak_mb'])}), {_mpx(on[0])}")
+    for a, b in zip(on, on[1:]):
+        gain = _pct(b["pixels_per_sec"], a["pixels_per_sec"])
+        noise = _noise(a, b)
+        cost = _pct(b["memory_peak_mb"], a["memory_peak_mb"])
+        paid = (f"{cost:+.0f}%" if cost is not None
+                else f"+{significant(b['memory_peak_mb'] - a['memory_peak_mb'], 2)} MB")
+        lines.append(f"- {label(a)} -> {label(b)}: {gain:+.0f}% pixels/s ({_mpx(a).split()[0]} -> {_mpx(b)})"
+                     + (f", within noise (±{noise:.0f}%)," if _sign(gain, noise) == 0 else "")
+                     + f" for {paid} peak memory ({_mb(a['memory_peak_mb']).split()[0]} ->"
+                       f" {_mb(b['memory_peak_mb'])})")
+    lines.append(f"- {label(on[-1])}: the most pixels/s ({_mpx(on[-1])}), {_mb(on[-1]['memory_peak_mb'])}")
+    return lines
+
+
+def verdicts(rows: List[Dict[str, Any]]) -> List[str]:
+    """Seed 003's verdict sentences, each only where the rows decide it (one row per configuration of one group).
+
+    Per pixel: each size against the smallest, at every batch size both ran; "N is more efficient per pixel" when
+    its pixels/s is higher beyond the noise at every one of them (lower: the smallest is). Batching: samples/s from
+    the smallest batch to the largest batch that two sizes or more ran, per size; "Larger inputs benefit less from
+    batching" when that gain falls beyond the noise from each size to the next (rises: "more"). Noise is bench-
+    compare's: :data:`NOISE_FACTOR` x the largest std/mean time of the rows compared. Where the rows do not decide,
+    a "no verdict" line says why."""
+    cells = _latest(_ok(rows))
+    if not cells:
+        return []
+    sizes = sorted({s for s, _ in cells})
+    batches = sorted({b for _, b in cells})
+    out: List[str] = []
+    s0 = sizes[0]
+    for size in sizes[1:]:
+        marks = []
+        for b in batches:
+            r, base = cells.get((size, b)), cells.get((s0, b))
+            if r is None or base is None:
+                continue
+            gain = _pct(r["pixels_per_sec"], base["pixels_per_sec"])
+            if gain is not None:
+                marks.append((b, gain, _noise(r, base)))
+        if not marks:
+            continue
+        signs = {_sign(g, n) for _, g, n in marks}
+        detail = ", ".join(f"{g:+.0f}% at batch {b}" + (f" (within noise, ±{n:.0f}%)" if _sign(g, n) == 0 else "")
+                           for b, g, n in marks)
+        if signs == {1}:
+            out.append(f"- {size} is more efficient per pixel than {s0}: more pixels per second at every batch size"
+                       f" both ran ({detail}).")
+        elif signs == {-1}:
+            out.append(f"- {s0} is more efficient per pixel than {size}: {size} processes fewer pixels per second at"
+                       f" every batch size both ran ({detail}).")
+        else:
+            why = "the batch sizes disagree" if {1, -1} <= signs else "not beyond the noise at every batch size"
+            out.append(f"- {size} against {s0} per pixel: no verdict ({why}): pixels/s {detail}.")
+    b0 = batches[0]
+    for top in reversed(batches[1:]):
+        ran = [s for s in sizes if (s, b0) in cells and (s, top) in cells]
+        if len(ran) >= 2:
+            break
+    else:
+        ran = []
+    if ran:
+        gains = [cells[(s, top)]["throughput_samples_per_sec"] / cells[(s, b0)]["throughput_samples_per_sec"]
+                 for s in ran]
+        steps = [(_pct(g2, g1), _noise(cells[(s1, b0)], cells[(s1, top)], cells[(s2, b0)], cells[(s2, top)]))
+                 for s1, s2, g1, g2 in zip(ran, ran[1:], gains, gains[1:])]
+        signs = {_sign(d, n) for d, n in steps}
+        detail = f"samples/s from batch {b0} to {top}: " + ", ".join(
+            f"{100 * (g - 1):+.0f}% at {s}" for s, g in zip(ran, gains))
+        if signs == {-1}:
+            out.append(f"- Larger inputs benefit less from batching: {detail}.")
+        elif signs == {1}:
+            out.append(f"- Larger inputs benefit more from batching: {detail}.")
+        elif 0 in signs:
+            noise = max(n for d, n in steps if _sign(d, n) == 0)
+            out.append(f"- Batching, {detail}; no verdict on input size: the gains differ by less than the noise"
+                       f" (±{noise:.0f}%).")
+        else:
+            out.append(f"- Batching, {detail}; no verdict on input size: the gain neither falls nor rises steadily"
+                       " with size.")
+    noisy = [f"{label(r)} (std {spread_pct(r):.0f}% of mean)" for r in cells.values() if noisy_note(r)]
+    if out and noisy:
+        out.append(f"- Noisy rows: {', '.join(noisy)}; their spread counts as noise above, so they decide less.")
+    return out
 
 
 def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

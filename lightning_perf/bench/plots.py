@@ -29,7 +29,10 @@ def _save(fig: Any, path: str) -> None:
 
 def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
     """Memory vs size, throughput vs size (one line per batch size, and per sweep where the rows hold several), time
-    breakdown, memory-throughput frontier."""
+    breakdown, memory-throughput scatter with the frontier drawn as a line through its configurations (one per sweep,
+    mode, device and precision: :func:`~lightning_perf.bench.analysis.frontier`)."""
+    from lightning_perf.bench.analysis import frontier, groups
+
     plt = _pyplot()
     ok = [r for r in rows if not r["error"]]
     sweeps = list(dict.fromkeys(r.get("sweep_id") for r in rows))
@@ -72,6 +75,19 @@ def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
     for r, label in zip(ok, labels):
         ax_front.annotate(label, (r["memory_peak_mb"] or 0, r["pixels_per_sec"] / 1e6), fontsize=8,
                           xytext=(3, 3), textcoords="offset points")
+    parts = groups(rows)
+    for key, group in parts:
+        on = frontier(list({(r["tile_size"], r["batch_size"]): r for r in group}.values()))
+        if not on:
+            continue
+        what = ([f"s{sweeps.index(key[0]) + 1}"] if key[0] is not None else []) + (
+            ["/".join(str(k) for k in key[1:])] if len({k[1:] for k, _ in parts}) > 1 else [])
+        # rings around its points: a frontier of one configuration draws no line
+        colour = {"color": "tab:red"} if len(parts) == 1 else {}
+        ax_front.plot([r["memory_peak_mb"] for r in on], [r["pixels_per_sec"] / 1e6 for r in on], linestyle="-",
+                      marker="o", markersize=10, fillstyle="none", label=" ".join(["frontier"] + what), **colour)
+    if ax_front.get_lines():
+        ax_front.legend(fontsize=7 if len(parts) > 1 else None)
     ax_front.set(title="Memory vs throughput (up and left is better)", xlabel=mem_label,
                  ylabel="throughput (Mpixels / s)")
     ax_front.grid(alpha=0.3)
