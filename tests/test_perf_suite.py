@@ -132,7 +132,7 @@ def test_a_failing_measurement_inside_the_suite_is_recorded_on_its_callback_and_
     def broken(self, trainer):
         raise RuntimeError("section bookkeeping broke")
 
-    monkeypatch.setattr(SectionProfiler, "_end_iteration", broken)
+    monkeypatch.setattr(SectionProfiler, "_drain_scalars", broken)  # called from its batch end only
     with pytest.warns(UserWarning, match="SectionProfiler: measurement failed in `on_train_batch_end`"):
         trainer = fit(tmp_path, [PerfSuite([IterationTimer(), SectionProfiler(print_reports=False)])],
                       max_epochs=1)

@@ -108,3 +108,6 @@ def test_seed_004_prints_periodic_and_final_tables(tmp_path):
                     "sampling", "metrics_computation"):
         assert section in final, section
     assert "min ms" in final and "max ms" in final and "Insights:" in final and "Slowest component:" in final
+    # nothing after the last iteration lost: the last sampling and checkpoint counted, the final work its own row
+    assert "sampling calls: 3 made, 3 counted" in log and "checkpoints: 3 on disk, 3 counted" in log
+    assert "after the last iteration: " in final and "final_sampling after the last iteration: 1 call" in log

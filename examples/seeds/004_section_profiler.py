@@ -3,7 +3,10 @@
 Data loading, forward, backward and optimizer step are found by SectionProfiler itself; an EMA update, periodic
 sampling and the metrics computation (gradient and parameter norms) are named with `profile_section`; checkpoints
 are saved every 20 steps. A report table every 20 steps (count, total, mean, min, max, share since the last one),
-the final table, and insights. The hand-made profiler needed RECTIFIED_FLOW_PROFILE=1 and code in the loop;
+the final table, and insights. The sampling and the checkpoint of step 20 are in the report at step 20, those of
+the last step are counted too, and the final sampling in ``on_train_end`` is the line "after the last iteration";
+the script ends with the model's own count of sampling calls and the checkpoint files on disk beside the counts in
+the summary. The hand-made profiler needed RECTIFIED_FLOW_PROFILE=1 and code in the loop;
 LIGHTNING_PERF_PROFILE=0|1 switches this one too.
 
     python examples/seeds/004_section_profiler.py [--out runs/seeds/004] [--max-steps 60]
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import glob
+import json
 import os
 import sys
 
@@ -35,6 +40,7 @@ class DenoiseWithEma(DenoiseNet):
         super().__init__()
         self.sample_every = sample_every
         self.ema = copy.deepcopy(self.body).requires_grad_(False)
+        self.sampled = 0  # the model's own count, to hold the profiler's against
 
     def on_before_optimizer_step(self, optimizer) -> None:
         with profile_section("metrics_computation"):
@@ -45,11 +51,16 @@ class DenoiseWithEma(DenoiseNet):
         with profile_section("ema_update"), torch.no_grad():
             for e, p in zip(self.ema.parameters(), self.body.parameters()):
                 e.lerp_(p, 0.01)
-        if (batch_idx + 1) % self.sample_every == 0:
+        if self.trainer.global_step % self.sample_every == 0:
             with profile_section("sampling"), torch.no_grad():
                 noisy, _ = batch
                 self.ema.eval()
                 self.ema(noisy[:4])
+            self.sampled += 1
+
+    def on_train_end(self) -> None:
+        with profile_section("final_sampling"), torch.no_grad():  # after the last iteration: its own row
+            self.ema(torch.rand(4, 3, 48, 48, device=self.device))
 
 
 def main(argv: list = None) -> int:
@@ -66,7 +77,16 @@ def main(argv: list = None) -> int:
                    ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"), every_n_train_steps=20, save_top_k=-1)],
         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=10,
     )
-    trainer.fit(DenoiseWithEma(), datamodule=DenoiseDataModule(batch_size=8, patch_size=48))
+    model = DenoiseWithEma()
+    trainer.fit(model, datamodule=DenoiseDataModule(batch_size=8, patch_size=48))
+    with open(os.path.join(trainer.log_dir, "perf_summary.json")) as fh:
+        sp = json.load(fh)["section_profiler"]
+    final = (sp["after_last_iteration"] or {}).get("sections", {})
+    saved = (sp["sections"]["checkpointing"]["count"] or 0) + (final.get("checkpointing") or {}).get("count", 0)
+    print(f"sampling calls: {model.sampled} made, {sp['sections']['sampling']['count']} counted (warm-up"
+          f" {sp['warmup_steps']} steps); checkpoints: {len(glob.glob(os.path.join(args.out, 'ckpt', '*.ckpt')))}"
+          f" on disk, {saved} counted; final_sampling after the last iteration:"
+          f" {(final.get('final_sampling') or {}).get('count', 0)} call")
     return 0
 
 

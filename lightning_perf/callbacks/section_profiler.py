@@ -86,13 +86,20 @@ class _Section(_Samples):
 class SectionProfiler(PerfCallback):
     r"""Splits every training iteration into sections and reports count, total, mean, min, max, p50, p95 and share.
 
-    Automatic sections, from Lightning's hooks: ``data_loading`` (from the end of one batch to the start of the
-    next: the wait for the batch), ``transfer`` (Lightning's ``batch_to_device``: the host-to-device copy,
-    ``transfer_batch_to_device`` and ``on_after_batch_transfer``), ``forward`` (``training_step``), ``backward``,
-    ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (checkpoint writes and removals, timed through the
-    strategy's ``CheckpointIO`` plugin) and ``other`` (gradient clipping, epoch-end hooks: the rest). They add up to
-    the iteration. Validation runs
-    are timed on their own, outside the table. Under manual optimization the step is one ``training_step`` section.
+    An iteration runs from where the previous one closed to where the next one starts (its fetch with
+    ``data_loading_boundary="fetch"``, else its transfer or ``on_train_batch_start``), or to an epoch end or the end
+    of training: the work at its end (later callbacks' and the module's ``on_train_batch_end``, a checkpoint saved
+    there, one saved after a validation) is its own. What the fit runs after its last iteration (the epoch-end and
+    ``on_train_end`` hooks, the last checkpoint) is the summary's ``after_last_iteration`` row, outside the table.
+
+    Automatic sections, from Lightning's hooks: ``data_loading`` (the wait for the iteration's batch: with
+    ``"batch_gap"`` the gap from the end of the previous batch to this one's transfer, less what is carved out of it,
+    which is the previous iteration's batch-end work), ``transfer`` (Lightning's ``batch_to_device``: the
+    host-to-device copy, ``transfer_batch_to_device`` and ``on_after_batch_transfer``), ``forward``
+    (``training_step``), ``backward``, ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (checkpoint
+    writes and removals, timed through the strategy's ``CheckpointIO`` plugin) and ``other`` (gradient clipping,
+    epoch-end hooks: the rest). They add up to the iteration. Validation runs are timed on their own, outside the
+    table. Under manual optimization the step is one ``training_step`` section.
     User sections (:class:`~lightning_perf.profile_section`) are carved out of the automatic section they ran in and
     reported with it as ``parent``; nested user sections name their user parent. On CUDA each section's device time
     comes from CUDA events read once complete; host time from ``perf_counter``. The first ``warmup_steps`` iterations
@@ -105,7 +112,8 @@ class SectionProfiler(PerfCallback):
         device_timing: also time sections with CUDA events when training on CUDA.
         data_loading_boundary: where ``data_loading`` starts. ``"batch_gap"``: at the end of the previous batch
             (this profiler's ``on_train_batch_end``), through public hooks only; later callbacks' batch-end hooks,
-            logger writes and LR schedulers are inside it. ``"fetch"``: at Lightning's dataloader fetch, recognised
+            logger writes and LR schedulers are inside it, less the sections and checkpoint writes carved out of it
+            (those are the previous iteration's). ``"fetch"``: at Lightning's dataloader fetch, recognised
             by the action name Lightning gives it in ``trainer.profiler`` (more precise; relies on that name and
             warns and falls back to ``"batch_gap"`` when no such fetch is announced in 3 iterations).
         device_timing_every_n_iterations: time sections on the device in the first n iterations after the warm-up,
@@ -167,6 +175,11 @@ class SectionProfiler(PerfCallback):
         self._t0 = 0.0
         self._carved = 0.0  # user and checkpoint time inside the current automatic piece
         self._piece: Dict[str, float] = {}  # this iteration's automatic time per section
+        self._ahead: Dict[str, float] = {}  # the next iteration's, while this one's batch-end work runs (batch_gap)
+        self._next_owner = False  # the running piece belongs to the next iteration (the wait for its batch)
+        self._ending = False  # the iteration's step is done; it closes where the next one starts, or at an end
+        self._final_row: Optional[Dict[str, Any]] = None  # the fit's work after its last iteration, at fit end
+        self._final_calls = 0  # checkpoint writes and removals since the last iteration closed
         self._user_s = 0.0  # this iteration's top-level user-section time
         self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
         self._iter_calls: List[Any] = []  # (name, seconds, failed) of user sections in this iteration
@@ -212,22 +225,34 @@ class SectionProfiler(PerfCallback):
         return sec
 
     # -- the state machine ---------------------------------------------------------------------------------------
-    def _switch(self, section: Optional[str], t: Optional[float] = None, iteration_end: bool = False) -> None:
-        """Ends the current automatic piece (minus carved-out time) and starts ``section``. ``iteration_end``: the
-        piece that starts belongs to the next iteration."""
+    def _switch(self, section: Optional[str], t: Optional[float] = None, start_next: Optional[bool] = None) -> None:
+        """Ends the current automatic piece (minus carved-out time) and starts ``section``. The piece that ends
+        belongs to the next iteration where ``_next_owner`` says so (the wait for the next batch, in batch_gap mode,
+        while this iteration's batch-end work still runs); ``start_next``: the piece that starts does (default: the
+        same owner as the piece that ends)."""
         t = now() if t is None else t
-        if self._current is not None:
-            self._piece[self._current] = self._piece.get(self._current, 0.0) + (t - self._t0 - self._carved)
-        if self._clock is not None and section != self._current:
-            if self._device_timed(self._fit_iterations):  # a piece of an iteration timed on the device ends here
-                # labelled with the iteration the piece belongs to: device time is summed per iteration, like host
-                self._clock.mark(counted=self._current is not None,
-                                 label=(self._current, self._iterations, self._counted) if self._current else None)
-                if iteration_end and not self._device_timed(self._fit_iterations + 1):
-                    self._clock.break_chain()  # the next iterations are not timed: no interval spans them
-            elif iteration_end and self._device_timed(self._fit_iterations + 1):
-                self._clock.mark(counted=False)  # the next iteration is timed: its first piece starts here
+        current = self._current
+        if current is not None:
+            piece = self._ahead if self._next_owner else self._piece
+            piece[current] = piece.get(current, 0.0) + (t - self._t0 - self._carved)
+        if self._clock is not None and section != current:
+            self._mark_device(current, section, self._next_owner if start_next is None else start_next)
         self._current, self._t0, self._carved = section, t, 0.0
+        if start_next is not None:
+            self._next_owner = start_next
+
+    def _mark_device(self, current: Optional[str], section: Optional[str], start_next: bool) -> None:
+        """The device side of a switch: CUDA events at the same boundaries as the host pieces, each interval labelled
+        with the section and the iteration its host piece belongs to."""
+        end_next = self._next_owner
+        fit = self._fit_iterations
+        if current is not None and self._device_timed(fit + end_next):  # a timed piece ends here
+            # labelled with the iteration the piece belongs to: device time is summed per iteration, like host
+            self._clock.mark(label=(current, self._iterations + end_next, fit + end_next >= self.warmup_steps))
+            if section is not None and not self._device_timed(fit + start_next):
+                self._clock.break_chain()  # the next iterations are not timed: no interval spans them
+        elif section is not None and self._device_timed(fit + start_next):
+            self._clock.mark(counted=False)  # a timed piece starts here (after validation, an untimed one)
 
     def _device_timed(self, fit_iteration: int) -> bool:
         """Whether this iteration of the fit is timed on the device: none of the warm-up, then the first n counted
@@ -294,7 +319,10 @@ class SectionProfiler(PerfCallback):
             self._fetches += 1
             t = now()
             self._disarm_fetch_watch()
-            self._switch("data_loading", t)  # the fetch, until the transfer (or on_train_batch_start)
+            if self._ending:  # the fetch starts the next iteration: the one whose step ended closes here
+                self._close_iteration(self._trainer_ref(), "data_loading", t)
+            else:
+                self._switch("data_loading", t)  # the fetch, until the transfer (or on_train_batch_start)
             self._overhead_s += now() - t
         self._profiler_start(action_name)
 
@@ -315,6 +343,7 @@ class SectionProfiler(PerfCallback):
         if self._active and self._current is not None:
             self._carved += seconds
             self._piece["checkpointing"] = self._piece.get("checkpointing", 0.0) + seconds
+            self._final_calls += 1  # counted for the final row only: the table counts iterations with a write
 
     def _batch_transfer(self) -> None:
         """Lightning's ``batch_to_device`` starts: in the training loop the ``transfer`` section runs from here to
@@ -322,7 +351,12 @@ class SectionProfiler(PerfCallback):
         running and the transfer stays in evaluation."""
         try:
             if self._active and self._current is not None:
-                self._switch("transfer")
+                if self._ending:  # the next iteration starts: the one whose step ended closes, its batch-end work in
+                    t = now()
+                    self._close_iteration(self._trainer_ref(), "transfer", t)
+                    self._overhead_s += now() - t
+                else:
+                    self._switch("transfer")
         except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
             self._record_failure("batch_to_device", err)
 
@@ -392,14 +426,22 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._active and self._gap_mode and self._current is not None:
+        if not self._active or self._current is None:
+            return
+        if self._ending:  # the epoch's last iteration closes; epoch-end hooks go to the next one (or the final row)
+            self._close_iteration(trainer, "other", now())
+        elif self._gap_mode:
             self._switch("other")  # epoch-end hooks, epoch-level logging: not data loading
 
     @guarded
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._active:
             t = now()
-            self._switch("training_step" if self._manual else "forward", t)
+            section = "training_step" if self._manual else "forward"
+            if self._ending:  # no transfer or fetch was seen (a dataloader_iter step): the iteration closes here
+                self._close_iteration(trainer, section, t)
+            else:
+                self._switch(section, t)
             self._overhead_s += now() - t
 
     def _step_hook(self, section: str) -> None:
@@ -438,33 +480,40 @@ class SectionProfiler(PerfCallback):
                 self._overhead_s += now() - t
                 return
             self._stepped = False
-        self._switch(self._between_batches(), t, iteration_end=True)
-        self._end_iteration(trainer)
+        if not self._gap_mode and self._fit_iterations == 2 and self._fetches == 0:
+            self._gap_mode = True  # 3 iterations without a fetch seen: the gap that starts now is the wait for data
+            self._warn_once("fetch", GAP_REASON)
+        # The step is done, the iteration is not: batch-end work (later callbacks' and the module's batch-end hooks,
+        # a checkpoint save, a validation's checkpoint) belongs to it. It closes where the next iteration starts. In
+        # batch_gap mode the gap now running is the wait for the next batch: it belongs to the next iteration, and
+        # what is carved out of it (sections, checkpoint writes) to this one.
+        self._switch(self._between_batches(), t, start_next=self._gap_mode)
+        self._ending = True
         self._arm_fetch_watch()
         self._drain_scalars(trainer)
         self._overhead_s += now() - t
 
-    def _end_iteration(self, trainer: Trainer) -> None:
-        """Closes the iteration: its pieces go into the statistics. The "other" piece now running (other callbacks'
-        batch-end hooks, logging, schedulers) belongs to the next iteration, up to its data fetch."""
+    def _close_iteration(self, trainer: Optional[Trainer], section: str, t: float) -> None:
+        """The iteration whose step ended closes at ``t``, where ``section`` of the next one starts: its pieces go
+        into the statistics; what was timed ahead for the next one (the wait for its batch) starts that one's."""
+        self._switch(section, t, start_next=True)
+        self._ending = False
         counted = self._counted
         if counted:  # the pieces join the statistics at the next fold, in one batch (one append a step here)
             unfolded = self._unfolded
             unfolded.append((self._piece, self._user_s, self._iter_calls or ()))
             if len(unfolded) >= FOLD_EVERY:
                 self._fold()
-        self._piece, self._user_s = {}, 0.0
+        self._piece, self._ahead, self._user_s, self._next_owner = self._ahead, {}, 0.0, False
+        self._final_calls = 0
         if self._iter_calls:
             self._iter_calls = []
         self._iterations += 1
         self._fit_iterations += 1
-        if self._fit_iterations == 3 and self._fetches == 0 and not self._gap_mode:
-            self._gap_mode = True  # from the next batch on
-            self._warn_once("fetch", GAP_REASON)
         self._counted = self._fit_iterations >= self.warmup_steps
         if self._clock is not None and self._fit_iterations % POLL_EVERY == 0:  # device events read in batches
             self._poll_device()
-        if counted and self._iterations % self.report_every_n_steps == 0:
+        if counted and self._iterations % self.report_every_n_steps == 0 and trainer is not None:
             self._fold()
             if self._iteration.window_n:
                 self._report_window(trainer)
@@ -535,11 +584,44 @@ class SectionProfiler(PerfCallback):
         if not self._active:
             gather_floats_then(trainer, [None] * len(AUTO_SECTIONS), lambda rows: None, self)  # every rank joins it
             return
-        self._switch(None)
+        if self._ending:  # the last iteration closes; what follows is the fit's final work, up to on_fit_end
+            self._close_iteration(trainer, "other", now())
         self._poll_device(flush=True)
         self._fold()
         means = [self._sections[n].host.mean if n in self._sections else None for n in AUTO_SECTIONS]
         gather_floats_then(trainer, means, self._set_ranks, self)
+
+    def _close_final(self, t: float) -> None:
+        """The fit's work after its last iteration closed (epoch-end hooks, the last checkpoint, every
+        ``on_train_end`` hook, Lightning's teardown), from that close to ``on_fit_end``, in its own row: host time,
+        validation left out (timed in ``validation``)."""
+        current = self._current
+        if current is not None:
+            piece = self._ahead if self._next_owner else self._piece
+            piece[current] = piece.get(current, 0.0) + (t - self._t0 - self._carved)
+            self._current = None
+        if self._fit_iterations == 0:
+            return  # no iteration ended in this fit: there is no "after"
+        pieces: Dict[str, float] = {}
+        for part in (self._piece, self._ahead):
+            for name, seconds in part.items():
+                pieces[name] = pieces.get(name, 0.0) + seconds
+        writes = pieces.pop("checkpointing", None)
+        rows: Dict[str, Dict[str, Any]] = {
+            "other": {"kind": "auto", "parent": None, "count": 1, "total_s": sum(pieces.values())}}
+        if writes is not None:
+            rows["checkpointing"] = {"kind": "auto", "parent": None, "count": self._final_calls, "total_s": writes}
+        for name, seconds, failed in self._iter_calls:
+            sec = self._sections.get(name)
+            row = rows.get(name)
+            if row is None:
+                row = rows[name] = {"kind": "user", "parent": sec.parent if sec else None, "count": 0, "total_s": 0.0,
+                                    "closed_by_exception": 0}
+            row["count"] += 1
+            row["total_s"] += seconds
+            row["closed_by_exception"] += failed
+        total = sum(pieces.values()) + (writes or 0.0) + self._user_s
+        self._final_row = {"total_s": total, "sections": rows}
 
     def _set_ranks(self, rows: Rows) -> None:
         self._ranks = {name: spread_across_ranks([r[i] for r in rows]) for i, name in enumerate(AUTO_SECTIONS)
@@ -547,6 +629,8 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._active:
+            self._close_final(now())
         self._write_summary(trainer)
         if self._active and self.print_reports and trainer.is_global_zero:
             rank_zero_info(self.format_report())
@@ -565,15 +649,48 @@ class SectionProfiler(PerfCallback):
     def state_dict(self) -> Dict[str, Any]:
         """What resume needs so that one summary covers the whole run, as IterationTimer's does."""
         self._fold()
+        iterations, iteration_ms = self._iterations, self._iteration.host.to_dict()
+        host_ms = {name: sec.host.to_dict() for name, sec in self._sections.items()}
+        closed = {name: sec.closed_by_exception for name, sec in self._sections.items()}
+        if self._ending:
+            # Saved in an iteration's batch-end work (ModelCheckpoint's every_n_train_steps): that iteration closes
+            # after the save, so the checkpoint carries it as timed so far, or a resume from it would miss it.
+            iterations += 1
+            if self._counted:
+                self._partial_iteration(iteration_ms, host_ms, closed)
         return {
-            "iterations": self._iterations,
-            "iteration_ms": self._iteration.host.to_dict(),
-            "sections": {name: {"kind": sec.kind, "parent": sec.parent, "host_ms": sec.host.to_dict(),
-                                "device_ms": sec.device.to_dict(), "closed_by_exception": sec.closed_by_exception}
+            "iterations": iterations,
+            "iteration_ms": iteration_ms,
+            "sections": {name: {"kind": sec.kind, "parent": sec.parent, "host_ms": host_ms[name],
+                                "device_ms": sec.device.to_dict(), "closed_by_exception": closed[name]}
                          for name, sec in self._sections.items()},
             "validation": {"runs": self._validation_runs, "total_s": self._validation_s},
             "overhead_s": self._overhead_s,
         }
+
+    def _partial_iteration(self, iteration_ms: Dict[str, Any], host_ms: Dict[str, Any], closed: Dict[str, int]) -> None:
+        """Adds the iteration still open (its pieces so far) to the histograms' state copies in ``iteration_ms`` and
+        ``host_ms``; the live statistics are not touched (the iteration closes in them later, whole)."""
+        pieces = dict(self._piece)
+        if self._current is not None and not self._next_owner:
+            pieces[self._current] = pieces.get(self._current, 0.0) + (now() - self._t0 - self._carved)
+        total = sum(pieces.values()) + self._user_s
+        if total <= 0:
+            return
+
+        def plus(state: Dict[str, Any], seconds: float) -> Dict[str, Any]:
+            hist = LogHistogram.from_dict(state)
+            hist.add(1000.0 * seconds)
+            return hist.to_dict()
+
+        iteration_ms.update(plus(iteration_ms, total))
+        for name, seconds in pieces.items():
+            self._section(name)
+            host_ms[name] = plus(host_ms.get(name) or LogHistogram().to_dict(), seconds)
+            closed.setdefault(name, 0)
+        for name, seconds, failed in self._iter_calls:
+            host_ms[name] = plus(host_ms[name], seconds)
+            closed[name] += failed
 
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -614,6 +731,8 @@ class SectionProfiler(PerfCallback):
             if sec.kind == "user" and sec.parent is not None:
                 inside[sec.parent] = inside.get(sec.parent, 0.0) + sec.host.total / 1000.0
         for name, sec in self._sections.items():
+            if sec.kind == "user" and not sec.host.count:
+                continue  # ran only after the last iteration (its row is there) or in the warm-up
             s = sec.host.summary()
             inclusive = None
             if sec.kind == "auto":
@@ -696,6 +815,12 @@ class SectionProfiler(PerfCallback):
         for label, r in rows:
             lines.append(f"{label:<{w}}{r['count']:>8}{r['total_s']:>10.3f}{r['mean_ms']:>10.2f}{r['min_ms']:>9.2f}"
                          f"{r['p50_ms']:>9.2f}{r['p95_ms']:>9.2f}{r['max_ms']:>9.2f}{(r['share_pct'] or 0):>7.1f}%")
+        final = self._final_row
+        if final is not None:
+            parts = ", ".join(f"{name} {r['total_s']:.3f} s ({r['count']}x)" if r["kind"] == "user" or
+                              name == "checkpointing" else f"{name} {r['total_s']:.3f} s"
+                              for name, r in sorted(final["sections"].items(), key=lambda kv: -kv[1]["total_s"]))
+            lines.append(f"after the last iteration: {final['total_s']:.3f} s ({parts})")
         lines += ["Insights:"] + [f"- {i}" for i in self.insights(table)]
         return "\n".join(lines)
 
@@ -714,6 +839,10 @@ class SectionProfiler(PerfCallback):
             unavailable["data_loading_fetch"] = GAP_REASON
         if self._checkpoint_reason:
             unavailable["checkpointing"] = self._checkpoint_reason
+        if self._active and self._final_row is None:
+            unavailable["after_last_iteration"] = (
+                "no iteration ended in this fit" if self._fit_iterations == 0 else
+                "the fit did not reach its end (on_fit_end): the work after the last iteration is not complete")
         return {
             "enabled": self._active,
             "data_loading_boundary": "batch_gap" if self._gap_mode else "fetch",
@@ -726,6 +855,7 @@ class SectionProfiler(PerfCallback):
             "slowest_section": self.slowest_section(table),
             "insights": self.insights(table),
             "validation": {"runs": self._validation_runs, "total_s": self._validation_s},
+            "after_last_iteration": self._final_row,
             "overhead_us_per_step": 1e6 * self._overhead_s / max(1, self._iterations) if self._active else None,
             "report_every_n_steps": self.report_every_n_steps,
             "ranks": self._ranks,

@@ -416,6 +416,19 @@ class Validation(Section):
     total_s: Seconds = None
 
 
+class FinalSection(Section):
+    kind: Text = None
+    parent: Text = None
+    count: Count = Field(None, description="calls (checkpoint writes and removals, user section calls); 1 for other")
+    total_s: Seconds = None
+    closed_by_exception: Count = None
+
+
+class AfterLastIteration(Section):
+    total_s: Seconds = Field(None, description="from the last iteration's close to on_fit_end, validation left out")
+    sections: Map(Obj(FinalSection)) = None
+
+
 class SectionProfiler(Section):
     enabled: Flag = None
     iterations: Count = None
@@ -423,6 +436,8 @@ class SectionProfiler(Section):
     sections: Map(Obj(Section_)) = None
     slowest_section: Text = None
     validation: Obj(Validation) = Field(None, description="validations inside fit, timed outside the table")
+    after_last_iteration: Obj(AfterLastIteration) = Field(
+        None, description="the fit's work after its last iteration (last checkpoint, on_train_end), outside the table")
     insights: Seq(Annotated[str, BeforeValidator(_text_item)]) = None
     overhead_us_per_step: Real = None
     ranks: Ranks = None
