@@ -8,7 +8,7 @@ import os
 from typing import Any, Dict, List
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -179,3 +179,37 @@ def use_virtual_clock(monkeypatch: Any) -> VirtualClock:
         if name.startswith("lightning_perf") and getattr(module, "now", None) is real:
             monkeypatch.setattr(module, "now", clock)
     return clock
+
+
+class HostEvent:
+    """A CUDA event stand-in on the CPU: records the suite's host clock (a test's virtual clock too), always
+    complete, so device time = host time. Only the hardware is simulated."""
+
+    def record(self, *args: Any) -> None:
+        from lightning_perf.measure import clock as clock_module
+
+        self.t = clock_module.now()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other: "HostEvent") -> float:
+        return 1000.0 * (other.t - self.t)
+
+
+class SimulatedDevice(Callback):
+    """Gives a callback listed before it (SectionProfiler) a device clock made of ``event`` (HostEvent) objects at
+    train start: its device times must then equal its host times."""
+
+    event = HostEvent
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        from lightning_perf.measure.clock import DeviceIntervalClock
+
+        self.target._clock = DeviceIntervalClock(event_factory=self.event)

@@ -3,14 +3,12 @@ row (issue 23, seed 004). On the virtual clock (helpers.VirtualClock): every fig
 
 import pytest
 import torch
-from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, Dataset
 
-from helpers import TinyModel, find_summary, fit, read_scalars, use_virtual_clock
+from helpers import SimulatedDevice, TinyModel, find_summary, fit, read_scalars, use_virtual_clock
 from lightning_perf import SectionProfiler, profile_section
-from lightning_perf.measure.clock import DeviceIntervalClock
 
 STEP_S, SAMPLE_S, SAVE_S, FINAL_S, FETCH_S = 0.003, 0.005, 0.007, 0.011, 0.0005
 
@@ -187,30 +185,8 @@ class BatchEndHeavy(TinyModel):
         self.clock.advance(0.002)
 
 
-class _HostEvent:
-    """A CUDA event stand-in that records the (virtual) host clock: device time = host time."""
-
-    def record(self, *args):
-        from lightning_perf.measure import clock as clock_module
-
-        self.t = clock_module.now()
-
-    def query(self):
-        return True
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, other):
-        return 1000.0 * (other.t - self.t)
 
 
-class _SimulatedDevice(Callback):
-    def __init__(self, target):
-        self.target = target
-
-    def on_train_start(self, trainer, pl_module):
-        self.target._clock = DeviceIntervalClock(event_factory=_HostEvent)
 
 
 @pytest.mark.parametrize("boundary", ["batch_gap", "fetch"])
@@ -219,7 +195,7 @@ def test_device_time_labels_follow_the_host_pieces_across_the_iteration_close(tm
     `other` (fetch), on the host: the device intervals are labelled the same way, section by section."""
     clock = use_virtual_clock(monkeypatch)
     sp = profiler(warmup_steps=2, device_timing_every_n_iterations=1, data_loading_boundary=boundary)
-    fit(tmp_path, [sp, _SimulatedDevice(sp)], model=BatchEndHeavy(clock), max_epochs=2, enable_checkpointing=False)
+    fit(tmp_path, [sp, SimulatedDevice(sp)], model=BatchEndHeavy(clock), max_epochs=2, enable_checkpointing=False)
     s = find_summary(tmp_path)["section_profiler"]
     table = s["sections"]
     assert s["iterations"] == 14 and table["forward"]["device_mean_ms"] is not None

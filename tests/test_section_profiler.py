@@ -8,9 +8,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, Dataset
 
-from helpers import ManualModel, TinyModel, find_summary, fit, read_scalars, use_virtual_clock
+from helpers import (HostEvent, ManualModel, SimulatedDevice, TinyModel, find_summary, fit, read_scalars,
+                     use_virtual_clock)
 from lightning_perf import IterationTimer, SectionProfiler, profile_section
-from lightning_perf.measure import clock as clock_module
 from lightning_perf.measure import sections as sections_module
 
 AUTO = ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "other")
@@ -305,40 +305,14 @@ def test_periodic_report_is_a_table_with_min_and_max_since_the_last_report(tmp_p
     assert "DDP all-reduces gradients inside backward" in s["unavailable"]["synchronization"]
 
 
-class _HostEvent:
-    """A CUDA event stand-in on the CPU: records the host clock (the suite's, so a test's virtual clock too), always
-    complete. Device time = host time."""
-
-    def record(self):
-        self.t = clock_module.now()
-
-    def query(self):
-        return True
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, other):
-        return 1000.0 * (other.t - self.t)
 
 
-class _SimulatedDevice(Callback):
-    """Gives a SectionProfiler listed before it a device clock made of host-clock events (only the hardware is
-    simulated): its device times must then equal its host times, section by section, per iteration."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def on_train_start(self, trainer, pl_module):
-        from lightning_perf.measure.clock import DeviceIntervalClock
-
-        self.target._clock = DeviceIntervalClock(event_factory=_HostEvent)
 
 
 def test_device_time_per_section_is_per_iteration_like_host_time(tmp_path):
     sp = profiler(warmup_steps=2, device_timing_every_n_iterations=1)
     # no checkpoint saves: a device interval spans a whole piece, carved-out host time (a save) included
-    fit(tmp_path, [sp, _SimulatedDevice(sp)], max_epochs=2, enable_checkpointing=False)
+    fit(tmp_path, [sp, SimulatedDevice(sp)], max_epochs=2, enable_checkpointing=False)
     table = find_summary(tmp_path)["section_profiler"]["sections"]
     for name in ("forward", "backward", "optimizer_step", "other", "data_loading"):
         host, device = table[name]["mean_ms"], table[name]["device_mean_ms"]
@@ -351,17 +325,14 @@ class _RecordCounter:
     records = 0
 
 
-class _CountedHostEvent(_HostEvent):
+class _CountedHostEvent(HostEvent):
     def record(self, *args):
         _RecordCounter.records += 1
         return super().record(*args)
 
 
-class _SimulatedCountingDevice(_SimulatedDevice):
-    def on_train_start(self, trainer, pl_module):
-        from lightning_perf.measure.clock import DeviceIntervalClock
-
-        self.target._clock = DeviceIntervalClock(event_factory=_CountedHostEvent)
+class _SimulatedCountingDevice(SimulatedDevice):
+    event = _CountedHostEvent
 
 
 def test_device_time_taken_in_one_iteration_of_four_matches_host_time_with_fewer_events(tmp_path, monkeypatch):

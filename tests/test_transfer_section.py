@@ -6,10 +6,9 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from torch.utils.data import DataLoader, Dataset
 
-from helpers import TinyModel, find_summary, fit, trainer_kwargs, use_virtual_clock
+from helpers import SimulatedDevice, TinyModel, find_summary, fit, trainer_kwargs, use_virtual_clock
 from lightning_perf import IterationTimer, PerfSuite, SectionProfiler
 from lightning_perf.callbacks import _batch_transfer as batch_transfer
-from lightning_perf.measure import clock as clock_module
 
 FETCH_S, TRANSFER_S, STEP_S = 0.002, 0.004, 0.003  # per item (8 a batch), per transfer, per training_step
 
@@ -201,30 +200,8 @@ def test_a_failing_mark_never_reaches_the_transfer_and_a_wrapper_on_top_stays_wo
     assert strategy.batch_to_device(3) == ("moved", 3) and marks == []
 
 
-class _HostEvent:
-    """A CUDA event stand-in that records the suite's clock (the virtual one here): device time = host time."""
-
-    def record(self):
-        self.t = clock_module.now()
-
-    def query(self):
-        return True
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, other):
-        return 1000.0 * (other.t - self.t)
 
 
-class _SimulatedDevice(Callback):
-    def __init__(self, target):
-        self.target = target
-
-    def on_train_start(self, trainer, pl_module):
-        from lightning_perf.measure.clock import DeviceIntervalClock
-
-        self.target._clock = DeviceIntervalClock(event_factory=_HostEvent)
 
 
 def test_the_transfer_has_device_time_from_the_events_the_profiler_records(tmp_path, monkeypatch):
@@ -232,7 +209,7 @@ def test_the_transfer_has_device_time_from_the_events_the_profiler_records(tmp_p
     injected cost, and data loading's the fetch alone."""
     clock = use_virtual_clock(monkeypatch)
     sp = profiler(device_timing_every_n_iterations=1)
-    fit(tmp_path, [sp, _SimulatedDevice(sp)], model=CostlyTransfer(clock), max_epochs=1, enable_checkpointing=False)
+    fit(tmp_path, [sp, SimulatedDevice(sp)], model=CostlyTransfer(clock), max_epochs=1, enable_checkpointing=False)
     table = find_summary(tmp_path)["section_profiler"]["sections"]
     assert table["transfer"]["device_mean_ms"] == pytest.approx(1000 * TRANSFER_S)
     assert table["data_loading"]["device_mean_ms"] == pytest.approx(8000 * FETCH_S)
