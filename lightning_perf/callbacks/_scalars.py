@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections import deque
-from typing import Any, Deque, Dict, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Trainer
@@ -117,9 +117,12 @@ def _event_writer(logger: Any) -> Any:
 _TENSORBOARD: Any = None
 
 
-def _send(trainer: Trainer, by_step: Dict[int, Dict[str, float]]) -> None:
-    for logger in trainer.loggers:
-        writer = _event_writer(logger)
+def _send(trainer: Trainer, by_step: Dict[int, Dict[str, float]], writers: Optional[List[Any]] = None) -> None:
+    """To each logger: one event per step through its ``writers`` entry (``_event_writer``'s, found here when not
+    given), else ``log_metrics`` per step."""
+    if writers is None:
+        writers = [_event_writer(logger) for logger in trainer.loggers]
+    for logger, writer in zip(trainer.loggers, writers):
         if writer is not None and rank_zero_only.rank == 0:
             summary = _TENSORBOARD[2]
             for step, metrics in by_step.items():
@@ -136,7 +139,8 @@ def drain_scalars(trainer: Trainer, limit: Optional[int] = PER_BATCH_END) -> Non
     queue = _DEFERRED.get(trainer)
     if not queue:
         return
-    if limit is not None and all(_event_writer(logger) is not None for logger in trainer.loggers):
+    writers = [_event_writer(logger) for logger in trainer.loggers]
+    if limit is not None and all(writer is not None for writer in writers):
         limit = None
     n = len(queue) if limit is None else min(limit, len(queue))
     by_step: Dict[int, Dict[str, float]] = {}
@@ -144,7 +148,7 @@ def drain_scalars(trainer: Trainer, limit: Optional[int] = PER_BATCH_END) -> Non
         step, key, value = queue.popleft()
         by_step.setdefault(step, {})[key] = value
     WAITING.count = max(0, WAITING.count - n)
-    _send(trainer, by_step)
+    _send(trainer, by_step, writers)
 
 
 def flush_scalars(trainer: Trainer) -> None:
