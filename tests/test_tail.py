@@ -179,10 +179,70 @@ def test_unexplained_stalls_and_the_k_slowest_kept(tmp_path, clock):
     rest = tail["by_cause"]["unexplained"]
     assert rest["iterations"] == 10 and rest["time_s"] == pytest.approx(10 * 0.050, rel=0.01)
     assert len(tail["slowest"]) == 3 and all(s["ms"] == pytest.approx(50.0, rel=0.01) for s in tail["slowest"])
-    assert any("no epoch start, validation, checkpoint or garbage collection explains" in i for i in tail["insights"])
+    assert any("no epoch start, validation, checkpoint, allocator retry or garbage collection explains" in i for i in tail["insights"])
     # per log window: the share of its time above 2x the median so far (one 50 ms stall in ten iterations)
     shares = [v for _, v in read_scalars(tmp_path)["perf/tail_time_pct"]]
     assert shares and max(shares) == pytest.approx(100 * 0.050 / (9 * STEP_S + 0.050), rel=0.01)
+
+
+class Allocator:
+    """The CUDA caching allocator's ``num_alloc_retries``, simulated: the only hardware stand-in of the test below."""
+
+    def __init__(self):
+        self.retries = 0
+
+    def read(self, trainer):
+        return self.retries
+
+
+class Retries(Paced):
+    """At the given fit iterations the allocator retries: ``stall`` ones cost 30 ms more (a cudaFree and a sync),
+    ``quiet`` ones nothing; ``unexplained`` iterations cost 30 ms with no retry."""
+
+    def __init__(self, allocator, stall, quiet, unexplained, **kwargs):
+        super().__init__(**kwargs)
+        self.allocator, self.stall, self.quiet, self.unexplained = allocator, stall, quiet, unexplained
+
+    def training_step(self, batch, batch_idx):
+        iteration = self.global_step + 1
+        if iteration in self.stall or iteration in self.quiet:
+            self.allocator.retries += 1
+        if iteration in self.stall or iteration in self.unexplained:
+            CLOCK["clock"].advance(0.030)
+        return super().training_step(batch, batch_idx)
+
+
+def test_allocator_retries_flag_the_slow_iterations_they_happened_in(tmp_path, clock):
+    allocator = Allocator()
+    timer = IterationTimer(warmup_steps=2, log_every_n_steps=5)
+    timer._read_alloc_retries = allocator.read  # on CUDA, torch.cuda.memory_stats()["num_alloc_retries"]
+    # a retry in a fast iteration (21) is read at the log window after it (25): the slow 27 is not blamed for it
+    model = Retries(allocator, stall={13, 29, 41}, quiet={21}, unexplained={27, 47}, n=256)
+    t, _ = run(tmp_path, model, timer=timer, max_steps=60)
+    tail = t["tail"]
+    cause = tail["by_cause"]["alloc_retry"]
+    assert cause["iterations"] == 3 and cause["flagged_iterations"] == 3
+    assert cause["time_s"] == pytest.approx(3 * (0.030 + STEP_S), rel=0.01)
+    assert cause["excess_s"] == pytest.approx(3 * 0.030, rel=0.01)
+    assert tail["by_cause"]["unexplained"]["iterations"] == 2
+    assert tail["alloc_retries"] == 4  # the run's total: train start to train end
+    assert sorted(s["step"] for s in tail["slowest"] if s["causes"] == ["alloc_retry"]) == [13, 29, 41]
+    insight = next(i for i in tail["insights"] if "allocator retried" in i)
+    assert "3 iterations" in insight and "expandable_segments" in insight
+    assert not any("retried 4 times" in i for i in tail["insights"])  # the per-iteration rule says it instead
+
+
+def test_no_allocator_retry_flags_nothing_and_off_cuda_nothing_is_read(tmp_path, clock):
+    allocator = Allocator()
+    timer = IterationTimer(warmup_steps=2, log_every_n_steps=5)
+    timer._read_alloc_retries = allocator.read
+    t, _ = run(tmp_path, Retries(allocator, stall=set(), quiet=set(), unexplained={13, 29}, n=256), timer=timer,
+               max_steps=40)
+    assert "alloc_retry" not in t["tail"]["by_cause"] and t["tail"]["by_cause"]["unexplained"]["iterations"] == 2
+    assert t["tail"]["alloc_retries"] == 0
+    # on the CPU the allocator is never read: the figure is null, with the reason
+    t, _ = run(tmp_path / "cpu", Stalls(every=10, stall_s=0.040, n=256), max_steps=40)
+    assert t["tail"]["alloc_retries"] is None and "tail.alloc_retries" in t["unavailable"]
 
 
 def test_a_steady_run_has_a_small_tail_and_no_cause(tmp_path, clock):

@@ -18,8 +18,8 @@ from lightning_perf.callbacks._summary_book import error_message
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
 from lightning_perf.measure.flops import count_step_flops, mfu_pct, precision_dtype, tflops_per_s
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
-from lightning_perf.measure.tail import (AFTER_VALIDATION, CHECKPOINT, EPOCH_START, GC, TAIL_FACTOR, CauseBook,
-                                         GcWatch, SlowestIterations, tail_block, tail_line)
+from lightning_perf.measure.tail import (AFTER_VALIDATION, ALLOC_RETRY, CHECKPOINT, EPOCH_START, GC, TAIL_FACTOR,
+                                         CauseBook, GcWatch, SlowestIterations, tail_block, tail_line)
 from lightning_perf.summary.projection import project_time
 
 _MAX_EPOCH_RECORDS = 10_000
@@ -261,6 +261,7 @@ class IterationTimer(PerfCallback):
         self._loader_info: Optional[Dict[str, Any]] = None
         self._alloc_retries_start: Optional[int] = None
         self._alloc_retries: Optional[int] = None
+        self._retries_seen: Optional[int] = None  # the allocator's retries at the last read (CUDA only)
         self._clock: Optional[DeviceIntervalClock] = None
         self._log_every = 50
 
@@ -306,7 +307,7 @@ class IterationTimer(PerfCallback):
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
         self._start_flops(trainer)
-        self._alloc_retries_start = self._read_alloc_retries(trainer)
+        self._alloc_retries_start = self._retries_seen = self._read_alloc_retries(trainer)
         loader = getattr(trainer, "train_dataloader", None)
         workers = getattr(loader, "num_workers", None)
         self._loader_info = None if not isinstance(workers, int) else {
@@ -349,6 +350,16 @@ class IterationTimer(PerfCallback):
             return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
         except Exception:  # noqa: BLE001
             return None
+
+    def _retried(self, trainer: Trainer) -> int:
+        """ALLOC_RETRY when the allocator's retries grew since the last read (the last slow iteration, log window,
+        validation or train start): read at slow iterations only, so retries in a fast one go to the next slow one
+        of the same window at most."""
+        retries = self._read_alloc_retries(trainer)
+        if retries is None:
+            return 0
+        grew, self._retries_seen = retries > (self._retries_seen or 0), retries
+        return ALLOC_RETRY if grew else 0
 
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -491,6 +502,8 @@ class IterationTimer(PerfCallback):
             pending.append(ms)
             if len(pending) >= FOLD_EVERY:
                 self._fold()
+            if self._retries_seen is not None and (ms > self._slow_floor or seconds > self._tail_threshold_s):
+                flags |= self._retried(trainer)  # a slow iteration on CUDA: did the allocator retry?
             if ms > self._slow_floor:  # the tail: one comparison with the K-th slowest so far
                 self._slowest.offer(ms, trainer.global_step, trainer.current_epoch, flags, self._gc_pause_s * 1000.0)
                 self._slow_floor = self._slowest.floor
@@ -560,6 +573,8 @@ class IterationTimer(PerfCallback):
             metrics["perf/items_per_s"] = items / seconds
         if self._tail_threshold_s < math.inf:
             metrics["perf/tail_time_pct"] = 100.0 * tail_s / seconds
+        if self._retries_seen is not None:  # retries in this window's fast iterations flag none of the next
+            self._retries_seen = self._read_alloc_retries(trainer) or self._retries_seen
         # the next window's tail: above 2x the median so far (of the folded iterations: a read does not fold)
         median = self.__dict__["_host_histogram"].quantile(0.5)
         self._tail_threshold_s = TAIL_FACTOR * median / 1000.0 if median else math.inf
@@ -589,6 +604,8 @@ class IterationTimer(PerfCallback):
         # the next iteration is the first after a validation; a collection during validation is not training's
         self._flags = (self._flags & CHECKPOINT) | AFTER_VALIDATION
         self._gc_pause_s = 0.0
+        if self._retries_seen is not None:  # an evaluation's retries are not the next iteration's
+            self._retries_seen = self._read_alloc_retries(trainer) or self._retries_seen
         if self._last_mark is not None:  # cut the validation out of the iteration it interrupted
             self._last_mark += seconds
 

@@ -12,13 +12,15 @@ from lightning_perf.measure import clock
 from lightning_perf.measure.stats import LogHistogram
 
 #: What can coincide with an iteration: bits of a flag word the hooks set (and the GC callback).
-EPOCH_START, AFTER_VALIDATION, CHECKPOINT, GC = 1, 2, 4, 8
+EPOCH_START, AFTER_VALIDATION, CHECKPOINT, GC, ALLOC_RETRY = 1, 2, 4, 8, 16
 #: Each cause by name, in the order one is named for an iteration that had several. An epoch start comes first: the
 #: default ModelCheckpoint saves at every epoch end, so nearly every epoch start also "wrote a checkpoint", and the
 #: DataLoader starting its workers again is the cost paid there in every run; the summary counts what else coincided
-#: (``also``) so that an epoch-end checkpoint's share stays visible.
+#: (``also``) so that an epoch-end checkpoint's share stays visible. A CUDA allocator retry (the cache freed and the
+#: allocation tried again: a device sync and cudaFree calls) comes before a garbage collection, whose pause is timed.
 CAUSES: Tuple[Tuple[str, int], ...] = (("epoch_start", EPOCH_START), ("checkpoint", CHECKPOINT),
-                                       ("after_validation", AFTER_VALIDATION), ("gc", GC))
+                                       ("after_validation", AFTER_VALIDATION), ("alloc_retry", ALLOC_RETRY),
+                                       ("gc", GC))
 UNEXPLAINED = "unexplained"
 #: An iteration is in the tail when it takes more than this many times the median iteration.
 TAIL_FACTOR = 2.0
@@ -243,11 +245,17 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
         worst = [s["step"] for s in block.get("slowest") or [] if not s["causes"]][:3]
         at = f" (slowest at steps {', '.join(str(s) for s in worst)})" if worst else ""
         out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} slow iterations (over"
-                   f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint or garbage collection"
-                   f" explains{at}: SectionProfiler shows which section grows; the torch profiler around those steps"
+                   f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint, allocator retry or"
+                   f" garbage collection explains{at}: SectionProfiler shows which section grows; the torch profiler around those steps"
                    " shows what runs.")
+    e = fires("alloc_retry")
+    if e:
+        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} iterations in which the CUDA"
+                   f" allocator retried ({_each(e, median)}): it freed its cache and allocated again, a stall each"
+                   " time; a smaller batch, or `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` against"
+                   f" fragmentation, would save up to {e['excess_s']:.1f} s.")
     retries = block.get("alloc_retries")
-    if retries:
+    if retries and not e:
         out.append(f"The CUDA allocator retried {retries} times in training (it freed its cache and allocated again,"
                    " a stall each time): a smaller batch, or `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"
                    " against fragmentation, would avoid it.")

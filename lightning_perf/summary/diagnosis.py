@@ -43,6 +43,8 @@ TAIL_ADVICE = {
     "epoch_start": "keep the DataLoader's workers alive across epochs (`persistent_workers=True`)",
     "checkpoint": "save checkpoints less often (`every_n_train_steps`) or asynchronously (`AsyncCheckpointIO`)",
     "after_validation": "validate less often (`val_check_interval`, `check_val_every_n_epoch`)",
+    "alloc_retry": ("make the CUDA allocator stop retrying: a smaller batch, or"
+                    " `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` against fragmentation"),
     "gc": "call `gc.freeze()` once the model and data are set up, or make fewer reference cycles",
     "unexplained": "find what grows in the slowest iterations (IterationTimer's `tail.slowest`, SectionProfiler's"
                    " table, the torch profiler around those steps)",

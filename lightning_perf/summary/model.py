@@ -249,8 +249,8 @@ class Tail(Section):
     median_ms: Ms = None
     threshold_ms: Ms = None
     factor: NonNegative = None
-    by_cause: Map(Obj(TailCause)) = Field(None, description="`epoch_start`, `checkpoint`, `after_validation`, `gc`,"
-                                                           " `unexplained`")
+    by_cause: Map(Obj(TailCause)) = Field(None, description="`epoch_start`, `checkpoint`, `after_validation`,"
+                                                           " `alloc_retry`, `gc`, `unexplained`")
     insights: Seq(Text) = None
 
 
