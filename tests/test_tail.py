@@ -15,7 +15,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from helpers import TinyModel, find_summary, fit, read_scalars, use_virtual_clock
-from lightning_perf import IterationTimer, PerfSuite, SectionProfiler
+from lightning_perf import IterationTimer, PerfSuite, SectionProfiler, profile_section
 from lightning_perf.measure import tail as tail_module
 from lightning_perf.measure.tail import tail_insights
 
@@ -270,6 +270,69 @@ def test_in_a_perf_suite_and_the_gc_hook_goes_at_teardown(tmp_path, clock):
     assert cause["iterations"] == 2
 
 
+class Grows(Paced):
+    """Known stalls in known sections: the forward of every 10th step costs 40 ms more; a user section `sampling`
+    in the module's batch-end hook costs 60 ms after steps 25 and 75 (IterationTimer's round trip puts it in the
+    next iteration, 26 and 76); each epoch start costs 100 ms of data loading."""
+
+    def __init__(self, **kwargs):
+        super().__init__(epoch_stall_s=0.100, n=256, **kwargs)
+
+    def training_step(self, batch, batch_idx):
+        if (self.global_step + 1) % 10 == 0:
+            CLOCK["clock"].advance(0.040)
+        return super().training_step(batch, batch_idx)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.global_step in (25, 75):
+            with profile_section("sampling"):
+                CLOCK["clock"].advance(0.060)
+
+
+@pytest.mark.parametrize("in_suite", [True, False])
+def test_each_slow_iteration_names_the_section_that_exceeded_its_median(tmp_path, clock, in_suite):
+    timer = IterationTimer(warmup_steps=2, log_every_n_steps=5, keep_slowest=12)
+    profiler = SectionProfiler(warmup_steps=2, print_reports=False)
+    callbacks = [PerfSuite([timer, profiler])] if in_suite else [timer, profiler]
+    fit(tmp_path, callbacks, model=Grows(), max_steps=80, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0,
+        enable_checkpointing=False)
+    summary = find_summary(tmp_path)
+    tail = summary["iteration_timer"]["tail"]
+    slow = {s["iteration"]: s for s in tail["slowest"]}
+    # 32 batches an epoch: epochs start at 33 and 65 (1 is warm-up); forward stalls at 10, 20, ..., 80; sampling
+    assert sorted(slow) == [10, 20, 26, 30, 33, 40, 50, 60, 65, 70, 76, 80]
+    for n in (10, 20, 30, 40, 50, 60, 70, 80):
+        assert slow[n]["section"]["section"] == "forward"
+        assert slow[n]["section"]["ms"] == pytest.approx(50.0, rel=0.01)
+        assert slow[n]["section"]["median_ms"] == pytest.approx(10.0, rel=0.01)
+        assert slow[n]["section"]["excess_ms"] == pytest.approx(40.0, rel=0.01)
+    for n in (26, 76):
+        assert slow[n]["ms"] == pytest.approx(70.0, rel=0.01)
+        assert slow[n]["section"]["section"] == "sampling" and slow[n]["section"]["median_ms"] == 0.0
+        assert slow[n]["section"]["ms"] == pytest.approx(60.0, rel=0.01)
+    for n in (33, 65):
+        assert slow[n]["section"]["section"] == "data_loading"
+        assert slow[n]["section"]["ms"] == pytest.approx(100.0, rel=0.01)
+    by = tail["by_cause"]
+    assert by["epoch_start"]["section"] == {"name": "data_loading", "iterations": 2, "of_kept": 2,
+                                            "mean_ms": pytest.approx(100.0, rel=0.01), "median_ms": 0.0}
+    rest = by["unexplained"]["section"]
+    assert (rest["name"], rest["iterations"], rest["of_kept"]) == ("forward", 8, 10)
+    assert any("data_loading 100 ms in 2 of the 2 kept" in i for i in tail["insights"])
+    assert any("forward took 50 ms against its median 10.0 ms" in i for i in tail["insights"])
+    # SectionProfiler's own record: as IterationTimer counts the iteration (the sampling after step 25 in 26)
+    records = {r["iteration"]: r for r in summary["section_profiler"]["slowest_iterations"]}
+    assert records[26]["sections_ms"]["sampling"] == pytest.approx(60.0, rel=0.01)
+    assert "sampling" not in records.get(25, {"sections_ms": {}})["sections_ms"]
+    assert records[26]["ms"] == pytest.approx(slow[26]["ms"], rel=0.01)
+
+
+def test_without_section_profiler_the_tail_names_no_section(tmp_path, clock):
+    t, _ = run(tmp_path, Grows(), max_steps=40, enable_checkpointing=False)
+    assert all("section" not in s for s in t["tail"]["slowest"])
+    assert all("section" not in c for c in t["tail"]["by_cause"].values())
+
+
 # -- the rules, each with a case that fires it and one that does not ----------------------------------------------------
 def block(**by_cause):
     base = {"factor": 2.0, "median_ms": 10.0, "share_pct": 0.0, "slowest": [], "alloc_retries": None,
@@ -320,3 +383,12 @@ def test_the_small_tail_rule():
 def test_keep_slowest_is_checked_at_construction():
     with pytest.raises(ValueError, match=r"`IterationTimer\(keep_slowest=-1\)`"):
         IterationTimer(keep_slowest=-1)
+
+
+def test_a_checkpoint_of_an_older_version_loads_its_slowest_without_iteration_numbers():
+    from lightning_perf.measure.tail import SlowestIterations
+
+    kept = SlowestIterations(3)
+    kept.load([[50.0, 1, 10, 0, 0, 0.0], [60.0, 2, 20, 0, 0, 0.0, 20]])  # 6 numbers before iteration numbers
+    assert [(e["step"], e["iteration"]) for e in kept.entries()] == [(20, 20), (10, None)]
+    assert len(kept.to_state()[0]) == 7

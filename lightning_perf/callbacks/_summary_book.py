@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_perf.callbacks._run_info import iso_now, logged_scalars, run_info
 from lightning_perf.errors import PerfConfigError
+from lightning_perf.measure.tail import explain_with_sections
 from lightning_perf.summary.diagnosis import NOT_ENOUGH, diagnose, diagnosis_line
 from lightning_perf.summary.io import probe_folder, special_kind, write_json_atomic
 from lightning_perf.summary.schema import SCHEMA_VERSION, SUMMARY_FILENAME
@@ -283,11 +284,26 @@ class SummaryBook:
             data["run"][field] = given
         for cb in self.callbacks:
             data[cb.section_name] = cb.summary_section()
+        self._explain_tail(data)
         if self.stage == "fit":  # a validate/test/predict record has no training to diagnose
             diagnosis = self._diagnosis if self._diagnosis is not None else self._diagnose(data)
             data = {"schema_version": data.pop("schema_version"), "status": data.pop("status"),
                     "error": data.pop("error"), "diagnosis": diagnosis, **data}
         return data
+
+    @staticmethod
+    def _explain_tail(data: Dict[str, Any]) -> None:
+        """With both in the record, IterationTimer's slow iterations name the SectionProfiler section that exceeded
+        its median in each; a failure leaves the tail as it was, with the reason."""
+        timer, profiler = data.get("iteration_timer"), data.get("section_profiler")
+        tail = timer.get("tail") if isinstance(timer, dict) else None
+        if not isinstance(tail, dict) or not isinstance(profiler, dict) or not profiler.get("enabled"):
+            return
+        try:
+            explain_with_sections(tail, profiler.get("slowest_iterations") or [])
+        except Exception as err:  # noqa: BLE001 - a measurement never raises into training
+            timer.setdefault("unavailable", {})["tail.section"] = (
+                f"the slow iterations' sections could not be joined ({type(err).__name__}: {error_message(err)})")
 
     def _diagnose(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """The run's primary diagnosis from its sections; a failure is a reason, never an error in training."""

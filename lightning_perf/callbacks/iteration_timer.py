@@ -505,7 +505,8 @@ class IterationTimer(PerfCallback):
             if self._retries_seen is not None and (ms > self._slow_floor or seconds > self._tail_threshold_s):
                 flags |= self._retried(trainer)  # a slow iteration on CUDA: did the allocator retry?
             if ms > self._slow_floor:  # the tail: one comparison with the K-th slowest so far
-                self._slowest.offer(ms, trainer.global_step, trainer.current_epoch, flags, self._gc_pause_s * 1000.0)
+                self._slowest.offer(ms, trainer.global_step, trainer.current_epoch, flags, self._gc_pause_s * 1000.0,
+                                    self.iterations)
                 self._slow_floor = self._slowest.floor
             if flags:
                 self._causes.add(ms, flags, self._gc_pause_s)
@@ -884,8 +885,8 @@ class IterationTimer(PerfCallback):
         tail = s.mapping("tail")
         slowest = SlowestIterations(self.keep_slowest)
         rows = tail.data.get("slowest", [])
-        if not isinstance(rows, list) or not all(isinstance(r, (list, tuple)) and len(r) == 6 for r in rows):
-            raise StateError("tail.slowest is not a list of 6-number rows")
+        if not isinstance(rows, list) or not all(isinstance(r, (list, tuple)) and len(r) in (6, 7) for r in rows):
+            raise StateError("tail.slowest is not a list of 7-number rows")
         slowest.load(rows)
         causes = CauseBook()
         causes.gc_pause_s = tail.number("gc_pause_s")

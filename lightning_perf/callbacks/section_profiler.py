@@ -20,6 +20,7 @@ from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
+from lightning_perf.measure.tail import SlowestPieces, median_per_iteration
 
 AUTO_SECTIONS = ("data_loading", "transfer", "forward", "backward", "optimizer_step", "checkpointing", "other")
 MANUAL_SECTIONS = ("data_loading", "transfer", "training_step", "checkpointing", "other")
@@ -27,6 +28,9 @@ ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
 _FETCH_ACTION = "].train_dataloader_next"
 BOUNDARIES = ("batch_gap", "fetch")
 _MAX_CALLS_PER_ITERATION = 10_000
+#: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
+#: IterationTimer's default ``keep_slowest`` (10), so that its kept iterations are found here too.
+SLOWEST_KEPT = 20
 
 # Insight thresholds (documented in docs/section_profiler.md).
 DATA_LOADING_PCT = 15.0
@@ -184,7 +188,12 @@ class SectionProfiler(PerfCallback):
         self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
         self._iter_calls: List[Any] = []  # (name, seconds, failed) of user sections in this iteration
         self._iteration = _Samples()
-        self._unfolded: List[Any] = []  # (pieces, user seconds, user calls) of counted iterations not yet folded
+        self._unfolded: List[Any] = []  # (pieces, user seconds, user calls, iteration - 1, batch-end carved) of
+        # counted iterations not yet folded
+        self._end_pieces: Dict[str, float] = {}  # carved after the step (batch-end hooks): IterationTimer's next
+        self._slowest = SlowestPieces(SLOWEST_KEPT)  # this process's slowest iterations, as IterationTimer counts
+        self._prev_end: Any = None  # the last folded iteration's batch-end carved time, and its number
+        self._last_folded = -1
         self._iterations = 0
         self._fit_iterations = 0  # warm-up is per fit, also after a resume
         self._counted = self.warmup_steps == 0  # warmup_steps=0: the first iteration counts too
@@ -273,6 +282,8 @@ class SectionProfiler(PerfCallback):
         if parent is None:
             self._carved += seconds
             self._user_s += seconds
+            if self._ending:
+                self._end_pieces[name] = self._end_pieces.get(name, 0.0) + seconds
             parent = self._current
             if self._gap_mode and parent == "data_loading":
                 parent = "other"  # a batch-end hook's section (it runs in the gap): not part of the fetch
@@ -343,6 +354,8 @@ class SectionProfiler(PerfCallback):
         if self._active and self._current is not None:
             self._carved += seconds
             self._piece["checkpointing"] = self._piece.get("checkpointing", 0.0) + seconds
+            if self._ending:
+                self._end_pieces["checkpointing"] = self._end_pieces.get("checkpointing", 0.0) + seconds
             self._final_calls += 1  # counted for the final row only: the table counts iterations with a write
 
     def _batch_transfer(self) -> None:
@@ -501,13 +514,16 @@ class SectionProfiler(PerfCallback):
         counted = self._counted
         if counted:  # the pieces join the statistics at the next fold, in one batch (one append a step here)
             unfolded = self._unfolded
-            unfolded.append((self._piece, self._user_s, self._iter_calls or ()))
+            unfolded.append((self._piece, self._user_s, self._iter_calls or (), self._iterations,
+                             self._end_pieces or None))
             if len(unfolded) >= FOLD_EVERY:
                 self._fold()
         self._piece, self._ahead, self._user_s, self._next_owner = self._ahead, {}, 0.0, False
         self._final_calls = 0
         if self._iter_calls:
             self._iter_calls = []
+        if self._end_pieces:
+            self._end_pieces = {}
         self._iterations += 1
         self._fit_iterations += 1
         self._counted = self._fit_iterations >= self.warmup_steps
@@ -522,12 +538,20 @@ class SectionProfiler(PerfCallback):
         """The iterations' pieces into raw host times, and those into histograms and window sums: before every
         read of a figure."""
         if self._unfolded:
-            sections, iteration = self._sections, self._iteration.raw
-            for piece, user_s, calls in self._unfolded:
+            sections, iteration, slowest = self._sections, self._iteration.raw, self._slowest
+            prev_end, last = self._prev_end, self._last_folded
+            for piece, user_s, calls, before, end in self._unfolded:
                 total = sum(piece.values()) + user_s
                 if total <= 0:
                     continue
                 iteration.append(total)
+                # As IterationTimer counts it: what ran carved out after the previous step (its batch-end hooks'
+                # sections, a checkpoint it wrote) in, this one's batch-end carving out
+                carried = prev_end if last == before else None
+                aligned = total - (sum(end.values()) if end else 0.0) + (sum(carried.values()) if carried else 0.0)
+                if aligned > slowest.floor:
+                    slowest.offer(aligned, before + 1, piece, calls, end, carried)
+                prev_end, last = end, before + 1
                 for name, seconds in piece.items():
                     (sections.get(name) or self._section(name)).raw.append(seconds)
                 for name, seconds, failed in calls:
@@ -535,6 +559,7 @@ class SectionProfiler(PerfCallback):
                     sec.raw.append(seconds)
                     sec.closed_by_exception += failed
             self._unfolded = []
+            self._prev_end, self._last_folded = prev_end, last
         self._iteration.fold()
         for sec in self._sections.values():
             sec.fold()
@@ -824,6 +849,13 @@ class SectionProfiler(PerfCallback):
         lines += ["Insights:"] + [f"- {i}" for i in self.insights(table)]
         return "\n".join(lines)
 
+    def _slowest_iterations(self, table: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """The kept slowest iterations of this process, each with its sections and the one that exceeded its own
+        median per iteration the most (what IterationTimer's tail names for its slow iterations)."""
+        n = self._iteration.host.count
+        medians = {name: median_per_iteration(self._sections[name].host, n) for name in table}
+        return self._slowest.entries(medians)
+
     def _summary_section(self) -> Dict[str, Any]:
         table = self.table()
         unavailable: Dict[str, str] = {}
@@ -856,6 +888,7 @@ class SectionProfiler(PerfCallback):
             "insights": self.insights(table),
             "validation": {"runs": self._validation_runs, "total_s": self._validation_s},
             "after_last_iteration": self._final_row,
+            "slowest_iterations": self._slowest_iterations(table),
             "overhead_us_per_step": 1e6 * self._overhead_s / max(1, self._iterations) if self._active else None,
             "report_every_n_steps": self.report_every_n_steps,
             "ranks": self._ranks,

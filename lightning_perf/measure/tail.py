@@ -89,13 +89,14 @@ class SlowestIterations:
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self._heap: List[Tuple[float, int, int, int, int, float]] = []  # ms, seq, step, epoch, flags, gc pause ms
+        self._heap: List[Tuple[float, int, int, int, int, float, int]] = []  # ms, seq, step, epoch, flags, gc ms,
+        # and the run's iteration number (-1: unknown, a checkpoint of an older version)
         self._seq = 0
         self.floor = -1.0 if k > 0 else math.inf
 
-    def offer(self, ms: float, step: int, epoch: int, flags: int, gc_pause_ms: float) -> None:
+    def offer(self, ms: float, step: int, epoch: int, flags: int, gc_pause_ms: float, iteration: int) -> None:
         self._seq += 1
-        entry = (ms, self._seq, step, epoch, flags, gc_pause_ms)
+        entry = (ms, self._seq, step, epoch, flags, gc_pause_ms, iteration)
         if len(self._heap) < self.k:
             heapq.heappush(self._heap, entry)
         elif ms > self._heap[0][0]:
@@ -104,15 +105,107 @@ class SlowestIterations:
             self.floor = self._heap[0][0]
 
     def entries(self) -> List[Dict[str, Any]]:
-        return [{"step": step, "epoch": epoch, "ms": ms, "causes": cause_names(flags), "gc_pause_ms": gc_ms}
-                for ms, _, step, epoch, flags, gc_ms in sorted(self._heap, reverse=True)]
+        return [{"step": step, "iteration": iteration if iteration >= 0 else None, "epoch": epoch, "ms": ms,
+                 "causes": cause_names(flags), "gc_pause_ms": gc_ms}
+                for ms, _, step, epoch, flags, gc_ms, iteration in sorted(self._heap, reverse=True)]
 
     def to_state(self) -> List[List[float]]:
         return [list(e) for e in self._heap]
 
     def load(self, rows: List[List[float]]) -> None:
-        for ms, _, step, epoch, flags, gc_ms in rows:
-            self.offer(float(ms), int(step), int(epoch), int(flags), float(gc_ms))
+        for ms, _, step, epoch, flags, gc_ms, *iteration in rows:  # 6 numbers in an older checkpoint
+            self.offer(float(ms), int(step), int(epoch), int(flags), float(gc_ms), int(iteration[0]) if iteration else -1)
+
+
+class SlowestPieces:
+    """SectionProfiler's ``k`` slowest iterations with their time per section, in a min-heap, as IterationTimer
+    counts an iteration: what was carved out after the previous step (``carried``: sections and checkpoint writes in
+    batch-end hooks, which IterationTimer's round trip puts in the next iteration) in, this one's (``end``) out.
+    Offered at SectionProfiler's fold (every FOLD_EVERY iterations, off the step path), one comparison with
+    :attr:`floor` per iteration."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self._heap: List[Tuple[float, int, Dict[str, float]]] = []  # seconds, iteration, seconds per section
+        self.floor = -1.0
+
+    def offer(self, seconds: float, iteration: int, pieces: Dict[str, float], calls: Any,
+              end: Optional[Dict[str, float]] = None, carried: Optional[Dict[str, float]] = None) -> None:
+        sections = dict(pieces)
+        for name, call_s, _ in calls:  # a user section called several times: its iteration's sum
+            sections[name] = sections.get(name, 0.0) + call_s
+        for name, moved in (end or {}).items():
+            sections[name] = sections.get(name, 0.0) - moved
+        for name, moved in (carried or {}).items():
+            sections[name] = sections.get(name, 0.0) + moved
+        sections = {name: s for name, s in sections.items() if s > 0}
+        entry = (seconds, iteration, sections)
+        if len(self._heap) < self.k:
+            heapq.heappush(self._heap, entry)
+        elif seconds > self._heap[0][0]:
+            heapq.heapreplace(self._heap, entry)
+        if len(self._heap) >= self.k:
+            self.floor = self._heap[0][0]
+
+    def entries(self, medians: Dict[str, float]) -> List[Dict[str, Any]]:
+        """Slowest first: ``iteration``, ``ms``, ``sections_ms`` and ``over_median``, the section that exceeded its
+        median per iteration (``medians``, ms) the most: ``section``, ``ms``, ``median_ms``, ``excess_ms``."""
+        out = []
+        for seconds, iteration, sections in sorted(self._heap, key=lambda e: -e[0]):
+            sections_ms = {name: 1000.0 * s for name, s in sections.items()}
+            over = None
+            for name, ms in sections_ms.items():
+                median = medians.get(name, 0.0)
+                if over is None or ms - median > over["excess_ms"]:
+                    over = {"section": name, "ms": ms, "median_ms": median, "excess_ms": ms - median}
+            out.append({"iteration": iteration, "ms": 1000.0 * seconds, "sections_ms": sections_ms,
+                        "over_median": over if over is not None and over["excess_ms"] > 0 else None})
+        return out
+
+
+def median_per_iteration(hist: LogHistogram, iterations: int) -> float:
+    """A section's median time per iteration (ms) over ``iterations`` counted iterations, from its histogram of the
+    times it ran (each within the histogram's accuracy): 0 where it ran in half of them or fewer (a checkpoint every
+    50 steps); a section run several times an iteration, its median call times its calls per iteration."""
+    count = hist.count
+    if iterations <= 0 or count * 2 <= iterations:
+        return 0.0
+    if count >= iterations:
+        return (hist.quantile(0.5) or 0.0) * count / iterations
+    return hist.quantile((count - iterations / 2.0) / count) or 0.0
+
+
+def explain_with_sections(block: Dict[str, Any], records: List[Dict[str, Any]]) -> None:
+    """Joins SectionProfiler's slowest iterations (``records``, by ``iteration``) to IterationTimer's tail
+    ``block``: each kept slow iteration gets ``section`` (the one that exceeded its own median the most, or None
+    where SectionProfiler has no record of it), each cause the section most of its kept iterations name, and the
+    insights are said again with it."""
+    by_iteration = {r.get("iteration"): r.get("over_median") for r in records or ()}
+    named: Dict[str, List[Dict[str, Any]]] = {}
+    for entry in block.get("slowest") or ():
+        over = by_iteration.get(entry.get("iteration"))
+        entry["section"] = over
+        if over is not None:
+            named.setdefault(primary_cause(_flags_of(entry["causes"])), []).append(over)
+    for cause, overs in named.items():
+        target = (block.get("by_cause") or {}).get(cause)
+        if target is None:
+            continue
+        names = [o["section"] for o in overs]
+        top = max(set(names), key=lambda n: (names.count(n), n))
+        same = [o for o in overs if o["section"] == top]
+        target["section"] = {"name": top, "iterations": len(same), "of_kept": len(overs),
+                             "mean_ms": sum(o["ms"] for o in same) / len(same), "median_ms": same[0]["median_ms"]}
+    if block.get("median_ms") is not None:
+        block["insights"] = tail_insights(block)
+
+
+def _flags_of(names: List[str]) -> int:
+    bits = dict(CAUSES)
+    flags = 0
+    for name in names:
+        flags |= bits.get(name, 0)
+    return flags
 
 
 class CauseBook:
@@ -191,7 +284,12 @@ def tail_block(host: LogHistogram, book: CauseBook, slowest: SlowestIterations, 
 
 
 def _each(entry: Dict[str, Any], median: float) -> str:
-    return f"{entry['mean_ms']:.0f} ms each, the median iteration {median:.0f} ms"
+    text = f"{entry['mean_ms']:.0f} ms each, the median iteration {median:.0f} ms"
+    section = entry.get("section")
+    if section:  # from SectionProfiler, over the kept slowest iterations of this cause
+        text += (f"; {section['name']} {section['mean_ms']:.0f} ms in {section['iterations']} of the"
+                 f" {section['of_kept']} kept, against its median {section['median_ms']:.1f} ms")
+    return text
 
 
 def tail_insights(block: Dict[str, Any]) -> List[str]:
@@ -244,10 +342,13 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
     if e:
         worst = [s["step"] for s in block.get("slowest") or [] if not s["causes"]][:3]
         at = f" (slowest at steps {', '.join(str(s) for s in worst)})" if worst else ""
+        section = e.get("section")
+        where = (f"in {section['iterations']} of the {section['of_kept']} kept, {section['name']} took"
+                 f" {section['mean_ms']:.0f} ms against its median {section['median_ms']:.1f} ms: look there first;"
+                 if section else "SectionProfiler shows which section grows;")
         out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} slow iterations (over"
                    f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint, allocator retry or"
-                   f" garbage collection explains{at}: SectionProfiler shows which section grows; the torch profiler around those steps"
-                   " shows what runs.")
+                   f" garbage collection explains{at}: {where} the torch profiler around those steps shows what runs.")
     e = fires("alloc_retry")
     if e:
         out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} iterations in which the CUDA"

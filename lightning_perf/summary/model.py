@@ -234,12 +234,40 @@ class Blocks(Section):
     max_blocks: Positive = None
 
 
+class OverMedian(Section):
+    section: Text = Field(None, description="the section of the iteration that exceeded its median the most")
+    ms: Ms = Field(None, description="its time in that iteration")
+    median_ms: Ms = Field(None, description="its median per iteration (0 for one that runs in half the iterations or"
+                                            " fewer)")
+    excess_ms: Ms = None
+
+
+class CauseSection(Section):
+    name: Text = Field(None, description="the section most of this cause's kept slow iterations name")
+    iterations: Count = Field(None, description="how many of them name it")
+    of_kept: Count = Field(None, description="of this cause's kept slow iterations that SectionProfiler recorded")
+    mean_ms: Ms = Field(None, description="its mean time in them")
+    median_ms: Ms = Field(None, description="its median per iteration over the run")
+
+
 class TailCause(Section):
     iterations: Count = Field(None, description="iterations above the threshold put down to this cause")
     time_s: Seconds = Field(None, description="their whole time")
     excess_s: Seconds = Field(None, description="their time above the median iteration")
     mean_ms: Ms = None
     share_pct: Pct = Field(None, description="their time, % of training time")
+    section: Obj(CauseSection) = Field(None, description="with SectionProfiler in the run: the section that grew")
+
+
+class TailIteration(Section):
+    step: Count = Field(None, description="global step at its end")
+    iteration: Count = Field(None, description="the run's iteration number")
+    epoch: Count = None
+    ms: Ms = None
+    causes: Seq(Text) = None
+    gc_pause_ms: Ms = None
+    section: Obj(OverMedian) = Field(None, description="with SectionProfiler in the run: the section that exceeded"
+                                                       " its median the most in this iteration")
 
 
 class Tail(Section):
@@ -251,6 +279,7 @@ class Tail(Section):
     factor: NonNegative = None
     by_cause: Map(Obj(TailCause)) = Field(None, description="`epoch_start`, `checkpoint`, `after_validation`,"
                                                            " `alloc_retry`, `gc`, `unexplained`")
+    slowest: Seq(Obj(TailIteration)) = Field(None, description="the `keep_slowest` slowest, slowest first")
     insights: Seq(Text) = None
 
 
@@ -429,6 +458,13 @@ class AfterLastIteration(Section):
     sections: Map(Obj(FinalSection)) = None
 
 
+class SlowIteration(Section):
+    iteration: Count = Field(None, description="the run's iteration number (IterationTimer's `tail.slowest`)")
+    ms: Ms = None
+    sections_ms: Map(Ms) = Field(None, description="section -> ms in this iteration")
+    over_median: Obj(OverMedian) = None
+
+
 class SectionProfiler(Section):
     enabled: Flag = None
     iterations: Count = None
@@ -438,6 +474,8 @@ class SectionProfiler(Section):
     validation: Obj(Validation) = Field(None, description="validations inside fit, timed outside the table")
     after_last_iteration: Obj(AfterLastIteration) = Field(
         None, description="the fit's work after its last iteration (last checkpoint, on_train_end), outside the table")
+    slowest_iterations: Seq(Obj(SlowIteration)) = Field(
+        None, description="this process's slowest iterations (up to 20), slowest first")
     insights: Seq(Annotated[str, BeforeValidator(_text_item)]) = None
     overhead_us_per_step: Real = None
     ranks: Ranks = None
