@@ -3,7 +3,6 @@
 Each test records (ours, independent, bound) for the table of docs/gpu.md. Skipped without CUDA.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -330,3 +329,44 @@ def test_bench_on_cuda_fills_the_memory_columns_and_survives_an_oom(tmp_path, re
         assert float(r["memory_peak_mb"]) >= float(r["memory_allocated_mb"])
     record("bench --device cuda: OOM rows / rows", sum(r["error"] == "OOM" for r in rows), len(rows), "rows",
            "OOM recorded, sweep goes on")
+
+
+class StepEvents(Callback):
+    """The independent clock of the MFU check: a CUDA event recorded at each batch end (no sync in the step),
+    read once at train end: device time from the end of the warm-up to the last batch."""
+
+    def __init__(self, skip):
+        self.skip, self.events = skip, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.events.append(event)
+
+    def on_train_end(self, trainer, pl_module):
+        torch.cuda.synchronize()
+        self.measured_s = self.events[self.skip - 1].elapsed_time(self.events[-1]) / 1000.0
+        self.measured_iterations = len(self.events) - self.skip
+
+
+def test_mfu_of_a_matmul_loop_matches_closed_form_flops_and_event_time(tmp_path, record):
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    n, reps, rows, warmup = 4096, 6, 1024, 10
+    events = StepEvents(skip=warmup)
+    timer = IterationTimer(warmup_steps=warmup, flops_per_batch="auto")
+    gpu_fit(tmp_path, [timer, events], MatmulModel(n=n, reps=reps, resident=True, batches=120),
+            precision="bf16-mixed")
+    t = find_summary(tmp_path)["iteration_timer"]
+    # forward: reps products of (rows x n) @ (n x n); backward: the weight's gradient for each, the input's for all
+    # but the first (the batch needs no gradient)
+    closed = 2 * rows * n * n * (reps + reps + (reps - 1))
+    record("FLOPs of one batch (auto) vs closed form", t["flops_per_batch"], closed, "FLOP", "within 1%")
+    assert t["flops_per_batch"] == pytest.approx(closed, rel=0.01)
+    peak = get_available_flops(torch.device("cuda"), torch.bfloat16)
+    assert peak, "Lightning's get_available_flops does not know this GPU: the check needs one it knows"
+    independent = 100.0 * closed * events.measured_iterations / events.measured_s / peak
+    record("MFU (bf16) vs closed-form FLOPs / CUDA-event time / get_available_flops", t["mfu_pct"], independent, "%",
+           "within 5%")
+    assert t["available_flops"] == pytest.approx(peak) and t["available_flops_source"] == "get_available_flops"
+    assert t["mfu_pct"] == pytest.approx(independent, rel=0.05)
