@@ -293,3 +293,32 @@ def test_only_top_level_forwards_are_checked_and_every_per_call_hook_goes_away()
         assert not module._forward_hooks and not module._forward_pre_hooks
     evaluated(x)
     assert len(found) == 3 and not watch.armed
+
+
+@pytest.mark.parametrize("torch_dict", [True, False])
+def test_arming_between_steps_puts_one_hook_in_and_takes_it_out(monkeypatch, torch_dict):
+    """The watch toggles its one global pre-hook in torch's dict under the id its first registration got (a dict
+    store a step); where torch keeps its hooks otherwise, it registers and removes a handle each time."""
+    from lightning_perf.measure import autograd
+
+    if not torch_dict:
+        monkeypatch.setattr(autograd, "_global_pre_hooks", lambda: None)
+    hooks = nn.modules.module._global_forward_pre_hooks
+    before = dict(hooks)
+    found = []
+    watch = autograd.EvalForwardWatch(lambda site, hook, module, saved, fixed: found.append(module),
+                                      lambda hook: False)
+    evaluated = nn.Linear(4, 4).eval()
+    ids = set()
+    for cycle in range(3):
+        watch.arm()
+        watch.arm()  # twice in a step: still one hook
+        assert watch.armed and len(hooks) == len(before) + 1
+        ids |= set(hooks) - set(before)
+        evaluated(torch.randn(2, 4))
+        assert len(found) == cycle + 1
+        watch.disarm()
+        assert not watch.armed and dict(hooks) == before
+        evaluated(torch.randn(2, 4))  # disarmed: not seen
+        assert len(found) == cycle + 1
+    assert len(ids) == (1 if torch_dict else 3)

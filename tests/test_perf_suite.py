@@ -1,5 +1,6 @@
 """PerfSuite: the suite behind one Lightning callback, with the same figures, files and checkpoint state."""
 
+import glob
 import pytest
 import yaml
 from lightning.pytorch import Callback, Trainer
@@ -334,3 +335,28 @@ def test_one_tensorboard_event_per_step_holds_the_same_points_as_one_per_scalar(
     a, b = ours(tmp_path / "batched"), ours(tmp_path / "one_by_one")
     assert len(a) >= 15 and sum(len(points) for points in a.values()) > 100
     assert a == b
+
+
+@pytest.mark.parametrize("in_suite", [True, False])
+def test_the_windows_of_one_log_step_reach_tensorboard_as_one_event(tmp_path, in_suite):
+    """IterationTimer and VRAMMonitor log a window at its step's batch end; SectionProfiler logs the same step's
+    window when that iteration closes, at the next batch's start. Held one batch, they go as one event: one wake-up
+    of TensorBoard's writer per log step, where there were two."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    callbacks = [IterationTimer(warmup_steps=1, log_every_n_steps=10),
+                 SectionProfiler(warmup_steps=1, report_every_n_steps=10, print_reports=False),
+                 VRAMMonitor(activity=False, log_every_n_steps=10)]
+    fit(tmp_path, [PerfSuite(callbacks)] if in_suite else callbacks, max_steps=40, max_epochs=None,
+        limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False)
+    events = {}
+    for path in glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True):
+        for event in EventFileLoader(path).Load():
+            tags = {v.tag for v in event.summary.value}
+            if any(t.startswith(("perf/", "time/", "vram/")) for t in tags):
+                events.setdefault(event.step, []).append(tags)
+    for step in (10, 20, 30):
+        assert len(events[step]) == 1, (step, events[step])
+        tags = events[step][0]
+        assert {"perf/it_per_s", "time/iteration_ms", "time/forward_ms"} <= tags
+        assert any(t.startswith("vram/") for t in tags)

@@ -258,7 +258,7 @@ class PerfCallback(Callback):
         """At a batch end, outside a PerfSuite (the suite drains once for all its callbacks): a few waiting window
         scalars to the loggers."""
         if WAITING.count and not self._in_suite:
-            drain_scalars(trainer)
+            drain_scalars(trainer, batch_end=True)
 
     #: Set by a PerfSuite on the callbacks it drives.
     _in_suite = False

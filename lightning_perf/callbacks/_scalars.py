@@ -133,21 +133,38 @@ def _send(trainer: Trainer, by_step: Dict[int, Dict[str, float]], writers: Optio
             logger.log_metrics(metrics, step=step)
 
 
-def drain_scalars(trainer: Trainer, limit: Optional[int] = PER_BATCH_END) -> None:
+#: At a batch end, scalars wait for the next one while the oldest was logged at the current step (see
+#: ``drain_scalars``), unless this many wait.
+HOLD_AT_MOST = 256
+
+
+def drain_scalars(trainer: Trainer, limit: Optional[int] = PER_BATCH_END, batch_end: bool = False) -> None:
     """Hands the loggers up to ``limit`` deferred scalars of this trainer (all of them with ``limit=None``, or
-    where every logger takes one event per step), one call per logger and step."""
+    where every logger takes one event per step), one call per logger and step.
+
+    ``batch_end``: called at a training batch end, where only the scalars of earlier steps go. What is logged for
+    a step at its batch end (IterationTimer's and VRAMMonitor's windows) then waits one batch, and goes with what
+    SectionProfiler logs for the same step when that iteration closes, at the next batch's start: one event to
+    TensorBoard for the step, where two wake its writer."""
     queue = _DEFERRED.get(trainer)
     if not queue:
         return
+    before = None
+    if batch_end and len(queue) < HOLD_AT_MOST:
+        before = trainer.global_step
+        if queue[0][0] >= before:
+            return
     writers = [_event_writer(logger) for logger in trainer.loggers]
     if limit is not None and all(writer is not None for writer in writers):
         limit = None
     n = len(queue) if limit is None else min(limit, len(queue))
     by_step: Dict[int, Dict[str, float]] = {}
-    for _ in range(n):
+    sent = 0
+    while sent < n and (before is None or queue[0][0] < before):
         step, key, value = queue.popleft()
         by_step.setdefault(step, {})[key] = value
-    WAITING.count = max(0, WAITING.count - n)
+        sent += 1
+    WAITING.count = max(0, WAITING.count - sent)
     _send(trainer, by_step, writers)
 
 

@@ -151,14 +151,10 @@ class PerfSuite(Callback):
             cb._restore_state(trainer, checkpoint, delivered_from=self.state_key)
 
 
-#: Hooks in which the callbacks log (periodic windows, phase ends): what they log goes to the loggers in one call.
-_LOGGING_HOOKS = frozenset({"on_train_batch_end", "on_train_epoch_end", "on_validation_end",
-                            "on_validation_epoch_end", "on_train_end"})
-
-
-#: Hooks at whose end the suite hands the loggers what waits in the queue of ``_scalars``: a few scalars at a batch
-#: end, all of them at the end of training.
-_QUEUE_HOOKS = frozenset({"on_train_batch_end", "on_train_end"})
+#: Hooks in which the callbacks log (phase ends): what they log goes to the loggers in one call. Not
+#: ``on_train_batch_end``: it runs only while fitting, where what the callbacks log waits in the queue of
+#: ``_scalars``, which the suite drains at the hook's end.
+_LOGGING_HOOKS = frozenset({"on_train_epoch_end", "on_validation_end", "on_validation_epoch_end", "on_train_end"})
 
 
 #: Hooks in which the callbacks gather figures across ranks: one all_gather for all of them, at the hook's end.
@@ -166,8 +162,11 @@ _GATHERING_HOOKS = frozenset({"on_train_end"})
 
 
 def _forwarder(name: str) -> Any:
+    if name == "on_train_batch_end":
+        return _batch_end_forwarder()
     if name in _LOGGING_HOOKS:
         gathers = name in _GATHERING_HOOKS
+        flushes = name == "on_train_end"
 
         def logging_hook(self: PerfSuite, trainer: Any, *args: Any, **kwargs: Any) -> None:
             if name not in self._by_hook:
@@ -186,8 +185,8 @@ def _forwarder(name: str) -> Any:
                         self.callbacks[0]._record_failure(f"{name} (gather)", err)
                 try:
                     close_log_batch(trainer)
-                    if WAITING.count and name in _QUEUE_HOOKS:
-                        drain_scalars(trainer) if name == "on_train_batch_end" else flush_scalars(trainer)
+                    if WAITING.count and flushes:  # the end of training: everything still queued
+                        flush_scalars(trainer)
                 except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
                     self.callbacks[0]._record_failure(f"{name} (logging)", err)
 
@@ -200,6 +199,22 @@ def _forwarder(name: str) -> Any:
     return _plain_forwarder(name)
 
 
+def _batch_end_forwarder() -> Any:
+    plain = _plain_forwarder("on_train_batch_end")
+
+    def on_train_batch_end(self: PerfSuite, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        plain(self, trainer, *args, **kwargs)
+        if WAITING.count:  # what the callbacks logged waits in the queue: a few scalars go out at each batch end
+            try:
+                drain_scalars(trainer, batch_end=True)
+            except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
+                self.callbacks[0]._record_failure("on_train_batch_end (logging)", err)
+
+    on_train_batch_end.__doc__ = ("Forwards ``on_train_batch_end`` to the suite's callbacks that define it, then hands"
+                                  " the loggers what they queued.")
+    return on_train_batch_end
+
+
 def _plain_forwarder(name: str) -> Any:
     def hook(self: PerfSuite, *args: Any, **kwargs: Any) -> None:
         fns = self._by_hook.get(name)
@@ -208,7 +223,7 @@ def _plain_forwarder(name: str) -> Any:
         failed: Optional[BaseException] = None
         for fn, cb in fns:
             try:
-                fn(*args, **kwargs)
+                fn(*args, **kwargs) if kwargs else fn(*args)  # Lightning passes a hook's arguments by position
             except PerfCheckFailed as err:  # the one error a hook lets through: after every callback has run
                 failed = failed or err
             except Exception as err:  # noqa: BLE001 - a measurement must never stop training

@@ -58,6 +58,13 @@ def calling_site(hooks: FrozenSet[str], owners: Tuple[type, ...]) -> Tuple[str, 
     return user_frame or "<unknown>", None
 
 
+def _global_pre_hooks() -> Optional[Dict[int, Any]]:
+    """torch's dict of global forward pre-hooks (what ``register_module_forward_pre_hook`` fills), or None where a
+    torch keeps them otherwise: then every arm registers and every disarm removes a handle."""
+    hooks = getattr(nn.modules.module, "_global_forward_pre_hooks", None)
+    return hooks if isinstance(hooks, dict) else None
+
+
 class EvalForwardWatch:
     """Watches forwards of eval-mode modules while autograd is on, between :meth:`arm` and :meth:`disarm`.
 
@@ -83,7 +90,8 @@ class EvalForwardWatch:
         self.fix = fix
         self.hooks = hooks
         self.owners = owners
-        self._handle: Any = None  # the global forward pre-hook, while armed
+        self._handle: Any = None  # the global forward pre-hook's handle, from the first arm on
+        self._armed = False
         self._outer: Optional[nn.Module] = None  # the top-level module whose forward runs now
         self._outer_handle: Any = None  # its one-shot forward hook
         self._depth = 0  # re-entrant calls of that module
@@ -91,19 +99,32 @@ class EvalForwardWatch:
 
     @property
     def armed(self) -> bool:
-        return self._handle is not None
+        return self._armed
 
     def arm(self) -> None:
         """One global forward pre-hook; the end of a top-level forward is seen by a hook on that module alone,
-        registered for that call (so arming and disarming between training steps is one handle each)."""
-        if self._handle is None:
-            self._end_outer()
+        registered for that call. Registered once (torch's API gives it its id); arming again between training
+        steps puts it back in torch's dict of global pre-hooks under that id, disarming takes it out: a dict
+        store each, where a registration makes a handle and a weak reference every step."""
+        if self._armed:
+            return
+        self._end_outer()
+        hooks = _global_pre_hooks()
+        if self._handle is not None and hooks is not None:
+            hooks[self._handle.id] = self._pre
+        else:
             self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
+        self._armed = True
 
     def disarm(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        if self._armed:
+            hooks = _global_pre_hooks()
+            if hooks is not None:
+                hooks.pop(self._handle.id, None)
+            else:
+                self._handle.remove()
+                self._handle = None
+            self._armed = False
         self._end_outer()
 
     def _end_outer(self) -> Optional[Dict[str, Any]]:
