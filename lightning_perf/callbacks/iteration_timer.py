@@ -388,7 +388,19 @@ class IterationTimer(PerfCallback):
         self.batches += 1
         self._iter_batches += 1
         if self._samples_unknown is None:
-            size = self._batch_size(batch)
+            size = None
+            path = self._size_path
+            if path is not None and self.batch_size_fn is None:  # the path found on the first batch, inline
+                try:
+                    found = batch
+                    for key in path:
+                        found = found[key]
+                    if type(found) is torch.Tensor and found.dim():
+                        size = found.shape[0]
+                except Exception:  # noqa: BLE001 - shaped otherwise: _batch_size looks again, or says why
+                    pass
+            if size is None:
+                size = self._batch_size(batch)
             if size is not None:
                 self.samples += size
                 self._iter_samples += size

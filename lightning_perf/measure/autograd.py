@@ -108,7 +108,8 @@ class EvalForwardWatch:
         store each, where a registration makes a handle and a weak reference every step."""
         if self._armed:
             return
-        self._end_outer()
+        if self._outer is not None or self._active is not None:
+            self._end_outer()
         hooks = _global_pre_hooks()
         if self._handle is not None and hooks is not None:
             hooks[self._handle.id] = self._pre
@@ -125,7 +126,8 @@ class EvalForwardWatch:
                 self._handle.remove()
                 self._handle = None
             self._armed = False
-        self._end_outer()
+        if self._outer is not None or self._active is not None:
+            self._end_outer()
 
     def _end_outer(self) -> Optional[Dict[str, Any]]:
         if self._outer_handle is not None:
