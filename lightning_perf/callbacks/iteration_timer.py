@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import error_message
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
@@ -416,7 +416,8 @@ class IterationTimer(PerfCallback):
         else:  # an iteration is a batch; the optimizer steps taken convert a target from max_steps
             self._last_global_step = trainer.global_step
         self._end_iteration(trainer)
-        self._drain_scalars(trainer)
+        if WAITING.count:
+            self._drain_scalars(trainer)
         if self._fit_iterations == self._flops_due:
             self._count_flops(trainer, pl_module, batch, batch_idx)
 

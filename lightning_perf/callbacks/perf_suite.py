@@ -163,7 +163,7 @@ _GATHERING_HOOKS = frozenset({"on_train_end"})
 
 def _forwarder(name: str) -> Any:
     if name == "on_train_batch_end":
-        return _batch_end_forwarder()
+        return _plain_forwarder(name, drains=True)
     if name in _LOGGING_HOOKS:
         gathers = name in _GATHERING_HOOKS
         flushes = name == "on_train_end"
@@ -199,40 +199,30 @@ def _forwarder(name: str) -> Any:
     return _plain_forwarder(name)
 
 
-def _batch_end_forwarder() -> Any:
-    plain = _plain_forwarder("on_train_batch_end")
+def _plain_forwarder(name: str, drains: bool = False) -> Any:
+    """``drains``: at the end (``on_train_batch_end``, which runs only while fitting), what the callbacks queued
+    goes to the loggers, a few scalars a batch end (see ``_scalars``)."""
 
-    def on_train_batch_end(self: PerfSuite, trainer: Any, *args: Any, **kwargs: Any) -> None:
-        plain(self, trainer, *args, **kwargs)
-        if WAITING.count:  # what the callbacks logged waits in the queue: a few scalars go out at each batch end
-            try:
-                drain_scalars(trainer, batch_end=True)
-            except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
-                self.callbacks[0]._record_failure("on_train_batch_end (logging)", err)
-
-    on_train_batch_end.__doc__ = ("Forwards ``on_train_batch_end`` to the suite's callbacks that define it, then hands"
-                                  " the loggers what they queued.")
-    return on_train_batch_end
-
-
-def _plain_forwarder(name: str) -> Any:
     def hook(self: PerfSuite, *args: Any, **kwargs: Any) -> None:
-        fns = self._by_hook.get(name)
-        if fns is None:
-            return
         failed: Optional[BaseException] = None
-        for fn, cb in fns:
+        for fn, cb in self._by_hook.get(name, ()):
             try:
                 fn(*args, **kwargs) if kwargs else fn(*args)  # Lightning passes a hook's arguments by position
             except PerfCheckFailed as err:  # the one error a hook lets through: after every callback has run
                 failed = failed or err
             except Exception as err:  # noqa: BLE001 - a measurement must never stop training
                 cb._record_failure(name, err)
+        if drains and WAITING.count:
+            try:
+                drain_scalars(args[0], batch_end=True)
+            except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
+                self.callbacks[0]._record_failure(f"{name} (logging)", err)
         if failed is not None:
             raise failed
 
     hook.__name__ = hook.__qualname__ = name
-    hook.__doc__ = f"Forwards ``{name}`` to the suite's callbacks that define it."
+    hook.__doc__ = f"Forwards ``{name}`` to the suite's callbacks that define it" + (
+        ", then hands the loggers what they queued." if drains else ".")
     return hook
 
 

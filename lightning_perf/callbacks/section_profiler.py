@@ -15,7 +15,7 @@ from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
@@ -239,11 +239,13 @@ class SectionProfiler(PerfCallback):
         return sec
 
     # -- the state machine ---------------------------------------------------------------------------------------
-    def _switch(self, section: Optional[str], t: Optional[float] = None, start_next: Optional[bool] = None) -> None:
+    def _switch(self, section: Optional[str], t: Optional[float] = None, start_next: Optional[bool] = None,
+                sample: bool = False) -> None:
         """Ends the current automatic piece (minus carved-out time) and starts ``section``. The piece that ends
         belongs to the next iteration where ``_next_owner`` says so (the wait for the next batch, in batch_gap mode,
         while this iteration's batch-end work still runs); ``start_next``: the piece that starts does (default: the
-        same owner as the piece that ends)."""
+        same owner as the piece that ends). ``sample``: from a switch-only step hook, which times itself here in one
+        iteration of OVERHEAD_SAMPLE."""
         t = now() if t is None else t
         current = self._current
         if current is not None:
@@ -254,6 +256,8 @@ class SectionProfiler(PerfCallback):
         self._current, self._t0, self._carved = section, t, 0.0
         if start_next is not None:
             self._next_owner = start_next
+        if sample and self._timing:
+            self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
 
     def _mark_device(self, current: Optional[str], section: Optional[str], start_next: bool) -> None:
         """The device side of a switch: CUDA events at the same boundaries as the host pieces, each interval labelled
@@ -465,29 +469,26 @@ class SectionProfiler(PerfCallback):
     # The four hooks inside the step only switch sections. Their own time is read in one iteration of
     # OVERHEAD_SAMPLE (``_timing``, set where an iteration closes) and counted that many times: a clock read fewer a
     # hook in the others.
-    def _step_hook(self, section: str) -> None:
-        if self._active and not self._manual:
-            t = now()
-            self._switch(section, t)
-            if self._timing:
-                self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
-
     @guarded
     def on_before_zero_grad(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        self._step_hook("optimizer_step")
+        if self._active and not self._manual:
+            self._switch("optimizer_step", None, None, True)
 
     @guarded
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
-        self._step_hook("backward")
+        if self._active and not self._manual:
+            self._switch("backward", None, None, True)
 
     @guarded
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._step_hook("other")
+        if self._active and not self._manual:
+            self._switch("other", None, None, True)
 
     @guarded
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True  # this batch ends an iteration (automatic optimization calls this once per step)
-        self._step_hook("optimizer_step")
+        if self._active and not self._manual:
+            self._switch("optimizer_step", None, None, True)
 
     @guarded
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
@@ -509,10 +510,13 @@ class SectionProfiler(PerfCallback):
         # a checkpoint save, a validation's checkpoint) belongs to it. It closes where the next iteration starts. In
         # batch_gap mode the gap now running is the wait for the next batch: it belongs to the next iteration, and
         # what is carved out of it (sections, checkpoint writes) to this one.
-        self._switch(self._between_batches(), t, start_next=self._gap_mode)
+        gap = self._gap_mode
+        self._switch("data_loading" if gap else "other", t, gap)  # _between_batches, inline on the step path
         self._ending = True
-        self._arm_fetch_watch()
-        self._drain_scalars(trainer)
+        if self._fetch_watch_toggles:
+            self._arm_fetch_watch()
+        if WAITING.count:
+            self._drain_scalars(trainer)
         self._overhead_s += now() - t
 
     def _close_iteration(self, trainer: Optional[Trainer], section: str, t: float) -> None:

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure.device_activity import (
     GPU_READINGS,
@@ -430,7 +430,8 @@ class VRAMMonitor(PerfCallback):
                 peak = metrics.get("vram/train_peak_allocated_mb") or metrics.get("vram/host_rss_peak_mb")
                 if peak is not None:
                     pl_module.log("vram_peak_mb", peak, prog_bar=True, logger=False)
-        self._drain_scalars(trainer)
+        if WAITING.count:
+            self._drain_scalars(trainer)
 
     def _leak_sample(self, detector: LeakDetector, phase: str) -> None:
         if self._allocator is not None:
