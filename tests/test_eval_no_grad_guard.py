@@ -302,7 +302,7 @@ def test_arming_between_steps_puts_one_hook_in_and_takes_it_out(monkeypatch, tor
     from lightning_perf.measure import autograd
 
     if not torch_dict:
-        monkeypatch.setattr(autograd, "_global_pre_hooks", lambda: None)
+        monkeypatch.setattr(autograd, "_PRE_HOOKS", "_no_such_dict")
     hooks = nn.modules.module._global_forward_pre_hooks
     before = dict(hooks)
     found = []

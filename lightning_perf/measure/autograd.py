@@ -58,11 +58,10 @@ def calling_site(hooks: FrozenSet[str], owners: Tuple[type, ...]) -> Tuple[str, 
     return user_frame or "<unknown>", None
 
 
-def _global_pre_hooks() -> Optional[Dict[int, Any]]:
-    """torch's dict of global forward pre-hooks (what ``register_module_forward_pre_hook`` fills), or None where a
-    torch keeps them otherwise: then every arm registers and every disarm removes a handle."""
-    hooks = getattr(nn.modules.module, "_global_forward_pre_hooks", None)
-    return hooks if isinstance(hooks, dict) else None
+#: torch's dict of global forward pre-hooks (what ``register_module_forward_pre_hook`` fills), in
+#: ``torch.nn.modules.module``. Where a torch keeps them otherwise, every arm registers and every disarm removes a
+#: handle.
+_PRE_HOOKS = "_global_forward_pre_hooks"
 
 
 class EvalForwardWatch:
@@ -110,8 +109,8 @@ class EvalForwardWatch:
             return
         if self._outer is not None or self._active is not None:
             self._end_outer()
-        hooks = _global_pre_hooks()
-        if self._handle is not None and hooks is not None:
+        hooks = getattr(nn.modules.module, _PRE_HOOKS, None)  # inline: this runs between every two steps
+        if self._handle is not None and isinstance(hooks, dict):
             hooks[self._handle.id] = self._pre
         else:
             self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
@@ -119,8 +118,8 @@ class EvalForwardWatch:
 
     def disarm(self) -> None:
         if self._armed:
-            hooks = _global_pre_hooks()
-            if hooks is not None:
+            hooks = getattr(nn.modules.module, _PRE_HOOKS, None)
+            if isinstance(hooks, dict):
                 hooks.pop(self._handle.id, None)
             else:
                 self._handle.remove()
