@@ -342,12 +342,13 @@ class IterationTimer(PerfCallback):
         super().teardown(trainer, pl_module, stage)
 
     def _read_alloc_retries(self, trainer: Trainer) -> Optional[int]:
-        """The CUDA caching allocator's retries so far (phase ends only: host-side statistics, no sync)."""
+        """The CUDA caching allocator's retries so far (host-side statistics, no sync; phase ends, log windows and
+        slow iterations only). From the nested statistics: ``memory_stats`` flattens them in Python first."""
         device = trainer.strategy.root_device
         if device.type != "cuda":
             return None
         try:
-            return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+            return int(torch.cuda.memory_stats_as_nested_dict(device).get("num_alloc_retries", 0))
         except Exception:  # noqa: BLE001
             return None
 

@@ -370,3 +370,17 @@ def test_mfu_of_a_matmul_loop_matches_closed_form_flops_and_event_time(tmp_path,
            "within 5%")
     assert t["available_flops"] == pytest.approx(peak) and t["available_flops_source"] == "get_available_flops"
     assert t["mfu_pct"] == pytest.approx(independent, rel=0.05)
+
+
+def test_allocator_retries_read_as_torch_reports_them(tmp_path, record):
+    """IterationTimer reads the allocator's retries from the nested statistics: the same count torch's flat
+    ``memory_stats`` gives, and no sync."""
+    timer = IterationTimer(warmup_steps=2)
+    gpu_fit(tmp_path, [timer], MatmulModel(n=1024, reps=2, resident=True, batches=20))
+    t = find_summary(tmp_path)["iteration_timer"]
+    trainer_like = type("T", (), {"strategy": type("S", (), {"root_device": torch.device("cuda", 0)})()})()
+    ours = timer._read_alloc_retries(trainer_like)
+    record("allocator retries read by IterationTimer vs torch.cuda.memory_stats", ours,
+           torch.cuda.memory_stats(0)["num_alloc_retries"], "retries", "equal")
+    assert ours == torch.cuda.memory_stats(0)["num_alloc_retries"]
+    assert t["tail"]["alloc_retries"] is not None and "tail.alloc_retries" not in t["unavailable"]
