@@ -83,26 +83,35 @@ class GcWatch:
             self._installed = False
 
 
-class SlowestIterations:
-    """The ``k`` slowest iterations offered, in a min-heap: the caller compares each iteration's ms with
-    :attr:`floor` (the k-th slowest so far) and offers only the slower ones."""
+class _Slowest:
+    """The ``k`` largest entries offered (tuples, by their first item), in a min-heap: the caller compares each value
+    with :attr:`floor` (the k-th largest so far) and offers only the larger ones."""
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self._heap: List[Tuple[float, int, int, int, int, float, int]] = []  # ms, seq, step, epoch, flags, gc ms,
-        # and the run's iteration number (-1: unknown, a checkpoint of an older version)
-        self._seq = 0
+        self._heap: List[Tuple[Any, ...]] = []
         self.floor = -1.0 if k > 0 else math.inf
 
-    def offer(self, ms: float, step: int, epoch: int, flags: int, gc_pause_ms: float, iteration: int) -> None:
-        self._seq += 1
-        entry = (ms, self._seq, step, epoch, flags, gc_pause_ms, iteration)
+    def _keep(self, entry: Tuple[Any, ...]) -> None:
         if len(self._heap) < self.k:
             heapq.heappush(self._heap, entry)
-        elif ms > self._heap[0][0]:
+        elif entry[0] > self._heap[0][0]:
             heapq.heapreplace(self._heap, entry)
         if len(self._heap) >= self.k:
             self.floor = self._heap[0][0]
+
+
+class SlowestIterations(_Slowest):
+    """IterationTimer's ``k`` slowest iterations: (ms, seq, step, epoch, flags, gc ms, the run's iteration number;
+    -1 where a checkpoint of an older version did not keep it)."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self._seq = 0
+
+    def offer(self, ms: float, step: int, epoch: int, flags: int, gc_pause_ms: float, iteration: int) -> None:
+        self._seq += 1
+        self._keep((ms, self._seq, step, epoch, flags, gc_pause_ms, iteration))
 
     def entries(self) -> List[Dict[str, Any]]:
         return [{"step": step, "iteration": iteration if iteration >= 0 else None, "epoch": epoch, "ms": ms,
@@ -117,17 +126,12 @@ class SlowestIterations:
             self.offer(float(ms), int(step), int(epoch), int(flags), float(gc_ms), int(iteration[0]) if iteration else -1)
 
 
-class SlowestPieces:
+class SlowestPieces(_Slowest):
     """SectionProfiler's ``k`` slowest iterations with their time per section, in a min-heap, as IterationTimer
     counts an iteration: what was carved out after the previous step (``carried``: sections and checkpoint writes in
     batch-end hooks, which IterationTimer's round trip puts in the next iteration) in, this one's (``end``) out.
     Offered at SectionProfiler's fold (every FOLD_EVERY iterations, off the step path), one comparison with
     :attr:`floor` per iteration."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self._heap: List[Tuple[float, int, Dict[str, float]]] = []  # seconds, iteration, seconds per section
-        self.floor = -1.0
 
     def offer(self, seconds: float, iteration: int, pieces: Dict[str, float], calls: Any,
               end: Optional[Dict[str, float]] = None, carried: Optional[Dict[str, float]] = None) -> None:
@@ -138,14 +142,7 @@ class SlowestPieces:
             sections[name] = sections.get(name, 0.0) - moved
         for name, moved in (carried or {}).items():
             sections[name] = sections.get(name, 0.0) + moved
-        sections = {name: s for name, s in sections.items() if s > 0}
-        entry = (seconds, iteration, sections)
-        if len(self._heap) < self.k:
-            heapq.heappush(self._heap, entry)
-        elif seconds > self._heap[0][0]:
-            heapq.heapreplace(self._heap, entry)
-        if len(self._heap) >= self.k:
-            self.floor = self._heap[0][0]
+        self._keep((seconds, iteration, {name: s for name, s in sections.items() if s > 0}))
 
     def entries(self, medians: Dict[str, float]) -> List[Dict[str, Any]]:
         """Slowest first: ``iteration``, ``ms``, ``sections_ms`` and ``over_median``, the section that exceeded its
