@@ -82,13 +82,14 @@ class _Samples:
 class _Section(_Samples):
     """Bounded statistics of one section: per-call host ms (histogram), device ms, calls left by exceptions."""
 
-    __slots__ = ("kind", "parent", "device", "closed_by_exception")
+    __slots__ = ("kind", "parent", "device", "closed_by_exception", "runs")
 
     def __init__(self, kind: str, parent: Optional[str] = None) -> None:
         super().__init__()
         self.kind, self.parent = kind, parent
         self.device = LogHistogram()
         self.closed_by_exception = 0
+        self.runs = 0  # a user section: counted iterations it ran in, this process
 
 
 class SectionProfiler(PerfCallback):
@@ -195,6 +196,8 @@ class SectionProfiler(PerfCallback):
         self._unfolded: List[Any] = []  # (pieces, user seconds, user calls, iteration - 1, batch-end carved) of
         # counted iterations not yet folded
         self._end_pieces: Dict[str, float] = {}  # carved after the step (batch-end hooks): IterationTimer's next
+        self._end_s = 0.0  # their top-level time (nested user sections are inside their parents')
+        self._step_offset: Optional[int] = None  # global step - iteration number, this fit (automatic optimization)
         self._slowest = SlowestPieces(SLOWEST_KEPT)  # this process's slowest iterations, as IterationTimer counts
         self._prev_end: Any = None  # the last folded iteration's batch-end carved time, and its number
         self._last_folded = -1
@@ -288,11 +291,13 @@ class SectionProfiler(PerfCallback):
     def section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
         if not self._active:
             return
+        if self._ending:  # a batch-end hook's section, nested ones with their parents: IterationTimer's next
+            self._end_pieces[name] = self._end_pieces.get(name, 0.0) + seconds
         if parent is None:
             self._carved += seconds
             self._user_s += seconds
             if self._ending:
-                self._end_pieces[name] = self._end_pieces.get(name, 0.0) + seconds
+                self._end_s += seconds
             parent = self._current
             if self._gap_mode and parent == "data_loading":
                 parent = "other"  # a batch-end hook's section (it runs in the gap): not part of the fetch
@@ -365,6 +370,7 @@ class SectionProfiler(PerfCallback):
             self._piece["checkpointing"] = self._piece.get("checkpointing", 0.0) + seconds
             if self._ending:
                 self._end_pieces["checkpointing"] = self._end_pieces.get("checkpointing", 0.0) + seconds
+                self._end_s += seconds
             self._final_calls += 1  # counted for the final row only: the table counts iterations with a write
 
     def _batch_transfer(self) -> None:
@@ -430,6 +436,10 @@ class SectionProfiler(PerfCallback):
         for name in (MANUAL_SECTIONS if self._manual else AUTO_SECTIONS):
             self._section(name)
         self._stepped = False
+        # the slowest iterations are joined to IterationTimer's by global step (it counts its iterations from its
+        # own checkpoint state, which a SectionProfiler added at a resume does not have): under automatic
+        # optimization the step at an iteration's end is its number plus this fit's offset
+        self._step_offset = None if self._manual else trainer.global_step - self._iterations
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
         self._switch("other")
@@ -528,15 +538,18 @@ class SectionProfiler(PerfCallback):
         if counted:  # the pieces join the statistics at the next fold, in one batch (one append a step here)
             unfolded = self._unfolded
             unfolded.append((self._piece, self._user_s, self._iter_calls or (), self._iterations,
-                             self._end_pieces or None))
+                             (self._end_s, self._end_pieces) if self._end_pieces else None))
             if len(unfolded) >= FOLD_EVERY:
                 self._fold()
+        elif not self._unfolded:  # a warm-up iteration's batch-end work is the first counted one's
+            self._prev_end = (self._end_s, self._end_pieces) if self._end_pieces else None
+            self._last_folded = self._iterations + 1
         self._piece, self._ahead, self._user_s, self._next_owner = self._ahead, {}, 0.0, False
         self._final_calls = 0
         if self._iter_calls:
             self._iter_calls = []
         if self._end_pieces:
-            self._end_pieces = {}
+            self._end_pieces, self._end_s = {}, 0.0
         self._iterations += 1
         self._fit_iterations += 1
         self._counted = self._fit_iterations >= self.warmup_steps
@@ -553,7 +566,7 @@ class SectionProfiler(PerfCallback):
         read of a figure."""
         if self._unfolded:
             sections, iteration, slowest = self._sections, self._iteration.raw, self._slowest
-            prev_end, last = self._prev_end, self._last_folded
+            prev_end, last, offset = self._prev_end, self._last_folded, self._step_offset
             appends: Dict[str, Any] = {}
             for piece, user_s, calls, before, end in self._unfolded:
                 total = sum(piece.values()) + user_s
@@ -563,19 +576,23 @@ class SectionProfiler(PerfCallback):
                 # As IterationTimer counts it: what ran carved out after the previous step (its batch-end hooks'
                 # sections, a checkpoint it wrote) in, this one's batch-end carving out
                 carried = prev_end if last == before else None
-                aligned = total - (sum(end.values()) if end else 0.0) + (sum(carried.values()) if carried else 0.0)
+                aligned = total - (end[0] if end else 0.0) + (carried[0] if carried else 0.0)
                 if aligned > slowest.floor:
-                    slowest.offer(aligned, before + 1, piece, calls, end, carried)
+                    slowest.offer(aligned, before + 1, None if offset is None else before + 1 + offset, piece, calls,
+                                  end[1] if end else None, carried[1] if carried else None)
                 prev_end, last = end, before + 1
                 for name, seconds in piece.items():
                     add = appends.get(name)
                     if add is None:
                         add = appends[name] = (sections.get(name) or self._section(name)).raw.append
                     add(seconds)
-                for name, seconds, failed in calls:
-                    sec = sections[name]
-                    sec.raw.append(seconds)
-                    sec.closed_by_exception += failed
+                if calls:
+                    for name, seconds, failed in calls:
+                        sec = sections[name]
+                        sec.raw.append(seconds)
+                        sec.closed_by_exception += failed
+                    for name in {call[0] for call in calls}:
+                        sections[name].runs += 1
             self._unfolded = []
             self._prev_end, self._last_folded = prev_end, last
         self._iteration.fold()
@@ -871,8 +888,10 @@ class SectionProfiler(PerfCallback):
         """The kept slowest iterations of this process, each with its sections and the one that exceeded its own
         median per iteration the most (what IterationTimer's tail names for its slow iterations)."""
         n = self._iteration.host.count
-        medians = {name: median_per_iteration(self._sections[name].host, n) for name in table}
-        return self._slowest.entries(medians)
+        runs = {name: (sec.runs or None) if sec.kind == "user" else sec.host.count
+                for name, sec in self._sections.items() if name in table}
+        medians = {name: median_per_iteration(self._sections[name].host, n, runs[name]) for name in runs}
+        return self._slowest.entries(medians, {k: v for k, v in runs.items() if v is not None}, n)
 
     def _summary_section(self) -> Dict[str, Any]:
         table = self.table()

@@ -123,17 +123,18 @@ class SlowestIterations(_Slowest):
 
     def load(self, rows: List[List[float]]) -> None:
         for ms, _, step, epoch, flags, gc_ms, *iteration in rows:  # 6 numbers in an older checkpoint
-            self.offer(float(ms), int(step), int(epoch), int(flags), float(gc_ms), int(iteration[0]) if iteration else -1)
+            self.offer(float(ms), int(step), int(epoch), int(flags), float(gc_ms),
+                       int(iteration[0]) if iteration else -1)
 
 
 class SlowestPieces(_Slowest):
     """SectionProfiler's ``k`` slowest iterations with their time per section, in a min-heap, as IterationTimer
     counts an iteration: what was carved out after the previous step (``carried``: sections and checkpoint writes in
-    batch-end hooks, which IterationTimer's round trip puts in the next iteration) in, this one's (``end``) out.
-    Offered at SectionProfiler's fold (every FOLD_EVERY iterations, off the step path), one comparison with
-    :attr:`floor` per iteration."""
+    batch-end hooks, nested sections with their parents, which IterationTimer's round trip puts in the next
+    iteration) in, this one's (``end``) out. Offered at SectionProfiler's fold (every FOLD_EVERY iterations, off the
+    step path), one comparison with :attr:`floor` per iteration."""
 
-    def offer(self, seconds: float, iteration: int, pieces: Dict[str, float], calls: Any,
+    def offer(self, seconds: float, iteration: int, step: Optional[int], pieces: Dict[str, float], calls: Any,
               end: Optional[Dict[str, float]] = None, carried: Optional[Dict[str, float]] = None) -> None:
         sections = dict(pieces)
         for name, call_s, _ in calls:  # a user section called several times: its iteration's sum
@@ -142,57 +143,86 @@ class SlowestPieces(_Slowest):
             sections[name] = sections.get(name, 0.0) - moved
         for name, moved in (carried or {}).items():
             sections[name] = sections.get(name, 0.0) + moved
-        self._keep((seconds, iteration, {name: s for name, s in sections.items() if s > 0}))
+        self._keep((seconds, iteration, step, {name: s for name, s in sections.items() if s > 0}))
 
-    def entries(self, medians: Dict[str, float]) -> List[Dict[str, Any]]:
-        """Slowest first: ``iteration``, ``ms``, ``sections_ms`` and ``over_median``, the section that exceeded its
-        median per iteration (``medians``, ms) the most: ``section``, ``ms``, ``median_ms``, ``excess_ms``."""
+    def entries(self, medians: Dict[str, float], runs: Dict[str, int], iterations: int) -> List[Dict[str, Any]]:
+        """Slowest first: ``iteration``, ``step``, ``ms``, ``sections_ms`` and ``over_median``, the section that
+        exceeded its median per iteration (``medians``, ms) the most: ``section``, ``ms``, ``median_ms``,
+        ``excess_ms``, and in how many of the ``iterations`` it ran (``runs``)."""
         out = []
-        for seconds, iteration, sections in sorted(self._heap, key=lambda e: -e[0]):
+        for seconds, iteration, step, sections in sorted(self._heap, key=lambda e: -e[0]):
             sections_ms = {name: 1000.0 * s for name, s in sections.items()}
             over = None
             for name, ms in sections_ms.items():
                 median = medians.get(name, 0.0)
                 if over is None or ms - median > over["excess_ms"]:
-                    over = {"section": name, "ms": ms, "median_ms": median, "excess_ms": ms - median}
-            out.append({"iteration": iteration, "ms": 1000.0 * seconds, "sections_ms": sections_ms,
+                    over = {"section": name, "ms": ms, "median_ms": median, "excess_ms": ms - median,
+                            "runs_in": runs.get(name), "of_iterations": iterations}
+            out.append({"iteration": iteration, "step": step, "ms": 1000.0 * seconds, "sections_ms": sections_ms,
                         "over_median": over if over is not None and over["excess_ms"] > 0 else None})
         return out
 
 
-def median_per_iteration(hist: LogHistogram, iterations: int) -> float:
+def median_per_iteration(hist: LogHistogram, iterations: int, runs: Optional[int] = None) -> float:
     """A section's median time per iteration (ms) over ``iterations`` counted iterations, from its histogram of the
-    times it ran (each within the histogram's accuracy): 0 where it ran in half of them or fewer (a checkpoint every
-    50 steps); a section run several times an iteration, its median call times its calls per iteration."""
+    times it ran (each within the histogram's accuracy) and ``runs``, the iterations it ran in (its count where each
+    iteration runs it once): 0 where it ran in half of them or fewer (a checkpoint every 50 steps, a sampling every
+    1,000); a section called several times an iteration, its median call times its calls per iteration it ran in."""
     count = hist.count
-    if iterations <= 0 or count * 2 <= iterations:
+    runs = count if runs is None else min(runs, count)
+    if iterations <= 0 or runs <= 0 or runs * 2 <= iterations:
         return 0.0
-    if count >= iterations:
-        return (hist.quantile(0.5) or 0.0) * count / iterations
-    return hist.quantile((count - iterations / 2.0) / count) or 0.0
+    per_run = count / runs
+    if runs >= iterations:
+        return (hist.quantile(0.5) or 0.0) * per_run
+    return (hist.quantile((runs - iterations / 2.0) / runs) or 0.0) * per_run
+
+
+#: The sections a cause's own cost lands in: where a slow iteration's grown section is elsewhere, the time is not the
+#: cause's (a checkpoint write that cost 4 ms in an iteration whose sampling took 80 ms). A garbage collection, an
+#: allocator retry and what validation leaves behind stall whichever section runs: any section is theirs.
+OWN_SECTIONS = {"checkpoint": frozenset({"checkpointing"}),
+                "epoch_start": frozenset({"data_loading", "transfer", "other"})}
+
+
+def section_elsewhere(cause: str, entry: Any) -> Optional[Dict[str, Any]]:
+    """The cause's ``section`` (a plain dict or a typed one) where it is not one the cause's own cost lands in."""
+    section = entry.get("section") if isinstance(entry, dict) else getattr(entry, "section", None)
+    if section is None or cause not in OWN_SECTIONS:
+        return None
+    if not isinstance(section, dict):
+        section = section.model_dump() if hasattr(section, "model_dump") else dict(section)
+    return section if section.get("name") not in OWN_SECTIONS[cause] else None
 
 
 def explain_with_sections(block: Dict[str, Any], records: List[Dict[str, Any]]) -> None:
-    """Joins SectionProfiler's slowest iterations (``records``, by ``iteration``) to IterationTimer's tail
-    ``block``: each kept slow iteration gets ``section`` (the one that exceeded its own median the most, or None
-    where SectionProfiler has no record of it), each cause the section most of its kept iterations name, and the
-    insights are said again with it."""
-    by_iteration = {r.get("iteration"): r.get("over_median") for r in records or ()}
+    """Joins SectionProfiler's slowest iterations (``records``) to IterationTimer's tail ``block``, by global step
+    where both have it (automatic optimization: a SectionProfiler added at a resume counts its iterations from 0),
+    else by iteration number: each kept slow iteration gets ``section`` (the one that exceeded its own median the
+    most, or None where SectionProfiler has no record of it), each cause ``section`` (of its kept slow iterations
+    with a record, the section that exceeded its median by the most time in all, or None), and the insights are
+    said again with it."""
+    by_step = {r["step"]: r.get("over_median") for r in records or () if r.get("step") is not None}
+    by_iteration = {r.get("iteration"): r.get("over_median") for r in records or () if r.get("step") is None}
     named: Dict[str, List[Dict[str, Any]]] = {}
     for entry in block.get("slowest") or ():
-        over = by_iteration.get(entry.get("iteration"))
+        over = by_step.get(entry.get("step")) if by_step else by_iteration.get(entry.get("iteration"))
         entry["section"] = over
         if over is not None:
             named.setdefault(primary_cause(_flags_of(entry["causes"])), []).append(over)
-    for cause, overs in named.items():
-        target = (block.get("by_cause") or {}).get(cause)
-        if target is None:
+    for cause, target in (block.get("by_cause") or {}).items():
+        overs = named.get(cause)
+        if not overs:
+            target["section"] = None
             continue
-        names = [o["section"] for o in overs]
-        top = max(set(names), key=lambda n: (names.count(n), n))
+        excess: Dict[str, float] = {}
+        for o in overs:
+            excess[o["section"]] = excess.get(o["section"], 0.0) + o["excess_ms"]
+        top = max(excess, key=lambda n: (excess[n], n))
         same = [o for o in overs if o["section"] == top]
         target["section"] = {"name": top, "iterations": len(same), "of_kept": len(overs),
-                             "mean_ms": sum(o["ms"] for o in same) / len(same), "median_ms": same[0]["median_ms"]}
+                             "mean_ms": sum(o["ms"] for o in same) / len(same), "median_ms": same[0]["median_ms"],
+                             "runs_in": same[0].get("runs_in"), "of_iterations": same[0].get("of_iterations")}
     if block.get("median_ms") is not None:
         block["insights"] = tail_insights(block)
 
@@ -280,13 +310,33 @@ def tail_block(host: LogHistogram, book: CauseBook, slowest: SlowestIterations, 
     return block
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _grown(section: Dict[str, Any]) -> str:
+    """SectionProfiler's section of a cause's slowest iterations, in words."""
+    runs, of = section.get("runs_in"), section.get("of_iterations")
+    rare = runs is not None and of and runs * 2 <= of  # its median per iteration is 0: say how often it runs
+    usual = f"it runs in {runs} of {of} iterations" if rare else f"its median {section['median_ms']:.1f} ms"
+    return (f"{section['name']} took {section['mean_ms']:.0f} ms in {section['iterations']} of the"
+            f" {section['of_kept']} slowest with sections ({usual})")
+
+
 def _each(entry: Dict[str, Any], median: float) -> str:
     text = f"{entry['mean_ms']:.0f} ms each, the median iteration {median:.0f} ms"
     section = entry.get("section")
     if section:  # from SectionProfiler, over the kept slowest iterations of this cause
-        text += (f"; {section['name']} {section['mean_ms']:.0f} ms in {section['iterations']} of the"
-                 f" {section['of_kept']} kept, against its median {section['median_ms']:.1f} ms")
+        text += "; " + _grown(section)
     return text
+
+
+def _not_the_cause(e: Dict[str, Any], what: str, median: float) -> str:
+    """A cause whose slow iterations grew in a section that is not its own: what they are, and where the time is."""
+    section = e["section"]
+    return (f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} {what}"
+            f" ({e['mean_ms']:.0f} ms each, the median iteration {median:.0f} ms), but that is not where their time"
+            f" went: {_grown(section)}. Look at {section['name']} first.")
 
 
 def tail_insights(block: Dict[str, Any]) -> List[str]:
@@ -301,12 +351,14 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
         return entry if entry and entry["iterations"] and entry["share_pct"] >= minimum else None
 
     e = fires("epoch_start")
-    if e:
+    if e and section_elsewhere("epoch_start", e):
+        out.append(_not_the_cause(e, "at epoch starts", median))
+    elif e:
         per_epoch = e["excess_s"] / e["iterations"]
         loader = block.get("dataloader") or {}
         workers = loader.get("num_workers")
         with_ckpt = (e.get("also") or {}).get("checkpoint", 0)
-        head = (f"{e['share_pct']:.0f}% of training time is in {e['iterations']} iterations at epoch starts"
+        head = (f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} at epoch starts"
                 f" ({_each(e, median)}" + (f"; {with_ckpt} of the epoch starts followed a checkpoint save" if with_ckpt
                                            else "") + ")")
         if workers and not loader.get("persistent_workers"):
@@ -319,20 +371,23 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
             out.append(f"{head}: about {per_epoch:.2f} s per epoch goes to starting the epoch (epoch-end hooks,"
                        " the DataLoader's first batch).")
     e = fires("checkpoint")
-    if e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} iterations that wrote a checkpoint"
-                   f" ({_each(e, median)}): saving less often (`every_n_train_steps`) or asynchronously"
-                   f" (`AsyncCheckpointIO`) would save up to {e['excess_s']:.1f} s.")
+    if e and section_elsewhere("checkpoint", e):
+        out.append(_not_the_cause(e, "that wrote a checkpoint", median))
+    elif e:
+        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} that"
+                   f" wrote a checkpoint ({_each(e, median)}): saving less often (`every_n_train_steps`) or"
+                   f" asynchronously (`AsyncCheckpointIO`) would save up to {e['excess_s']:.1f} s.")
     e = fires("gc")
     if e:
         pause = e.get("gc_pause_s", 0.0) / max(1, e["flagged_iterations"]) * 1000.0
-        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} iterations with a full Python"
-                   f" garbage collection ({_each(e, median)}; the collection paused {pause:.0f} ms on average):"
-                   " fewer reference cycles, or `gc.freeze()` after the model and data are set up, would save up to"
-                   f" {e['excess_s']:.1f} s.")
+        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} with a"
+                   f" full Python garbage collection ({_each(e, median)}; the collection paused {pause:.0f} ms on"
+                   " average): fewer reference cycles, or `gc.freeze()` after the model and data are set up, would"
+                   " save up to"
+                   f" {min(e['excess_s'], e.get('gc_pause_s', e['excess_s'])):.1f} s (the pauses, at most).")
     e = fires("after_validation")
     if e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} first iterations after a"
+        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'first iteration')} after a"
                    f" validation ({_each(e, median)}): validating less often (`val_check_interval`) would save up to"
                    f" {e['excess_s']:.1f} s; what validation leaves behind (caches, allocator, workers) costs it.")
     e = fires(UNEXPLAINED, UNEXPLAINED_MIN_PCT)
@@ -340,17 +395,15 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
         worst = [s["step"] for s in block.get("slowest") or [] if not s["causes"]][:3]
         at = f" (slowest at steps {', '.join(str(s) for s in worst)})" if worst else ""
         section = e.get("section")
-        where = (f"in {section['iterations']} of the {section['of_kept']} kept, {section['name']} took"
-                 f" {section['mean_ms']:.0f} ms against its median {section['median_ms']:.1f} ms: look there first;"
-                 if section else "SectionProfiler shows which section grows;")
-        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} slow iterations (over"
+        where = (f"{_grown(section)}: look there first;" if section else "SectionProfiler shows which section grows;")
+        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'slow iteration')} (over"
                    f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint, allocator retry or"
                    f" garbage collection explains{at}: {where} the torch profiler around those steps shows what runs.")
     e = fires("alloc_retry")
     if e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {e['iterations']} iterations in which the CUDA"
-                   f" allocator retried ({_each(e, median)}): it freed its cache and allocated again, a stall each"
-                   " time; a smaller batch, or `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` against"
+        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} in"
+                   f" which the CUDA allocator retried ({_each(e, median)}): it freed its cache and allocated again,"
+                   " a stall each time; a smaller batch, or `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` against"
                    f" fragmentation, would save up to {e['excess_s']:.1f} s.")
     retries = block.get("alloc_retries")
     if retries and not e:

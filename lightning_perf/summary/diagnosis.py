@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from lightning_perf.measure.tail import section_elsewhere
 from lightning_perf.summary.model import PerfSummary, as_summary
 
 #: input-bound: data loading + transfer above this % of iteration time (SectionProfiler).
@@ -122,6 +123,16 @@ def _evaluation_pct(summary: PerfSummary) -> Tuple[Optional[float], str]:
     return 100.0 * evaluation / (train + evaluation), source
 
 
+def _tail_advice(tail: Any, cause: str) -> str:
+    """The cause's advice; where SectionProfiler saw its slow iterations grow in a section that is not the cause's
+    own (a cheap checkpoint beside a long sampling), that section instead."""
+    elsewhere = section_elsewhere(cause, (_get(tail, "by_cause") or {}).get(cause))
+    if elsewhere is None:
+        return TAIL_ADVICE.get(cause, TAIL_ADVICE["unexplained"])
+    return (f"look at `{elsewhere['name']}` first: in the slowest of those iterations it took"
+            f" {elsewhere['mean_ms']:.0f} ms (SectionProfiler), and the {cause.replace('_', ' ')} did not")
+
+
 def _largest_tail_cause(tail: Any) -> str:
     causes = [(_number(_get(entry, "share_pct")) or 0.0, name) for name, entry in (_get(tail, "by_cause") or {}).items()
               if entry is not None]
@@ -191,8 +202,7 @@ def diagnose(summary: Any) -> Dict[str, Any]:
         fired.append({"verdict": "tail-heavy",
                       "figure": f"iterations over {tail.factor or 2:g}x the median (mostly {cause})",
                       "of": "training time",
-                      "value": tail_pct, "threshold": TAIL_HEAVY_PCT, "advice": TAIL_ADVICE.get(cause,
-                                                                                                TAIL_ADVICE["unexplained"]),
+                      "value": tail_pct, "threshold": TAIL_HEAVY_PCT, "advice": _tail_advice(tail, cause),
                       "weight": tail_pct * train_fraction})
     util, util_source = gpu_utilisation(summary)
     if util is None:

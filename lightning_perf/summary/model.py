@@ -240,14 +240,19 @@ class OverMedian(Section):
     median_ms: Ms = Field(None, description="its median per iteration (0 for one that runs in half the iterations or"
                                             " fewer)")
     excess_ms: Ms = None
+    runs_in: Count = Field(None, description="the measured iterations it ran in (this process)")
+    of_iterations: Count = Field(None, description="of this many measured iterations")
 
 
 class CauseSection(Section):
-    name: Text = Field(None, description="the section most of this cause's kept slow iterations name")
+    name: Text = Field(None, description="of this cause's kept slow iterations with a SectionProfiler record, the"
+                                         " section that exceeded its median by the most time in all")
     iterations: Count = Field(None, description="how many of them name it")
     of_kept: Count = Field(None, description="of this cause's kept slow iterations that SectionProfiler recorded")
     mean_ms: Ms = Field(None, description="its mean time in them")
     median_ms: Ms = Field(None, description="its median per iteration over the run")
+    runs_in: Count = Field(None, description="the measured iterations it ran in (this process)")
+    of_iterations: Count = Field(None, description="of this many measured iterations")
 
 
 class TailCause(Section):
@@ -459,7 +464,9 @@ class AfterLastIteration(Section):
 
 
 class SlowIteration(Section):
-    iteration: Count = Field(None, description="the run's iteration number (IterationTimer's `tail.slowest`)")
+    iteration: Count = Field(None, description="the run's iteration number as SectionProfiler counts it")
+    step: Count = Field(None, description="the global step at its end, what IterationTimer's `tail.slowest` is joined"
+                                          " by (null under manual optimization: joined by iteration number)")
     ms: Ms = None
     sections_ms: Map(Ms) = Field(None, description="section -> ms in this iteration")
     over_median: Obj(OverMedian) = None
