@@ -234,25 +234,25 @@ class Blocks(Section):
     max_blocks: Positive = None
 
 
-class OverMedian(Section):
-    section: Text = Field(None, description="the section of the iteration that exceeded its median the most")
-    ms: Ms = Field(None, description="its time in that iteration")
-    median_ms: Ms = Field(None, description="its median per iteration (0 for one that runs in half the iterations or"
-                                            " fewer)")
-    excess_ms: Ms = None
+class _HowOften(Section):
+    median_ms: Ms = Field(None, description="its median per iteration over the run (0 for one that runs in half the"
+                                            " iterations or fewer)")
     runs_in: Count = Field(None, description="the measured iterations it ran in (this process)")
     of_iterations: Count = Field(None, description="of this many measured iterations")
 
 
-class CauseSection(Section):
+class OverMedian(_HowOften):
+    section: Text = Field(None, description="the section of the iteration that exceeded its median the most")
+    ms: Ms = Field(None, description="its time in that iteration")
+    excess_ms: Ms = None
+
+
+class CauseSection(_HowOften):
     name: Text = Field(None, description="of this cause's kept slow iterations with a SectionProfiler record, the"
                                          " section that exceeded its median by the most time in all")
     iterations: Count = Field(None, description="how many of them name it")
     of_kept: Count = Field(None, description="of this cause's kept slow iterations that SectionProfiler recorded")
     mean_ms: Ms = Field(None, description="its mean time in them")
-    median_ms: Ms = Field(None, description="its median per iteration over the run")
-    runs_in: Count = Field(None, description="the measured iterations it ran in (this process)")
-    of_iterations: Count = Field(None, description="of this many measured iterations")
 
 
 class TailCause(Section):
