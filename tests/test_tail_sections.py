@@ -143,3 +143,11 @@ def test_the_median_per_iteration_of_a_section_called_often_in_few_iterations_is
     once = LogHistogram()
     once.add_many([float(v) for v in range(1, 31)])  # ran once in each of 30 of 40 iterations: 10 zeros first
     assert median_per_iteration(once, 40) == pytest.approx(once.quantile((30 - 20) / 30), rel=1e-9)
+
+
+def test_the_console_tail_line_counts_in_words():
+    from lightning_perf.measure.tail import tail_line
+
+    one = {"share_pct": 0.9, "iterations": 1, "factor": 2.0, "median_ms": 500.0, "by_cause": {}}
+    assert "in 1 iteration over 2x the median" in tail_line(one)
+    assert "in 3 iterations over" in tail_line({**one, "iterations": 3})

@@ -424,5 +424,5 @@ def tail_line(block: Dict[str, Any]) -> str:
         return "  tail: no iteration measured"
     causes = ", ".join(f"{name} {entry['iterations']}" for name, entry in (block.get("by_cause") or {}).items()
                        if entry["iterations"])
-    return (f"  tail: {share:.1f}% of training time in {block['iterations']} iterations over {block['factor']:g}x"
-            f" the median ({block['median_ms']:.2f} ms)" + (f": {causes}" if causes else ""))
+    return (f"  tail: {share:.1f}% of training time in {_plural(block['iterations'], 'iteration')} over"
+            f" {block['factor']:g}x the median ({block['median_ms']:.2f} ms)" + (f": {causes}" if causes else ""))

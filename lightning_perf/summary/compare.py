@@ -411,7 +411,8 @@ def tail_text(run: PerfSummary) -> Optional[str]:
         return None
     causes = ", ".join(f"{name} {cause.iterations}" for name, cause in (tail.by_cause or {}).items()
                        if cause is not None and cause.iterations)
-    return (f"{tail.share_pct:.1f}% of training time in {tail.iterations} iterations over {tail.factor:g}x the median"
+    iterations = f"{tail.iterations} iteration" + ("" if tail.iterations == 1 else "s")
+    return (f"{tail.share_pct:.1f}% of training time in {iterations} over {tail.factor:g}x the median"
             f" ({tail.median_ms:.2f} ms)" + (f": {causes}" if causes else ""))
 
 
