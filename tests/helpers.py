@@ -10,7 +10,23 @@ from typing import Any, Dict, List
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+class ClockedItems(Dataset):
+    """64 items of 16 features, each fetch advancing a test's virtual clock by ``fetch_s`` (the data loading a
+    SectionProfiler test expects to see)."""
+
+    def __init__(self, clock: Any, fetch_s: float) -> None:
+        self.clock, self.fetch_s = clock, fetch_s
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> Any:
+        self.clock.advance(self.fetch_s)
+        x = torch.full((16,), float(i) / 64)
+        return x, x.sum(dim=0, keepdim=True)
 
 
 def make_loader(n: int = 64, batch_size: int = 8, features: int = 16, **kwargs: Any) -> DataLoader:

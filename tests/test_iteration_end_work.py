@@ -2,12 +2,11 @@
 row (issue 23, seed 004). On the virtual clock (helpers.VirtualClock): every figure is the cost the test injects."""
 
 import pytest
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from helpers import SimulatedDevice, TinyModel, find_summary, fit, read_scalars, use_virtual_clock
+from helpers import ClockedItems, SimulatedDevice, TinyModel, find_summary, fit, read_scalars, use_virtual_clock
 from lightning_perf import SectionProfiler, profile_section
 
 STEP_S, SAMPLE_S, SAVE_S, FINAL_S, FETCH_S = 0.003, 0.005, 0.007, 0.011, 0.0005
@@ -154,28 +153,15 @@ def test_a_fit_that_fails_says_why_it_has_no_final_row(tmp_path, monkeypatch):
     assert "did not reach its end" in sp["unavailable"]["after_last_iteration"]
 
 
-class Items(Dataset):
-    clock = None
-
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, i):
-        self.clock.advance(FETCH_S)
-        x = torch.full((16,), float(i) / 64)
-        return x, x.sum(dim=0, keepdim=True)
-
-
 class BatchEndHeavy(TinyModel):
     """A fetch of FETCH_S an item, STEP_S a step, and 2 ms of batch-end work in no section."""
 
     def __init__(self, clock):
         super().__init__()
         self.clock = clock
-        Items.clock = clock
 
     def train_dataloader(self):
-        return DataLoader(Items(), batch_size=8)
+        return DataLoader(ClockedItems(self.clock, FETCH_S), batch_size=8)
 
     def training_step(self, batch, batch_idx):
         self.clock.advance(STEP_S)

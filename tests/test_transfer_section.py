@@ -2,27 +2,14 @@
 clock (helpers.VirtualClock) so each section holds exactly the cost the model injects."""
 
 import pytest
-import torch
 from lightning.pytorch import Callback, Trainer
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from helpers import SimulatedDevice, TinyModel, find_summary, fit, trainer_kwargs, use_virtual_clock
+from helpers import ClockedItems, SimulatedDevice, TinyModel, find_summary, fit, trainer_kwargs, use_virtual_clock
 from lightning_perf import IterationTimer, PerfSuite, SectionProfiler
 from lightning_perf.callbacks import _batch_transfer as batch_transfer
 
 FETCH_S, TRANSFER_S, STEP_S = 0.002, 0.004, 0.003  # per item (8 a batch), per transfer, per training_step
-
-
-class CostlyItems(Dataset):
-    clock = None
-
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, i):
-        self.clock.advance(FETCH_S)
-        x = torch.full((16,), float(i) / 64)
-        return x, x.sum(dim=0, keepdim=True)
 
 
 class CostlyTransfer(TinyModel):
@@ -31,10 +18,9 @@ class CostlyTransfer(TinyModel):
     def __init__(self, clock):
         super().__init__()
         self.clock = clock
-        CostlyItems.clock = clock
 
     def train_dataloader(self):
-        return DataLoader(CostlyItems(), batch_size=8)
+        return DataLoader(ClockedItems(self.clock, FETCH_S), batch_size=8)
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         self.clock.advance(TRANSFER_S)
