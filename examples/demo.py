@@ -28,6 +28,7 @@ from lightning_perf import (  # noqa: E402
     VRAMMonitor,
     phase,
 )
+from lightning_perf.measure.tail import counted  # noqa: E402
 
 
 class DemoNet(DenoiseNet):
@@ -112,9 +113,9 @@ def main(argv: list = None) -> int:
     print(f"  compute    {flops}, {pixels}; {mfu}")
     tail = timer["tail"]
     causes = ", ".join(f"{name} {c['iterations']}" for name, c in tail["by_cause"].items() if c["iterations"])
-    iterations = f"{tail['iterations']} iteration" + ("" if tail["iterations"] == 1 else "s")
-    print(f"  tail       {tail['share_pct']:.1f}% of training time in {iterations} over 2x the"
-          f" median{': ' + causes if causes else ''}" + (f"; {tail['insights'][0]}" if tail["insights"] else ""))
+    print(f"  tail       {tail['share_pct']:.1f}% of training time in {counted(tail['iterations'], 'iteration')}"
+          f" over 2x the median{': ' + causes if causes else ''}"
+          + (f"; {tail['insights'][0]}" if tail["insights"] else ""))
     with_eval = timer["projected_time_to_target_with_eval_s"]
     print(f"  time       train {timer['train_time_s']:.1f} s, eval {timer['eval_time_s']:.1f} s;"
           f" 30,000 iterations would take {timer['projected_time_to_target_s'] / 3600:.2f} h training,"

@@ -2,10 +2,10 @@
 
 While a Trainer fits, ``log_scalars`` queues the scalars with their step, and each training batch end hands the
 loggers at most ``PER_BATCH_END`` of them (``drain_scalars``), of steps before the current one: what a step's batch
-end logs waits a batch, for what SectionProfiler logs for that step where the iteration closes. A window report of ~20 scalars sent at once fills
-TensorBoard's writer queue (10 events by default), and the training thread then waits for the writer, which computes
-two CRCs per event in pure Python: ~50 µs a scalar. A few per batch end never fill it: the writer works while the
-next step runs. Each point carries the step it was measured at and reaches the logger a few batches later, in the
+end logs waits a batch, for what SectionProfiler logs for that step where the iteration closes. A window report of
+~20 scalars sent at once fills TensorBoard's writer queue (10 events by default), and the training thread then waits
+for the writer, which computes two CRCs per event in pure Python: ~50 µs a scalar. A few per batch end never fill
+it: the writer works while the next step runs. Each point carries the step it was measured at and reaches the logger a few batches later, in the
 order logged (one queue); what still waits goes out at the end of training, after an exception and at teardown
 (``flush_scalars``). Outside a fit (``validate``, ``test``) scalars go at once; inside a PerfSuite hook, what its
 callbacks log then goes in one call at the hook's end.

@@ -389,19 +389,7 @@ class IterationTimer(PerfCallback):
         self.batches += 1
         self._iter_batches += 1
         if self._samples_unknown is None:
-            size = None
-            path = self._size_path
-            if path is not None and self.batch_size_fn is None:  # the path found on the first batch, inline
-                try:
-                    found = batch
-                    for key in path:
-                        found = found[key]
-                    if type(found) is torch.Tensor and found.dim():
-                        size = found.shape[0]
-                except Exception:  # noqa: BLE001 - shaped otherwise: _batch_size looks again, or says why
-                    pass
-            if size is None:
-                size = self._batch_size(batch)
+            size = self._batch_size(batch)
             if size is not None:
                 self.samples += size
                 self._iter_samples += size
@@ -589,7 +577,7 @@ class IterationTimer(PerfCallback):
         if self._tail_threshold_s < math.inf:
             metrics["perf/tail_time_pct"] = 100.0 * tail_s / seconds
         if self._retries_seen is not None:  # retries in this window's fast iterations flag none of the next
-            self._retries_seen = self._read_alloc_retries(trainer) or self._retries_seen
+            self._retried(trainer)
         # the next window's tail: above 2x the median so far (of the folded iterations: a read does not fold)
         median = self.__dict__["_host_histogram"].quantile(0.5)
         self._tail_threshold_s = TAIL_FACTOR * median / 1000.0 if median else math.inf
@@ -620,7 +608,7 @@ class IterationTimer(PerfCallback):
         self._flags = (self._flags & CHECKPOINT) | AFTER_VALIDATION
         self._gc_pause_s = 0.0
         if self._retries_seen is not None:  # an evaluation's retries are not the next iteration's
-            self._retries_seen = self._read_alloc_retries(trainer) or self._retries_seen
+            self._retried(trainer)
         if self._last_mark is not None:  # cut the validation out of the iteration it interrupted
             self._last_mark += seconds
 

@@ -72,10 +72,8 @@ class _Samples:
             total, low, high = self.host.add_many(raw, 1000.0)
             self.window_s += total / 1000.0
             self.window_n += len(raw)
-            if low < 1000.0 * self.window_min:
-                self.window_min = low / 1000.0
-            if high > 1000.0 * self.window_max:
-                self.window_max = high / 1000.0
+            self.window_min = min(self.window_min, low / 1000.0)
+            self.window_max = max(self.window_max, high / 1000.0)
             self.raw = []
 
 

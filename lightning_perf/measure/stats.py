@@ -82,7 +82,7 @@ class LogHistogram:
 
     def add_many(self, values: Sequence[float], scale: float = 1.0) -> Optional[Tuple[float, float, float]]:
         """Adds ``value * scale`` for each of ``values``: the same histogram as one ``add`` each, with the running
-        mean and variance merged once (Chan et al.), at about a fifth of the cost per value. Returns the scaled
+        mean and variance merged once (Chan et al.), at about a quarter of the cost per value. Returns the scaled
         values' sum, min and max (None for no values)."""
         n = len(values)
         if n == 0:

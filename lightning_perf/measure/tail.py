@@ -310,7 +310,8 @@ def tail_block(host: LogHistogram, book: CauseBook, slowest: SlowestIterations, 
     return block
 
 
-def _plural(n: int, word: str) -> str:
+def counted(n: int, word: str) -> str:
+    """``n`` and ``word``, plural but for one: "1 iteration", "3 iterations"."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
@@ -334,7 +335,7 @@ def _each(entry: Dict[str, Any], median: float) -> str:
 def _not_the_cause(e: Dict[str, Any], what: str, median: float) -> str:
     """A cause whose slow iterations grew in a section that is not its own: what they are, and where the time is."""
     section = e["section"]
-    return (f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} {what}"
+    return (f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} {what}"
             f" ({e['mean_ms']:.0f} ms each, the median iteration {median:.0f} ms), but that is not where their time"
             f" went: {_grown(section)}. Look at {section['name']} first.")
 
@@ -358,7 +359,7 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
         loader = block.get("dataloader") or {}
         workers = loader.get("num_workers")
         with_ckpt = (e.get("also") or {}).get("checkpoint", 0)
-        head = (f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} at epoch starts"
+        head = (f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} at epoch starts"
                 f" ({_each(e, median)}" + (f"; {with_ckpt} of the epoch starts followed a checkpoint save" if with_ckpt
                                            else "") + ")")
         if workers and not loader.get("persistent_workers"):
@@ -374,20 +375,20 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
     if e and section_elsewhere("checkpoint", e):
         out.append(_not_the_cause(e, "that wrote a checkpoint", median))
     elif e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} that"
+        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} that"
                    f" wrote a checkpoint ({_each(e, median)}): saving less often (`every_n_train_steps`) or"
                    f" asynchronously (`AsyncCheckpointIO`) would save up to {e['excess_s']:.1f} s.")
     e = fires("gc")
     if e:
         pause = e.get("gc_pause_s", 0.0) / max(1, e["flagged_iterations"]) * 1000.0
-        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} with a"
+        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} with a"
                    f" full Python garbage collection ({_each(e, median)}; the collection paused {pause:.0f} ms on"
                    " average): fewer reference cycles, or `gc.freeze()` after the model and data are set up, would"
                    " save up to"
                    f" {min(e['excess_s'], e.get('gc_pause_s', e['excess_s'])):.1f} s (the pauses, at most).")
     e = fires("after_validation")
     if e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'first iteration')} after a"
+        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'first iteration')} after a"
                    f" validation ({_each(e, median)}): validating less often (`val_check_interval`) would save up to"
                    f" {e['excess_s']:.1f} s; what validation leaves behind (caches, allocator, workers) costs it.")
     e = fires(UNEXPLAINED, UNEXPLAINED_MIN_PCT)
@@ -396,12 +397,12 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
         at = f" (slowest at steps {', '.join(str(s) for s in worst)})" if worst else ""
         section = e.get("section")
         where = (f"{_grown(section)}: look there first;" if section else "SectionProfiler shows which section grows;")
-        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'slow iteration')} (over"
+        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'slow iteration')} (over"
                    f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint, allocator retry or"
                    f" garbage collection explains{at}: {where} the torch profiler around those steps shows what runs.")
     e = fires("alloc_retry")
     if e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {_plural(e['iterations'], 'iteration')} in"
+        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} in"
                    f" which the CUDA allocator retried ({_each(e, median)}): it freed its cache and allocated again,"
                    " a stall each time; a smaller batch, or `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` against"
                    f" fragmentation, would save up to {e['excess_s']:.1f} s.")
@@ -424,5 +425,5 @@ def tail_line(block: Dict[str, Any]) -> str:
         return "  tail: no iteration measured"
     causes = ", ".join(f"{name} {entry['iterations']}" for name, entry in (block.get("by_cause") or {}).items()
                        if entry["iterations"])
-    return (f"  tail: {share:.1f}% of training time in {_plural(block['iterations'], 'iteration')} over"
+    return (f"  tail: {share:.1f}% of training time in {counted(block['iterations'], 'iteration')} over"
             f" {block['factor']:g}x the median ({block['median_ms']:.2f} ms)" + (f": {causes}" if causes else ""))

@@ -7,6 +7,7 @@ import math
 from typing import Any, Dict, List, Optional
 
 from lightning_perf.measure.stats import batch_means_ratio_ci
+from lightning_perf.measure.tail import counted
 from lightning_perf.summary.fields import (
     IMAGE_METRIC_DIRECTIONS,
     SummaryLike,
@@ -411,9 +412,8 @@ def tail_text(run: PerfSummary) -> Optional[str]:
         return None
     causes = ", ".join(f"{name} {cause.iterations}" for name, cause in (tail.by_cause or {}).items()
                        if cause is not None and cause.iterations)
-    iterations = f"{tail.iterations} iteration" + ("" if tail.iterations == 1 else "s")
-    return (f"{tail.share_pct:.1f}% of training time in {iterations} over {tail.factor:g}x the median"
-            f" ({tail.median_ms:.2f} ms)" + (f": {causes}" if causes else ""))
+    return (f"{tail.share_pct:.1f}% of training time in {counted(tail.iterations, 'iteration')} over"
+            f" {tail.factor:g}x the median ({tail.median_ms:.2f} ms)" + (f": {causes}" if causes else ""))
 
 
 def _compute_text(run: Dict[str, Any]) -> str:
