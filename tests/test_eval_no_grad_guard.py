@@ -295,6 +295,36 @@ def test_only_top_level_forwards_are_checked_and_every_per_call_hook_goes_away()
     assert len(found) == 3 and not watch.armed
 
 
+def test_a_replaced_torch_hook_dict_is_found_again_at_the_next_phase_start(monkeypatch):
+    """The watch keeps torch's dict of global pre-hooks from its first arm (reading torch's module attribute every
+    step costs ~1 µs right after a backward); where something replaces that dict, the next phase start (refresh)
+    finds the new one, armed or not, and the watch sees forwards again."""
+    from collections import OrderedDict
+
+    from lightning_perf.measure import autograd
+
+    found = []
+    watch = autograd.EvalForwardWatch(lambda site, hook, module, saved, fixed: found.append(module),
+                                      lambda hook: False)
+    evaluated = nn.Linear(4, 4).eval()
+    watch.arm()
+    evaluated(torch.randn(2, 4))
+    assert len(found) == 1
+    for armed in (True, False):
+        if not armed:
+            watch.disarm()
+        replaced = OrderedDict(nn.modules.module._global_forward_pre_hooks)
+        replaced.pop(watch._handle.id, None)
+        monkeypatch.setattr(nn.modules.module, "_global_forward_pre_hooks", replaced)
+        watch.refresh()
+        watch.arm()
+        assert watch._handle.id in replaced
+        evaluated(torch.randn(2, 4))
+        assert len(found) == (2 if armed else 3)
+    watch.disarm()
+    assert watch._handle.id not in nn.modules.module._global_forward_pre_hooks
+
+
 @pytest.mark.parametrize("torch_dict", [True, False])
 def test_arming_between_steps_puts_one_hook_in_and_takes_it_out(monkeypatch, torch_dict):
     """The watch toggles its one global pre-hook in torch's dict under the id its first registration got (a dict

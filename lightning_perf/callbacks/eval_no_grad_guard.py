@@ -95,6 +95,7 @@ class EvalNoGradGuard(PerfCallback):
         self._events = 0  # findings so far, all sites
         self._eval_batches = 0  # batches of the evaluation run in progress
         self._eval_start_events = 0  # findings before its first batch
+        self._automatic = True  # the module's automatic_optimization, read at setup
 
     def _is_allowed(self, hook: Optional[str]) -> bool:
         return hook is not None and hook in self.allow
@@ -154,6 +155,8 @@ class EvalNoGradGuard(PerfCallback):
             self._start_run(trainer)
         else:
             self._reset()
+        self._automatic = pl_module.automatic_optimization  # read once: a property, ~1 µs right after a backward
+        self._watch.refresh()
         self._watch.arm()
 
     @guarded
@@ -165,7 +168,7 @@ class EvalNoGradGuard(PerfCallback):
         # Automatic optimization: the training step is over once backward returns, so callbacks listed before
         # this one are watched in their on_train_batch_end. Under manual optimization more forwards may follow
         # inside training_step (an eval-mode discriminator with grad on is legitimate there).
-        if pl_module.automatic_optimization:
+        if self._automatic:
             self._watch.arm()
 
     @guarded
@@ -189,6 +192,7 @@ class EvalNoGradGuard(PerfCallback):
 
     def _eval_run_start(self) -> None:
         self._eval_batches = 0
+        self._watch.refresh()
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

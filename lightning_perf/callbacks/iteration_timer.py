@@ -47,7 +47,10 @@ def follow(batch: Any, path: tuple) -> Optional[int]:
             batch = batch[key]
     except (KeyError, IndexError, TypeError):
         return None
-    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() > 0 else None
+    if not isinstance(batch, torch.Tensor):
+        return None
+    shape = batch.shape  # one read of the tensor (dim() besides cost as much again, right after a step)
+    return shape[0] if shape else None
 
 
 def infer_batch_size(batch: Any) -> Optional[int]:

@@ -565,9 +565,11 @@ class SectionProfiler(PerfCallback):
         if self._unfolded:
             sections, iteration, slowest = self._sections, self._iteration.raw, self._slowest
             prev_end, last, offset = self._prev_end, self._last_folded, self._step_offset
-            appends: Dict[str, Any] = {}
+            keys: Optional[tuple] = None  # the sections of a run of iterations that had the same ones, in order
+            rows: List[Any] = []  # their pieces' values, one tuple an iteration: appended per section by column
             for piece, user_s, calls, before, end in self._unfolded:
-                total = sum(piece.values()) + user_s
+                values = tuple(piece.values())
+                total = sum(values) + user_s
                 if total <= 0:
                     continue
                 iteration.append(total)
@@ -579,11 +581,11 @@ class SectionProfiler(PerfCallback):
                     slowest.offer(aligned, before + 1, None if offset is None else before + 1 + offset, piece, calls,
                                   end[1] if end else None, carried[1] if carried else None)
                 prev_end, last = end, before + 1
-                for name, seconds in piece.items():
-                    add = appends.get(name)
-                    if add is None:
-                        add = appends[name] = (sections.get(name) or self._section(name)).raw.append
-                    add(seconds)
+                names = tuple(piece)
+                if names != keys:
+                    self._fold_columns(keys, rows)
+                    keys, rows = names, []
+                rows.append(values)
                 if calls:
                     for name, seconds, failed in calls:
                         sec = sections[name]
@@ -591,11 +593,20 @@ class SectionProfiler(PerfCallback):
                         sec.closed_by_exception += failed
                     for name in {call[0] for call in calls}:
                         sections[name].runs += 1
+            self._fold_columns(keys, rows)
             self._unfolded = []
             self._prev_end, self._last_folded = prev_end, last
         self._iteration.fold()
         for sec in self._sections.values():
             sec.fold()
+
+    def _fold_columns(self, names: Optional[tuple], rows: List[tuple]) -> None:
+        """Iterations whose pieces had the same sections in the same order: each section's times, a column of
+        ``rows``, go to its raw list in one extend."""
+        if rows:
+            sections = self._sections
+            for name, column in zip(names, zip(*rows)):
+                (sections.get(name) or self._section(name)).raw.extend(column)
 
     def _report_window(self, trainer: Trainer) -> None:
         iters, seconds = self._iteration.window_n, self._iteration.window_s

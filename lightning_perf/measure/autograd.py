@@ -90,6 +90,7 @@ class EvalForwardWatch:
         self.hooks = hooks
         self.owners = owners
         self._handle: Any = None  # the global forward pre-hook's handle, from the first arm on
+        self._hooks: Optional[Dict[Any, Any]] = None  # torch's dict of global pre-hooks, found at the first arm
         self._armed = False
         self._outer: Optional[nn.Module] = None  # the top-level module whose forward runs now
         self._outer_handle: Any = None  # its one-shot forward hook
@@ -104,22 +105,26 @@ class EvalForwardWatch:
         """One global forward pre-hook; the end of a top-level forward is seen by a hook on that module alone,
         registered for that call. Registered once (torch's API gives it its id); arming again between training
         steps puts it back in torch's dict of global pre-hooks under that id, disarming takes it out: a dict
-        store each, where a registration makes a handle and a weak reference every step."""
+        store each, where a registration makes a handle and a weak reference every step. The dict is found again
+        at each :meth:`refresh` (a phase start), not every step: reading torch's module attribute right after a
+        step's work costs about a microsecond."""
         if self._armed:
             return
         if self._outer is not None or self._active is not None:
             self._end_outer()
-        hooks = getattr(nn.modules.module, _PRE_HOOKS, None)  # inline: this runs between every two steps
-        if self._handle is not None and isinstance(hooks, dict):
+        hooks = self._hooks
+        if hooks is not None:
             hooks[self._handle.id] = self._pre
-        else:
+        else:  # the first arm, or torch keeps its hooks elsewhere (a handle each arm)
             self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
+            hooks = getattr(nn.modules.module, _PRE_HOOKS, None)
+            self._hooks = hooks if isinstance(hooks, dict) and self._handle.id in hooks else None
         self._armed = True
 
     def disarm(self) -> None:
         if self._armed:
-            hooks = getattr(nn.modules.module, _PRE_HOOKS, None)
-            if isinstance(hooks, dict):
+            hooks = self._hooks
+            if hooks is not None:
                 hooks.pop(self._handle.id, None)
             else:
                 self._handle.remove()
@@ -127,6 +132,20 @@ class EvalForwardWatch:
             self._armed = False
         if self._outer is not None or self._active is not None:
             self._end_outer()
+
+    def refresh(self) -> None:
+        """Finds torch's dict of global pre-hooks again (a library that replaced it): at each phase start."""
+        if self._hooks is None:  # nothing registered yet, or torch keeps its hooks elsewhere
+            return
+        hooks = getattr(nn.modules.module, _PRE_HOOKS, None)
+        hooks = hooks if isinstance(hooks, dict) else None
+        if hooks is not self._hooks and self._armed:
+            self._hooks.pop(self._handle.id, None)
+            if hooks is not None:
+                hooks[self._handle.id] = self._pre
+            else:
+                self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
+        self._hooks = hooks
 
     def _end_outer(self) -> Optional[Dict[str, Any]]:
         if self._outer_handle is not None:
