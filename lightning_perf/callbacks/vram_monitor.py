@@ -34,12 +34,12 @@ from lightning_perf.measure.phases import add_listener, remove_listener
 
 #: ``eval_in_train_hooks``: evaluation a training hook runs inside ``lightning_perf.phase(...)``.
 PHASES = ("train", "validation", "test", "predict", "eval_in_train_hooks")
-#: The training leak check reads memory once every this many iterations (a CUDA allocator read costs ~20 us).
-#: Training iterations per leak reading: a CUDA allocator read costs ~20 µs on an H100 host, a host RSS read ~15 µs
-#: right after a CPU step; the allocator's count at the end of an iteration is exact (one reading a window
-#: suffices), host RSS drifts (a few readings are averaged per window).
+#: Training iterations per leak reading: a CUDA allocator read costs ~20 µs on an H100 host, a host RSS read 10 to
+#: 25 µs right after a CPU step (the kernel walks the process's memory counters; 1 µs in a tight loop). One reading
+#: per window of 16 iterations: the allocator's count at an iteration's end is exact, and a host leak that the
+#: threshold flags (20 MB per 100 iterations) rises 3 MB a window, above RSS's drift between two readings.
 TRAIN_LEAK_STRIDE_CUDA = 16
-TRAIN_LEAK_STRIDE_HOST = 8
+TRAIN_LEAK_STRIDE_HOST = 16
 LEAK_THRESHOLD_CUDA = 2.0  # MB per 100 iterations, torch allocator
 LEAK_THRESHOLD_RSS = 20.0  # MB per 100 iterations, host RSS
 _EVAL_KEY = {"validation": "eval", "test": "test", "predict": "predict", "train": "train",
@@ -81,8 +81,8 @@ class VRAMMonitor(PerfCallback):
     Evaluation that a training hook runs (``on_train_batch_end`` calling a sampling pass) is its own phase,
     ``eval_in_train_hooks``, when wrapped in ``with lightning_perf.phase("eval_in_train_hooks"):``; else it is part
     of the train peak. Also: headroom (peak as a share of device memory, a warning above ``warn_above_pct``) and a leak
-    check on memory read at the end of every 16th training iteration on CUDA, 8th on the host (a CUDA allocator read
-    costs ~20 us, too much for every step) and of every evaluation batch; its windows and rate are in iterations.
+    check on memory read at the end of every 16th training iteration (a CUDA allocator read costs ~20 us, a host RSS
+    read 10 to 25 us, too much for every step) and of every evaluation batch; its windows and rate are in iterations.
 
     Args:
         nvml: sample NVML on CUDA devices.
