@@ -117,6 +117,20 @@ def test_block_series_keeps_bounded_memory_and_the_exact_total():
     assert again.blocks() == blocks
 
 
+def test_block_series_add_many_is_add_of_each_value_in_order():
+    rng = random.Random(6)
+    values = [rng.uniform(1, 3) for _ in range(5_000)]
+    many = BlockSeries(max_blocks=8)
+    start = 0
+    for n in [rng.randint(0, 70) for _ in range(200)] + [len(values)]:
+        many.add_many(values[start:start + n])
+        start += n
+    one = BlockSeries(max_blocks=8)
+    for v in values:
+        one.add(v)
+    assert many.to_dict() == one.to_dict() and many.count == len(values)
+
+
 def test_batch_means_stay_quiet_between_identical_runs_with_bursty_stalls():
     """The same process twice: treating iterations as independent would call many of these pairs different;
     batches keep the bursts together and the interval covers 1 for nearly all of them."""

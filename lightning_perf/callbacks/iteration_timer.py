@@ -184,9 +184,7 @@ class IterationTimer(PerfCallback):
         pending, self._pending_ms = self._pending_ms, []
         if pending:
             self._host_histogram.add_many(pending)
-            add = self._block_series.add
-            for ms in pending:
-                add(ms)
+            self._block_series.add_many(pending)
 
     def _reset(self) -> None:
         # Cumulative over the whole run (kept through checkpoints).

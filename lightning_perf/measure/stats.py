@@ -130,16 +130,28 @@ class LogHistogram:
     def _bucket_value(self, key: int) -> float:
         return 2.0 * self._gamma**key / (self._gamma + 1.0)
 
-    def _value_at_rank(self, rank: int) -> float:
-        """The value of the ``rank``-th smallest sample (0-based), within the relative accuracy."""
+    def _values_at_ranks(self, low_rank: int) -> Tuple[float, float]:
+        """The values of the ``low_rank``-th and the next smallest sample (0-based), each within the relative
+        accuracy: one pass over the sorted buckets."""
         seen = self.zero_count
-        if rank < seen:
-            return max(self.min, min(0.0, self.max))
-        for key in sorted(self.bins):
-            seen += self.bins[key]
-            if seen > rank:
-                return self._bucket_value(key)
-        return self.max
+        zero = max(self.min, min(0.0, self.max))
+        found: List[float] = []
+        rank = low_rank
+        while rank < seen and len(found) < 2:
+            found.append(zero)
+            rank += 1
+        if len(found) < 2:
+            bins = self.bins
+            for key in sorted(bins):
+                seen += bins[key]
+                while rank < seen and len(found) < 2:
+                    found.append(self._bucket_value(key))
+                    rank += 1
+                if len(found) == 2:
+                    break
+        while len(found) < 2:
+            found.append(self.max)
+        return found[0], found[1]
 
     def quantile(self, q: float) -> Optional[float]:
         """The ``q``-quantile (0 <= q <= 1), interpolated linearly between the two order statistics around rank
@@ -151,10 +163,11 @@ class LogHistogram:
             return None
         rank = q * (self.count - 1)
         low_rank = int(math.floor(rank))
-        low = min(max(self._value_at_rank(low_rank), self.min), self.max)
         if low_rank >= self.count - 1:
             return self.max
-        high = min(max(self._value_at_rank(low_rank + 1), self.min), self.max)
+        low, high = self._values_at_ranks(low_rank)
+        low = min(max(low, self.min), self.max)
+        high = min(max(high, self.min), self.max)
         if low_rank == 0:
             low = self.min
         if low_rank + 1 == self.count - 1:
@@ -294,6 +307,20 @@ class BlockSeries:
             if len(self.sums) == self.max_blocks:
                 self.sums = [self.sums[i] + self.sums[i + 1] for i in range(0, len(self.sums), 2)]
                 self.block_len *= 2
+
+    def add_many(self, values: Iterable[float]) -> None:
+        """The same as ``add`` of each value in order, in one call."""
+        open_sum, open_count, block_len, sums = self._open_sum, self._open_count, self.block_len, self.sums
+        for value in values:
+            open_sum += value
+            open_count += 1
+            if open_count == block_len:
+                sums.append(open_sum)
+                open_sum, open_count = 0.0, 0
+                if len(sums) == self.max_blocks:
+                    sums = [sums[i] + sums[i + 1] for i in range(0, len(sums), 2)]
+                    block_len *= 2
+        self._open_sum, self._open_count, self.block_len, self.sums = open_sum, open_count, block_len, sums
 
     def blocks(self) -> List[Tuple[float, int]]:
         """(sum, count) per block, the partly filled last block included."""
