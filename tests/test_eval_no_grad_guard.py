@@ -126,6 +126,40 @@ def test_clean_module_and_allowed_code_give_no_finding(tmp_path, recwarn):
     assert not [w for w in recwarn if "EvalNoGradGuard" in str(w.message)]
 
 
+class ManualWithEvalCritic(TinyModel):
+    """Manual optimization switched on in the module's own setup (after the callbacks' setup), and an eval-mode
+    critic scored with grad on inside training_step, after the backward: legitimate under manual optimization."""
+
+    def __init__(self):
+        super().__init__()
+        self.critic = nn.Linear(1, 1)
+
+    def setup(self, stage):
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        self.critic.eval()
+        self.critic(self(x).detach()).mean()
+        self.critic.train()
+
+
+@pytest.mark.parametrize("suite", [False, True])
+def test_manual_optimization_set_in_the_modules_setup_is_not_watched_inside_the_step(tmp_path, recwarn, suite):
+    from lightning_perf import PerfSuite
+
+    guard = EvalNoGradGuard(mode="raise")
+    fit(tmp_path, [PerfSuite([guard]) if suite else guard], model=ManualWithEvalCritic(), max_epochs=1)
+    g = find_summary(tmp_path)["eval_no_grad_guard"]
+    assert g["clean"] is True and g["findings"] == []
+    assert not [w for w in recwarn if "EvalNoGradGuard" in str(w.message)]
+
+
 def test_raise_mode_fails_the_fit_with_the_message(tmp_path):
     with pytest.raises(RuntimeError, match=r"EvalNoGradGuard: EvalsInTrainHook.on_train_batch_end ran .*no_grad"):
         fit(tmp_path, [EvalNoGradGuard(mode="raise")], model=EvalsInTrainHook(), max_epochs=1)
@@ -323,6 +357,56 @@ def test_a_replaced_torch_hook_dict_is_found_again_at_the_next_phase_start(monke
         assert len(found) == (2 if armed else 3)
     watch.disarm()
     assert watch._handle.id not in nn.modules.module._global_forward_pre_hooks
+
+
+def test_a_dict_replaced_while_armed_loses_the_hook_at_the_next_refresh_when_disarmed(monkeypatch):
+    from collections import OrderedDict
+
+    from lightning_perf.measure import autograd
+
+    watch = autograd.EvalForwardWatch(lambda *a: None, lambda hook: False)
+    watch.arm()
+    replaced = OrderedDict(nn.modules.module._global_forward_pre_hooks)  # a copy that still holds the hook
+    monkeypatch.setattr(nn.modules.module, "_global_forward_pre_hooks", replaced)
+    watch.disarm()
+    assert watch._handle.id in replaced  # the disarm took it out of the old dict only
+    watch.refresh()
+    assert watch._handle.id not in replaced
+
+
+def test_a_copied_watch_starts_disarmed_and_arms_in_torchs_own_dict():
+    import copy
+    import pickle
+
+    from lightning_perf.measure import autograd
+
+    found = []
+    watch = autograd.EvalForwardWatch(_Collect(found), _never)
+    watch.arm()
+    evaluated = nn.Linear(4, 4).eval()
+    for clone in (copy.deepcopy(watch), pickle.loads(pickle.dumps(watch))):
+        assert not clone.armed and clone._hooks is None and clone._handle is None
+        watch.disarm()
+        clone.arm()
+        evaluated(torch.randn(2, 4))
+        assert clone._handle.id in nn.modules.module._global_forward_pre_hooks
+        assert len(clone.on_finding.found) == 1 and found == []  # the clone's own (copied) sink saw it
+        clone.disarm()
+        assert clone._handle.id not in nn.modules.module._global_forward_pre_hooks
+        watch.arm()
+    watch.disarm()
+
+
+class _Collect:
+    def __init__(self, found):
+        self.found = found
+
+    def __call__(self, site, hook, module, saved, fixed):
+        self.found.append(module)
+
+
+def _never(hook):
+    return False
 
 
 @pytest.mark.parametrize("torch_dict", [True, False])

@@ -71,7 +71,7 @@ class Hoarder(TinyModel):
 
 def test_a_growing_list_is_flagged_as_a_leak_and_a_clean_loop_is_not(tmp_path):
     with pytest.warns(UserWarning, match="a leak is\\s+suspected"):
-        fit(tmp_path / "leaky", [VRAMMonitor(leak_window=10)], model=Hoarder(), max_epochs=None, max_steps=120,
+        fit(tmp_path / "leaky", [VRAMMonitor(leak_window=10)], model=Hoarder(), max_epochs=None, max_steps=200,
             limit_val_batches=0)
     leak = find_summary(tmp_path / "leaky")["vram"]
     assert leak["leak_suspected"] is True

@@ -95,7 +95,7 @@ class EvalNoGradGuard(PerfCallback):
         self._events = 0  # findings so far, all sites
         self._eval_batches = 0  # batches of the evaluation run in progress
         self._eval_start_events = 0  # findings before its first batch
-        self._automatic = True  # the module's automatic_optimization, read at setup
+        self._automatic = True  # the module's automatic_optimization, read at train start
 
     def _is_allowed(self, hook: Optional[str]) -> bool:
         return hook is not None and hook in self.allow
@@ -155,9 +155,14 @@ class EvalNoGradGuard(PerfCallback):
             self._start_run(trainer)
         else:
             self._reset()
-        self._automatic = pl_module.automatic_optimization  # read once: a property, ~1 µs right after a backward
         self._watch.refresh()
         self._watch.arm()
+
+    @guarded
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # read once, after the module's own setup, configure_model and on_fit_start could set it: a property costs
+        # ~1 µs right after a backward
+        self._automatic = pl_module.automatic_optimization
 
     @guarded
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:

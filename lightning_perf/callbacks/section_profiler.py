@@ -587,6 +587,9 @@ class SectionProfiler(PerfCallback):
                     keys, rows = names, []
                 rows.append(values)
                 if calls:
+                    if any(call[0] in names for call in calls):  # a user section named like a piece: in order
+                        self._fold_columns(keys, rows)
+                        rows = []
                     for name, seconds, failed in calls:
                         sec = sections[name]
                         sec.raw.append(seconds)

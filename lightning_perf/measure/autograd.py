@@ -139,13 +139,22 @@ class EvalForwardWatch:
             return
         hooks = getattr(nn.modules.module, _PRE_HOOKS, None)
         hooks = hooks if isinstance(hooks, dict) else None
-        if hooks is not self._hooks and self._armed:
+        if hooks is not self._hooks:
             self._hooks.pop(self._handle.id, None)
-            if hooks is not None:
+            if hooks is None:
+                if self._armed:
+                    self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
+            elif self._armed:
                 hooks[self._handle.id] = self._pre
-            else:
-                self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
+            else:  # a copy of the old dict (disarmed there, maybe not in the copy)
+                hooks.pop(self._handle.id, None)
         self._hooks = hooks
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """A copy starts disarmed, holding none of torch's hooks or dicts: it registers its own at its first arm."""
+        state = self.__dict__.copy()
+        state.update(_hooks=None, _handle=None, _outer=None, _outer_handle=None, _active=None, _armed=False, _depth=0)
+        return state
 
     def _end_outer(self) -> Optional[Dict[str, Any]]:
         if self._outer_handle is not None:
