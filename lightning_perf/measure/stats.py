@@ -6,9 +6,16 @@ Pure Python on purpose: the summary layer uses these to compare two files on a m
 from __future__ import annotations
 
 import math
-from collections import Counter
 from statistics import NormalDist
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+try:  # CPython's C helper behind Counter: counts an iterable into a dict, in place
+    from collections import _count_elements  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - another Python: the same in Python
+
+    def _count_elements(mapping: Dict[Any, int], iterable: Iterable[Any]) -> None:
+        for element in iterable:
+            mapping[element] = mapping.get(element, 0) + 1
 
 __all__ = ["FOLD_EVERY", "BlockSeries", "LogHistogram", "batch_means_ratio_ci", "student_t_quantile"]
 
@@ -101,18 +108,19 @@ class LogHistogram:
         self._m2 += m2 + delta * delta * self.count * n / count
         self.count = count
         self.total += total
-        low, high = min(scaled), max(scaled)
+        ordered = sorted(scaled)  # min and max in one pass, and the zeros first
+        low, high = ordered[0], ordered[-1]
         if low < self.min:
             self.min = low
         if high > self.max:
             self.max = high
+        if low <= 0.0:
+            positive = [v for v in ordered if v > 0.0]
+            self.zero_count += n - len(positive)
+        else:
+            positive = scaled
         log, ceil, log_gamma = math.log, math.ceil, self._log_gamma
-        keys = [ceil(log(v) / log_gamma) for v in scaled if v > 0.0]
-        if len(keys) < n:
-            self.zero_count += n - len(keys)
-        bins = self.bins
-        for key, times in Counter(keys).items():  # a run's values share a few buckets: one update each
-            bins[key] = bins.get(key, 0) + times
+        _count_elements(self.bins, [ceil(log(v) / log_gamma) for v in positive])  # bins[key] += 1, in C
         return total, low, high
 
     def __len__(self) -> int:
