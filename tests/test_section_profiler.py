@@ -182,6 +182,27 @@ def test_periodic_reports_are_logged_and_printed(tmp_path, caplog):
     assert "=== SectionProfiler:" in caplog.text and "Insights:" in caplog.text
 
 
+def test_the_periodic_table_is_not_built_where_lightnings_info_logging_is_off(tmp_path, monkeypatch):
+    import logging
+
+    from lightning_perf.callbacks import section_profiler
+
+    printed = []
+    monkeypatch.setattr(section_profiler, "rank_zero_info", lambda text, *a, **k: printed.append(text))
+    lightning_log = logging.getLogger("lightning.pytorch")
+    level = lightning_log.level
+    try:
+        for info, reports in ((False, 0), (True, 2)):
+            lightning_log.setLevel(logging.INFO if info else logging.ERROR)
+            printed.clear()
+            fit(tmp_path / str(info), [SectionProfiler(warmup_steps=0, report_every_n_steps=4)], model=EmaModel(),
+                max_epochs=1)
+            assert sum("SectionProfiler report" in text for text in printed) == reports
+            assert len(read_scalars(tmp_path / str(info))["time/ema_ms"]) == 2  # logged either way
+    finally:
+        lightning_log.setLevel(level)
+
+
 def test_nested_sections_decorator_and_exceptions(tmp_path):
     @profile_section("sampling")
     def sample():

@@ -3,6 +3,7 @@ checkpointing, user-named sections), with shares and advice, at no device sync."
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional
@@ -49,6 +50,17 @@ SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, 
                " part of `backward`; timing it apart would need a DDP communication hook installed on your model,"
                " which a measurement must not do. `ranks` shows each rank's sections: a straggler's data loading or"
                " forward is what the others wait for.")
+
+
+def _info_shown() -> bool:
+    """Whether ``rank_zero_info`` would show an INFO line now: where Lightning's INFO logging is off (a script that
+    silences it), the periodic table is not built either (~90 µs a report right after a step)."""
+    try:
+        from lightning_utilities.core import rank_zero
+
+        return rank_zero.log.isEnabledFor(logging.INFO)
+    except Exception:  # noqa: BLE001 - not known: build it, rank_zero_info decides
+        return True
 
 
 class _Samples:
@@ -626,7 +638,7 @@ class SectionProfiler(PerfCallback):
             sec.window_reset()
         self._iteration.window_reset()
         log_scalars(trainer, metrics)
-        if self.print_reports and trainer.is_global_zero:
+        if self.print_reports and trainer.is_global_zero and _info_shown():
             lines = [f"=== SectionProfiler report (step {trainer.global_step}, last {iters} iterations,"
                      f" {metrics['time/iteration_ms']:.2f} ms mean) ===",
                      f"{'section':<22}{'count':>7}{'total s':>9}{'mean ms':>9}{'min ms':>9}{'max ms':>9}{'share':>8}"]
