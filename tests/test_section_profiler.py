@@ -185,11 +185,13 @@ def test_periodic_reports_are_logged_and_printed(tmp_path, caplog):
 def test_the_periodic_table_is_not_built_where_lightnings_info_logging_is_off(tmp_path, monkeypatch):
     import logging
 
+    from lightning_utilities.core import rank_zero
+
     from lightning_perf.callbacks import section_profiler
 
     printed = []
     monkeypatch.setattr(section_profiler, "rank_zero_info", lambda text, *a, **k: printed.append(text))
-    lightning_log = logging.getLogger("lightning.pytorch")
+    lightning_log = rank_zero.log  # the logger rank_zero_info writes to (Lightning's, under lightning.pytorch)
     level = lightning_log.level
     try:
         for info, reports in ((False, 0), (True, 2)):
