@@ -187,6 +187,22 @@ def test_student_t_quantile_matches_scipy(df, p):
     assert student_t_quantile(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), rel=tolerance)
 
 
+def test_add_many_counts_zeros_and_negatives_in_a_batch_as_add_does_and_refuses_nan_unchanged():
+    values = [0.5, 0.0, 2.0, -1.0, -0.0, 0.5, 3.0]
+    one, many = LogHistogram(), LogHistogram()
+    for v in values:
+        one.add(v)
+    many.add_many(values)
+    assert many.bins == one.bins and many.zero_count == one.zero_count == 3
+    assert (many.count, many.min, many.max) == (one.count, one.min, one.max)
+    before = many.to_dict()
+    with pytest.raises(ValueError, match="finite"):
+        many.add_many([1.0, float("nan"), 0.0])
+    with pytest.raises(ValueError):
+        one.add(float("nan"))
+    assert many.to_dict() == before
+
+
 @pytest.mark.parametrize("chunks", [[1], [7, 1, 64], [200]])
 def test_adding_in_batches_gives_the_histogram_of_one_add_each(chunks):
     rng = random.Random(3)

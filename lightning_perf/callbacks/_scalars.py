@@ -12,8 +12,9 @@ callbacks log then goes in one call at the hook's end.
 
 To Lightning's own ``TensorBoardLogger`` (not a subclass that logs otherwise, no ``prefix``, torch's
 ``SummaryWriter``), the scalars of one step go as one TensorBoard event holding all of them, written through the
-writer's ``FileWriter.add_event`` (values added in place): ``log_metrics`` makes one event per scalar (a protobuf summary, an event, a
-queue entry and two pure-Python CRCs each, ~40 µs a scalar on the training thread right after a step); one event
+writer's ``FileWriter.add_event`` (values added in place): ``log_metrics`` makes one event per scalar (a protobuf
+summary, an event, a queue entry and two pure-Python CRCs each, ~40 µs a scalar on the training thread right after
+a step); one event
 per step is read back by TensorBoard as the same points (tested). Then a waiting step goes out whole at a batch end,
 since one event never fills the writer's queue. Any other logger gets ``log_metrics``; anything unexpected falls
 back to it too.
@@ -127,7 +128,7 @@ def _send(trainer: Trainer, by_step: Dict[int, Dict[str, float]], writers: Optio
         if writer is not None and rank_zero_only.rank == 0:
             for step, metrics in by_step.items():
                 # the event's summary values are added in place: what add_summary does, less two copies of each
-                # value (into the summary, then the summary into an event), 2.6x faster
+                # value (into the summary, then the summary into an event), 2.7x faster
                 event = _TENSORBOARD[2]()
                 add = event.summary.value.add
                 for key, value in metrics.items():

@@ -35,7 +35,7 @@ from lightning_perf.measure.phases import add_listener, remove_listener
 #: ``eval_in_train_hooks``: evaluation a training hook runs inside ``lightning_perf.phase(...)``.
 PHASES = ("train", "validation", "test", "predict", "eval_in_train_hooks")
 #: Training iterations per leak reading: a CUDA allocator read costs ~20 µs on an H100 host, a host RSS read 10 to
-#: 25 µs right after a CPU step (the kernel walks the process's memory counters; 1 µs in a tight loop). One reading
+#: 45 µs right after a CPU step (the kernel walks the process's memory counters; 1 µs in a tight loop). One reading
 #: per window of 16 iterations: the allocator's count at an iteration's end is exact, and a host leak that the
 #: threshold flags (20 MB per 100 iterations) rises 3 MB a window, above RSS's drift between two readings.
 TRAIN_LEAK_STRIDE_CUDA = 16
@@ -82,7 +82,7 @@ class VRAMMonitor(PerfCallback):
     ``eval_in_train_hooks``, when wrapped in ``with lightning_perf.phase("eval_in_train_hooks"):``; else it is part
     of the train peak. Also: headroom (peak as a share of device memory, a warning above ``warn_above_pct``) and a leak
     check on memory read at the end of every 16th training iteration (a CUDA allocator read costs ~20 us, a host RSS
-    read 10 to 25 us, too much for every step) and of every evaluation batch; its windows and rate are in iterations.
+    read 10 to 45 us, too much for every step) and of every evaluation batch; its windows and rate are in iterations.
 
     Args:
         nvml: sample NVML on CUDA devices.

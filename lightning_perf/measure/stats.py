@@ -6,6 +6,7 @@ Pure Python on purpose: the summary layer uses these to compare two files on a m
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from statistics import NormalDist
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -100,6 +101,8 @@ class LogHistogram:
             return value, value, value
         scaled = [v * scale for v in values]
         total = sum(scaled)
+        if not math.isfinite(total):  # as add() refuses a NaN, before any figure changes
+            raise ValueError(f"add_many: values must be finite, got a sum of {total!r}")
         mean = total / n
         m2 = sum([(v - mean) * (v - mean) for v in scaled])
         count = self.count + n
@@ -108,15 +111,16 @@ class LogHistogram:
         self._m2 += m2 + delta * delta * self.count * n / count
         self.count = count
         self.total += total
-        ordered = sorted(scaled)  # min and max in one pass, and the zeros first
+        ordered = sorted(scaled)  # min and max, and the values <= 0 (the zero bucket) first: cheaper than min + max
         low, high = ordered[0], ordered[-1]
         if low < self.min:
             self.min = low
         if high > self.max:
             self.max = high
         if low <= 0.0:
-            positive = [v for v in ordered if v > 0.0]
-            self.zero_count += n - len(positive)
+            zeros = bisect_right(ordered, 0.0)
+            positive = ordered[zeros:]
+            self.zero_count += zeros
         else:
             positive = scaled
         log, ceil, log_gamma = math.log, math.ceil, self._log_gamma
