@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from itertools import chain
 from statistics import NormalDist
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -144,25 +145,18 @@ class LogHistogram:
 
     def _values_at_ranks(self, low_rank: int) -> Tuple[float, float]:
         """The values of the ``low_rank``-th and the next smallest sample (0-based), each within the relative
-        accuracy: one pass over the sorted buckets."""
-        seen = self.zero_count
+        accuracy: one pass over the zero bucket and the sorted buckets."""
         zero = max(self.min, min(0.0, self.max))
+        buckets = chain(((zero, self.zero_count),), ((self._bucket_value(k), self.bins[k]) for k in sorted(self.bins)))
         found: List[float] = []
-        rank = low_rank
-        while rank < seen and len(found) < 2:
-            found.append(zero)
-            rank += 1
-        if len(found) < 2:
-            bins = self.bins
-            for key in sorted(bins):
-                seen += bins[key]
-                while rank < seen and len(found) < 2:
-                    found.append(self._bucket_value(key))
-                    rank += 1
-                if len(found) == 2:
-                    break
-        while len(found) < 2:
-            found.append(self.max)
+        seen = 0
+        for value, count in buckets:
+            seen += count
+            while low_rank + len(found) < seen and len(found) < 2:
+                found.append(value)
+            if len(found) == 2:
+                return found[0], found[1]
+        found += [self.max] * (2 - len(found))
         return found[0], found[1]
 
     def quantile(self, q: float) -> Optional[float]:
@@ -311,17 +305,10 @@ class BlockSeries:
         return len(self.sums) * self.block_len + self._open_count
 
     def add(self, value: float) -> None:
-        self._open_sum += value
-        self._open_count += 1
-        if self._open_count == self.block_len:
-            self.sums.append(self._open_sum)
-            self._open_sum, self._open_count = 0.0, 0
-            if len(self.sums) == self.max_blocks:
-                self.sums = [self.sums[i] + self.sums[i + 1] for i in range(0, len(self.sums), 2)]
-                self.block_len *= 2
+        self.add_many((value,))
 
     def add_many(self, values: Iterable[float]) -> None:
-        """The same as ``add`` of each value in order, in one call."""
+        """Adds each of ``values`` in order (``add`` of one value at a time gives the same series)."""
         open_sum, open_count, block_len, sums = self._open_sum, self._open_count, self.block_len, self.sums
         for value in values:
             open_sum += value
