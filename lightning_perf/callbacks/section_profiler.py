@@ -577,31 +577,40 @@ class SectionProfiler(PerfCallback):
         if self._unfolded:
             sections, iteration, slowest = self._sections, self._iteration.raw, self._slowest
             prev_end, last, offset = self._prev_end, self._last_folded, self._step_offset
+            floor = slowest.floor
             keys: Optional[tuple] = None  # the sections of a run of iterations that had the same ones, in order
             rows: List[Any] = []  # their pieces' values, one tuple an iteration: appended per section by column
+            append_total, append_row = iteration.append, rows.append
             for piece, user_s, calls, before, end in self._unfolded:
                 values = tuple(piece.values())
                 total = sum(values) + user_s
                 if total <= 0:
                     continue
-                iteration.append(total)
+                append_total(total)
                 # As IterationTimer counts it: what ran carved out after the previous step (its batch-end hooks'
                 # sections, a checkpoint it wrote) in, this one's batch-end carving out
+                aligned = total
+                if end:
+                    aligned -= end[0]
                 carried = prev_end if last == before else None
-                aligned = total - (end[0] if end else 0.0) + (carried[0] if carried else 0.0)
-                if aligned > slowest.floor:
+                if carried:
+                    aligned += carried[0]
+                if aligned > floor:
                     slowest.offer(aligned, before + 1, None if offset is None else before + 1 + offset, piece, calls,
                                   end[1] if end else None, carried[1] if carried else None)
+                    floor = slowest.floor
                 prev_end, last = end, before + 1
                 names = tuple(piece)
                 if names != keys:
                     self._fold_columns(keys, rows)
                     keys, rows = names, []
-                rows.append(values)
+                    append_row = rows.append
+                append_row(values)
                 if calls:
                     if any(call[0] in names for call in calls):  # a user section named like a piece: in order
                         self._fold_columns(keys, rows)
                         rows = []
+                        append_row = rows.append
                     for name, seconds, failed in calls:
                         sec = sections[name]
                         sec.raw.append(seconds)
