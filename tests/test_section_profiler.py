@@ -182,6 +182,27 @@ def test_periodic_reports_are_logged_and_printed(tmp_path, caplog):
     assert "=== SectionProfiler:" in caplog.text and "Insights:" in caplog.text
 
 
+def test_window_figures_add_up_to_the_run_totals_while_histograms_take_raw_times_later(tmp_path, monkeypatch):
+    """A report's figures come from the raw times (sums, not the histogram), which reach the histograms only once
+    HISTOGRAM_EVERY wait: the logged window means, times the iterations of each window, add up to the summary's
+    totals (the histograms' exact sums), section by section and for whole iterations."""
+    from lightning_perf.callbacks import section_profiler as module
+
+    monkeypatch.setattr(module, "FOLD_EVERY", 3)
+    monkeypatch.setattr(module, "HISTOGRAM_EVERY", 7)
+    every = 4
+    fit(tmp_path, [profiler(warmup_steps=0, report_every_n_steps=every)], model=EmaModel(), max_epochs=2)
+    s = find_summary(tmp_path)["section_profiler"]
+    scalars = read_scalars(tmp_path)
+    windows = len(scalars["time/iteration_ms"])
+    assert windows >= 3 and s["iterations"] == windows * every  # every iteration is in one logged window
+    logged_s = sum(v for _, v in scalars["time/iteration_ms"]) * every / 1000.0
+    assert logged_s == pytest.approx(s["iteration_ms"]["mean"] * s["iterations"] / 1000.0, rel=1e-5)
+    for name in ("forward", "backward", "optimizer_step", "data_loading", "ema"):
+        logged = sum(v for _, v in scalars[f"time/{name}_ms"]) * every / 1000.0
+        assert logged == pytest.approx(s["sections"][name]["total_s"], rel=1e-5), name
+
+
 def test_the_periodic_table_is_not_built_where_lightnings_info_logging_is_off(tmp_path, monkeypatch):
     import logging
 
@@ -539,20 +560,23 @@ def test_a_sink_that_fails_to_start_a_section_never_reaches_the_users_code():
 
 
 def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatch):
-    """Per-iteration pieces wait for at most FOLD_EVERY iterations, however far apart the reports are (then
-    every raw list is empty again); the figures are those of one value each."""
+    """Per-iteration pieces wait for at most FOLD_EVERY iterations and each section's raw times for fewer than
+    HISTOGRAM_EVERY, however far apart the reports are; the figures are those of one value each."""
     from lightning_perf.callbacks import section_profiler as module
 
     monkeypatch.setattr(module, "FOLD_EVERY", 4)
+    monkeypatch.setattr(module, "HISTOGRAM_EVERY", 8)
     sp = profiler(warmup_steps=0, report_every_n_steps=10**6)
-    waiting = []
+    unfolded, raw = [], []
 
     class Watch(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            waiting.append(max(len(sp._unfolded), *(len(s.raw) for s in [sp._iteration, *sp._sections.values()])))
+            unfolded.append(len(sp._unfolded))
+            raw.append(max(len(s.raw) for s in [sp._iteration, *sp._sections.values()]))
 
     fit(tmp_path, [sp, Watch(), IterationTimer(warmup_steps=0)], max_epochs=3)
-    assert max(waiting) == 3  # folded at every 4th
+    assert max(unfolded) == 3  # folded into raw times at every 4th
+    assert max(raw) == 4  # 4 raw times wait; at 8 they go into the histogram
     s = find_summary(tmp_path)
     assert s["section_profiler"]["iterations"] == 24
     assert s["section_profiler"]["iteration_ms"]["mean"] == pytest.approx(

@@ -220,3 +220,50 @@ def test_adding_in_batches_gives_the_histogram_of_one_add_each(chunks):
     assert many.total == pytest.approx(one.total, rel=1e-12) and many.mean == pytest.approx(one.mean, rel=1e-12)
     assert many.std == pytest.approx(np.std(np.array(values) * 1000.0, ddof=1), rel=1e-9)
     assert many.quantile(0.95) == one.quantile(0.95)
+
+
+def _one_key_a_value(values, scale, hist):
+    """The bins add_many must give: one key a value, ``ceil(log(v) * per_log + log(scale) * per_log)``."""
+    per_log = 1.0 / hist._log_gamma
+    shift = math.log(scale) / hist._log_gamma
+    bins = {}
+    for v in values:
+        if v > 0:
+            key = math.ceil(math.log(v) * per_log + shift)
+            bins[key] = bins.get(key, 0) + 1
+    return bins
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_add_many_counts_each_bucket_exactly_where_it_counts_a_run_of_sorted_values(seed):
+    """Where most values fall in few buckets add_many counts each bucket's run by bisecting at its edge: the counts
+    are those of one key a value, for tight and spread times, duplicates, zeros, and values at a bucket's edge and
+    one float either side of it (where the edge's own rounding decides)."""
+    rng = random.Random(seed)
+    scale = 1000.0
+    hist = LogHistogram()
+    gamma, per_log = hist._gamma, 1.0 / hist._log_gamma
+    shift = math.log(scale) * per_log
+    edges = [math.exp((k - shift) * hist._log_gamma) for k in range(-900, 900)]
+    # edges that round to the next bucket's key: a run bisected at one must not take it
+    high = [e for k, e in zip(range(-900, 900), edges) if math.ceil(math.log(e) * per_log + shift) > k]
+    assert high
+    edge = high[seed % len(high)]
+    edges = edges[::90]
+    cases = [
+        [rng.gauss(3e-4, 1.5e-5) for _ in range(500)],  # a tight step time
+        [rng.lognormvariate(-10, 0.3) for _ in range(500)],
+        [rng.lognormvariate(-7, 2) for _ in range(300)],  # spread: one key a value
+        [2.5e-4] * 200 + [rng.gauss(2.5e-4, 1e-6) for _ in range(200)],  # duplicates
+        [0.0] * 30 + [-1e-6] * 5 + [rng.gauss(1e-3, 2e-5) for _ in range(300)],  # the zero bucket first
+        [e for e in edges for e in (math.nextafter(e, 0), e, math.nextafter(e, 1))] * 20,  # at the edges
+        [rng.choice(edges) * (1 + rng.choice((-1e-16, 0, 1e-16, 3e-3))) for _ in range(600)],
+        [1e-4 * gamma ** (i // 30) for i in range(600)],  # 30 values a bucket, at its edges
+        [edge * (1 - 1e-6 * i) for i in range(150)] + [edge] * 20 + [edge * (1 + 1e-6 * i) for i in range(1, 150)],
+    ]
+    for values in cases:
+        rng.shuffle(values)
+        many = LogHistogram()
+        many.add_many(values, scale)
+        assert many.bins == _one_key_a_value(values, scale, many)
+        assert many.zero_count == sum(1 for v in values if v <= 0) and many.count == len(values)

@@ -32,6 +32,8 @@ _MAX_CALLS_PER_ITERATION = 10_000
 #: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
 #: IterationTimer's default ``keep_slowest`` (10), so that its kept iterations are found here too.
 SLOWEST_KEPT = 20
+#: Raw times a section keeps before they go into its histogram (at most ~8 kB a section): see ``_Samples``.
+HISTOGRAM_EVERY = 512
 #: The switch-only step hooks time their own cost (``overhead_us_per_step``) in one iteration of this many.
 OVERHEAD_SAMPLE = 8
 
@@ -64,29 +66,39 @@ def _info_shown() -> bool:
 
 
 class _Samples:
-    """Host times of one section (or of whole iterations): the step path only appends the raw seconds; they are
-    folded into the bounded histogram and the report window's sum, min and max in batches (every
-    ``FOLD_EVERY`` iterations, at a report and before any figure is read), so memory stays bounded."""
+    """Host times of one section (or of whole iterations): the step path only appends the raw seconds. At a report
+    they go into the report window's sum, min and max (C builtins); into the bounded histogram once
+    ``HISTOGRAM_EVERY`` of them wait, and before any figure is read: a few large batches cost a third less a value
+    than one a report, right after a step. Memory stays bounded."""
 
-    __slots__ = ("host", "raw", "window_s", "window_n", "window_min", "window_max")
+    __slots__ = ("host", "raw", "seen", "window_s", "window_n", "window_min", "window_max")
 
     def __init__(self) -> None:
         self.host = LogHistogram()
         self.raw: List[float] = []
+        self.seen = 0  # raw times already in the window's figures
         self.window_reset()
 
     def window_reset(self) -> None:
         self.window_s, self.window_n, self.window_min, self.window_max = 0.0, 0, float("inf"), 0.0
 
-    def fold(self) -> None:
+    def fold(self, histogram: bool = True) -> None:
+        """The raw times not yet in the window's figures go there; into the histogram too where ``histogram`` is
+        true or ``HISTOGRAM_EVERY`` of them wait."""
         raw = self.raw
-        if raw:
-            total, low, high = self.host.add_many(raw, 1000.0)
-            self.window_s += total / 1000.0
-            self.window_n += len(raw)
-            self.window_min = min(self.window_min, low / 1000.0)
-            self.window_max = max(self.window_max, high / 1000.0)
-            self.raw = []
+        if len(raw) > self.seen:
+            new = raw[self.seen:] if self.seen else raw
+            self.window_s += sum(new)
+            self.window_n += len(new)
+            low, high = min(new), max(new)
+            if low < self.window_min:
+                self.window_min = low
+            if high > self.window_max:
+                self.window_max = high
+            self.seen = len(raw)
+        if raw and (histogram or len(raw) >= HISTOGRAM_EVERY):
+            self.host.add_many(raw, 1000.0)
+            self.raw, self.seen = [], 0
 
 
 class _Section(_Samples):
@@ -550,7 +562,7 @@ class SectionProfiler(PerfCallback):
             unfolded.append((self._piece, self._user_s, self._iter_calls or (), self._iterations,
                              (self._end_s, self._end_pieces) if self._end_pieces else None))
             if len(unfolded) >= FOLD_EVERY:
-                self._fold()
+                self._fold(histograms=False)
         elif not self._unfolded:  # a warm-up iteration's batch-end work is the first counted one's
             self._prev_end = (self._end_s, self._end_pieces) if self._end_pieces else None
             self._last_folded = self._iterations + 1
@@ -567,13 +579,14 @@ class SectionProfiler(PerfCallback):
         if self._clock is not None and self._fit_iterations % POLL_EVERY == 0:  # device events read in batches
             self._poll_device()
         if counted and self._iterations % self.report_every_n_steps == 0 and trainer is not None:
-            self._fold()
+            self._fold(histograms=False)
             if self._iteration.window_n:
                 self._report_window(trainer)
 
-    def _fold(self) -> None:
-        """The iterations' pieces into raw host times, and those into histograms and window sums: before every
-        read of a figure."""
+    def _fold(self, histograms: bool = True) -> None:
+        """The iterations' pieces into raw host times, and those into the window sums and the histograms: before
+        every read of a figure. ``histograms=False`` (at a report, on the step path): the histograms only take the
+        raw times of a section where ``HISTOGRAM_EVERY`` wait."""
         if self._unfolded:
             sections, iteration, slowest = self._sections, self._iteration.raw, self._slowest
             prev_end, last, offset = self._prev_end, self._last_folded, self._step_offset
@@ -620,9 +633,9 @@ class SectionProfiler(PerfCallback):
             self._fold_columns(keys, rows)
             self._unfolded = []
             self._prev_end, self._last_folded = prev_end, last
-        self._iteration.fold()
+        self._iteration.fold(histograms)
         for sec in self._sections.values():
-            sec.fold()
+            sec.fold(histograms)
 
     def _fold_columns(self, names: Optional[tuple], rows: List[tuple]) -> None:
         """Iterations whose pieces had the same sections in the same order: each section's times, a column of
@@ -637,7 +650,7 @@ class SectionProfiler(PerfCallback):
         metrics = {"time/iteration_ms": 1000.0 * seconds / iters}
         rows = []
         for name, sec in self._sections.items():
-            if not sec.window_n and not sec.host.count:  # not run yet in this run (no checkpoint so far): no point
+            if not sec.window_n and not sec.host.count and not sec.raw:  # not run yet in this run (no checkpoint so far): no point
                 continue
             metrics[f"time/{name}_ms"] = 1000.0 * sec.window_s / iters
             metrics[f"time_share/{name}_pct"] = 100.0 * sec.window_s / seconds if seconds > 0 else None
