@@ -267,3 +267,15 @@ def test_add_many_counts_each_bucket_exactly_where_it_counts_a_run_of_sorted_val
         many.add_many(values, scale)
         assert many.bins == _one_key_a_value(values, scale, many)
         assert many.zero_count == sum(1 for v in values if v <= 0) and many.count == len(values)
+
+
+def test_add_many_of_values_near_the_largest_float_counts_them_as_add_does():
+    """The top bucket's edge is above the largest float: a run there is bisected at infinity, not an overflow."""
+    y = 1.7856e308
+    values = [v for _ in range(40) for v in (y, -y)]
+    one, many = LogHistogram(), LogHistogram()
+    for v in values:
+        one.add(v)
+    many.add_many(values)
+    assert many.bins == one.bins and many.zero_count == one.zero_count == 40
+    assert many.count == sum(many.bins.values()) + many.zero_count == 80

@@ -32,7 +32,8 @@ _MAX_CALLS_PER_ITERATION = 10_000
 #: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
 #: IterationTimer's default ``keep_slowest`` (10), so that its kept iterations are found here too.
 SLOWEST_KEPT = 20
-#: Raw times a section keeps before they go into its histogram (at most ~8 kB a section): see ``_Samples``.
+#: Raw times a section keeps before they go into its histogram (512 + 64 floats, ~18 kB, for a section that runs
+#: once an iteration): see ``_Samples``.
 HISTOGRAM_EVERY = 512
 #: The switch-only step hooks time their own cost (``overhead_us_per_step``) in one iteration of this many.
 OVERHEAD_SAMPLE = 8
@@ -67,9 +68,9 @@ def _info_shown() -> bool:
 
 class _Samples:
     """Host times of one section (or of whole iterations): the step path only appends the raw seconds. At a report
-    they go into the report window's sum, min and max (C builtins); into the bounded histogram once
-    ``HISTOGRAM_EVERY`` of them wait, and before any figure is read: a few large batches cost a third less a value
-    than one a report, right after a step. Memory stays bounded."""
+    and every ``FOLD_EVERY`` iterations they go into the report window's sum, min and max (C builtins); into the
+    bounded histogram once ``HISTOGRAM_EVERY`` of them wait, and before any figure is read: a few large batches cost
+    a third less a value than one a report, right after a step. Memory stays bounded."""
 
     __slots__ = ("host", "raw", "seen", "window_s", "window_n", "window_min", "window_max")
 
@@ -650,8 +651,8 @@ class SectionProfiler(PerfCallback):
         metrics = {"time/iteration_ms": 1000.0 * seconds / iters}
         rows = []
         for name, sec in self._sections.items():
-            if not sec.window_n and not sec.host.count and not sec.raw:  # not run yet in this run (no checkpoint so far): no point
-                continue
+            if not sec.window_n and not sec.host.count and not sec.raw:  # not run yet in this run (no checkpoint
+                continue  # so far): no point
             metrics[f"time/{name}_ms"] = 1000.0 * sec.window_s / iters
             metrics[f"time_share/{name}_pct"] = 100.0 * sec.window_s / seconds if seconds > 0 else None
             if sec.window_n:

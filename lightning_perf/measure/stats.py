@@ -53,7 +53,8 @@ def _count_sorted(bins: Dict[int, int], ordered: List[float], start: int, per_lo
             exp, log_gamma = math.exp, 1.0 / per_log
             i = low
             while i < high:
-                j = bisect_right(ordered, exp((key - shift) * log_gamma), i, high)
+                edge = (key - shift) * log_gamma
+                j = bisect_right(ordered, exp(edge) if edge < 709.0 else math.inf, i, high)  # exp(709.8) overflows
                 if j <= i or ceil(log(ordered[j - 1]) * per_log + shift) != key:
                     break  # the edge's rounding left the run's end unconfirmed: a key a value from here
                 bins[key] = bins.get(key, 0) + (j - i)
@@ -124,8 +125,9 @@ class LogHistogram:
     def add_many(self, values: Sequence[float], scale: float = 1.0) -> Optional[Tuple[float, float, float]]:
         """Adds ``value * scale`` for each of ``values`` (``scale`` > 0): the same histogram as one ``add`` each
         (a value within a rounding error of a bucket's edge may land in the neighbouring bucket), with the running
-        mean and variance merged once (Chan et al.), at about an eighth of the cost per value. Returns the scaled
-        values' sum, min and max (None for no values)."""
+        mean and variance merged once (Chan et al.), at a third (values in few buckets) to two thirds (spread
+        values) of the cost a value. The values are summed before scaling: a sum that overflows is refused, as a NaN
+        is. Returns the scaled values' sum, min and max (None for no values)."""
         n = len(values)
         if n == 0:
             return None
