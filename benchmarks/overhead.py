@@ -21,6 +21,8 @@ the same round, with a bootstrap 95% CI over rounds. Then, per callback:
     python benchmarks/overhead.py                  # about 2.5 minutes on 2 cores
     python benchmarks/overhead.py --quick          # a smoke run
     python benchmarks/overhead.py --device cuda    # on a GPU, about 4 minutes: see below
+    python benchmarks/overhead.py --hooks-only SectionProfiler PerfSuite --against ../old-checkout --rounds 3
+                                                   # two versions' in-hook figures, alternating runs
 
 On a GPU (``--device cuda``) the A/B runs a ~10 ms GPU-bound step in wall time (the host queues kernels ahead of
 the device, as in real training). There the time inside a hook is not the hook's cost: once the launch queue is full,
@@ -49,7 +51,9 @@ from lightning.pytorch.profilers import SimpleProfiler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+#: The checkout whose lightning_perf is measured: this one, or the one ``--against`` names (set for its runs).
+SOURCE_ENV = "LIGHTNING_PERF_BENCH_SOURCE"
+sys.path.insert(0, os.environ.get(SOURCE_ENV) or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import lightning_perf  # noqa: E402
 
 
@@ -478,6 +482,51 @@ def print_ab(ab: Dict[str, Dict[str, List["StepTimes"]]], args: argparse.Namespa
               " included), mean per step.")
 
 
+def _suite_of(name: str) -> Callable[[], List[Callback]]:
+    """The callbacks of one in-hook figure: one callback with defaults, or ``PerfSuite``: the five in one."""
+    if name == "PerfSuite":
+        return lambda: [lightning_perf.PerfSuite(suite())]
+    return lambda: [getattr(lightning_perf, name)()]
+
+
+def hooks_only(args: argparse.Namespace) -> int:
+    """``--hooks-only``: each named callback's in-hook µs a step (as in the benchmark's table). With ``--against``,
+    this checkout's and the other's alternate, one run of each a round, each run a fresh process of this script (the
+    two versions cannot share one), and the table gives both per round and their medians."""
+    names = args.hooks_only
+    if not args.against:
+        with tempfile.TemporaryDirectory() as root:
+            run(steps=args.steps // 4, skip=1, root=root, callbacks=[])  # warm the process up before measuring
+            figures = {name: hook_cost(_suite_of(name), args.steps, HOOK_ROUNDS, root) for name in names}
+        for name, value in figures.items():
+            print(f"in hooks {name}: {value:.2f} µs/step ({lightning_perf.__file__})")
+        return 0
+    import re
+    import subprocess
+
+    here = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    checkouts = {"this checkout": here, "--against": os.path.abspath(args.against)}
+    figures: Dict[str, Dict[str, List[float]]] = {label: {name: [] for name in names} for label in checkouts}
+    for r in range(args.rounds):
+        order = list(checkouts) if r % 2 == 0 else list(checkouts)[::-1]
+        for label in order:
+            env = dict(os.environ, **{SOURCE_ENV: checkouts[label]})
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--steps", str(args.steps),
+                                  "--hooks-only", *names], env=env, capture_output=True, text=True, check=True).stdout
+            for name, value in re.findall(r"^in hooks (\S+): ([0-9.]+) µs/step", out, re.M):
+                figures[label][name].append(float(value))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    print(f"in hooks, µs a step, {args.rounds} alternating round{'s' if args.rounds > 1 else ''} of {HOOK_ROUNDS} runs"
+          f" of {args.steps} steps each"
+          f" (this checkout: {here}; --against: {checkouts['--against']})")
+    for name in names:
+        for label in checkouts:
+            values = figures[label][name]
+            print(f"  {name:<18}{label:<15} median {statistics.median(values):6.1f}   rounds"
+                  f" {' '.join(f'{v:.1f}' for v in values)}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=None, help="steps per run (600 on CPU, 300 on CUDA)")
@@ -495,7 +544,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--profile", metavar="CALLBACK", choices=lightning_perf.CALLBACKS, nargs="+",
                         help="instead of the benchmark: a cProfile of what these callbacks do inside their step hooks"
                              " (on CUDA, on the light host-bound step)")
+    parser.add_argument("--hooks-only", metavar="CALLBACK", choices=lightning_perf.CALLBACKS + ("PerfSuite",),
+                        nargs="+", help="instead of the benchmark: each named callback's µs a step in its hooks (the"
+                                        " benchmark's in-hook figure; PerfSuite: the five in one)")
+    parser.add_argument("--against", metavar="CHECKOUT",
+                        help="with --hooks-only: the same figures of the lightning_perf in CHECKOUT (another clone or"
+                             " git worktree), in runs alternating with this checkout's, --rounds of each: where the"
+                             " machine's speed drifts, only alternating runs compare two versions")
     args = parser.parse_args(argv)
+    if args.against and not args.hooks_only:
+        parser.error("--against compares --hooks-only figures: name the callbacks with --hooks-only")
+    if args.against and not os.path.isdir(os.path.join(args.against, "lightning_perf")):
+        parser.error(f"--against {args.against!r}: no lightning_perf package in that directory")
     default_steps, default_rounds = (300, 8) if args.device == "cuda" else (600, 7)
     if args.quick:
         default_steps, default_rounds = 200, 2
@@ -512,6 +572,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     import logging
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    if args.hooks_only:
+        return hooks_only(args)
     if args.per_hook:
         with tempfile.TemporaryDirectory() as root:
             run(steps=args.steps // 4, skip=1, root=root, callbacks=[])
