@@ -490,11 +490,13 @@ def _suite_of(name: str) -> Callable[[], List[Callback]]:
 
 
 def hooks_only(args: argparse.Namespace) -> int:
-    """``--hooks-only``: each named callback's in-hook µs a step (as in the benchmark's table). With ``--against``,
-    this checkout's and the other's alternate, one run of each a round, each run a fresh process of this script (the
-    two versions cannot share one), and the table gives both per round and their medians."""
+    """``--hooks-only``: each named callback's in-hook µs a step (as in the benchmark's table; on CUDA on the light,
+    host-bound step). With ``--against``, this checkout's and the other's alternate, one run of each a round, each
+    run a fresh process of this script (the two versions cannot share one), and the table gives both per round and
+    their medians; a run that fails stops it with that run's own error."""
     names = args.hooks_only
-    if not args.against:
+    if args.against is None:
+        DEVICE["light"] = True
         with tempfile.TemporaryDirectory() as root:
             run(steps=args.steps // 4, skip=1, root=root, callbacks=[])  # warm the process up before measuring
             figures = {name: hook_cost(_suite_of(name), args.steps, HOOK_ROUNDS, root) for name in names}
@@ -508,12 +510,17 @@ def hooks_only(args: argparse.Namespace) -> int:
     checkouts = {"this checkout": here, "--against": os.path.abspath(args.against)}
     figures: Dict[str, Dict[str, List[float]]] = {label: {name: [] for name in names} for label in checkouts}
     for r in range(args.rounds):
-        order = list(checkouts) if r % 2 == 0 else list(checkouts)[::-1]
+        order = list(checkouts)[::-1] if r % 2 == 0 else list(checkouts)  # the other's first: fails fast
         for label in order:
             env = dict(os.environ, **{SOURCE_ENV: checkouts[label]})
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--steps", str(args.steps),
-                                  "--hooks-only", *names], env=env, capture_output=True, text=True, check=True).stdout
-            for name, value in re.findall(r"^in hooks (\S+): ([0-9.]+) µs/step", out, re.M):
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--steps", str(args.steps), "--device",
+                                   args.device, "--hooks-only", *names], env=env, capture_output=True, text=True)
+            found = dict(re.findall(r"^in hooks (\S+): ([0-9.]+) µs/step", proc.stdout, re.M))
+            if proc.returncode != 0 or set(found) != set(names):
+                tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+                sys.exit(f"--hooks-only {' '.join(names)} with the lightning_perf of {checkouts[label]} ({label}) failed"
+                         f" (exit code {proc.returncode}) in round {r + 1} of {args.rounds}; its output ends:\n{tail}")
+            for name, value in found.items():
                 figures[label][name].append(float(value))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"in hooks, µs a step, {args.rounds} alternating round{'s' if args.rounds > 1 else ''} of {HOOK_ROUNDS} runs"
@@ -549,13 +556,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                                         " benchmark's in-hook figure; PerfSuite: the five in one)")
     parser.add_argument("--against", metavar="CHECKOUT",
                         help="with --hooks-only: the same figures of the lightning_perf in CHECKOUT (another clone or"
-                             " git worktree), in runs alternating with this checkout's, --rounds of each: where the"
-                             " machine's speed drifts, only alternating runs compare two versions")
+                             " git worktree), in runs alternating with this checkout's, --rounds of each (without"
+                             " --against, --hooks-only makes one run): where the machine's speed drifts, only"
+                             " alternating runs compare two versions")
     args = parser.parse_args(argv)
-    if args.against and not args.hooks_only:
+    if args.against is not None and not args.hooks_only:
         parser.error("--against compares --hooks-only figures: name the callbacks with --hooks-only")
-    if args.against and not os.path.isdir(os.path.join(args.against, "lightning_perf")):
-        parser.error(f"--against {args.against!r}: no lightning_perf package in that directory")
+    if args.against is not None and not os.path.isdir(args.against):
+        parser.error(f"--against {args.against!r} is not a directory: expected a checkout of lightning_perf")
+    if args.against is not None and not os.path.isfile(os.path.join(args.against, "lightning_perf", "__init__.py")):
+        parser.error(f"--against {args.against!r}: no lightning_perf package (lightning_perf/__init__.py) in that"
+                     " directory; expected a checkout of lightning_perf")
     default_steps, default_rounds = (300, 8) if args.device == "cuda" else (600, 7)
     if args.quick:
         default_steps, default_rounds = 200, 2
