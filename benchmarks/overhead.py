@@ -53,7 +53,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 #: The checkout whose lightning_perf is measured: this one, or the one ``--against`` names (set for its runs).
 SOURCE_ENV = "LIGHTNING_PERF_BENCH_SOURCE"
-sys.path.insert(0, os.environ.get(SOURCE_ENV) or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+#: This script's own checkout.
+CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.environ.get(SOURCE_ENV) or CHECKOUT)
 import lightning_perf  # noqa: E402
 
 
@@ -506,7 +508,7 @@ def hooks_only(args: argparse.Namespace) -> int:
     import re
     import subprocess
 
-    here = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    here = CHECKOUT
     checkouts = {"this checkout": here, "--against": os.path.abspath(args.against)}
     figures: Dict[str, Dict[str, List[float]]] = {label: {name: [] for name in names} for label in checkouts}
     for r in range(args.rounds):
@@ -518,8 +520,8 @@ def hooks_only(args: argparse.Namespace) -> int:
             found = dict(re.findall(r"^in hooks (\S+): ([0-9.]+) µs/step", proc.stdout, re.M))
             if proc.returncode != 0 or set(found) != set(names):
                 tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-                sys.exit(f"--hooks-only {' '.join(names)} with the lightning_perf of {checkouts[label]} ({label}) failed"
-                         f" (exit code {proc.returncode}) in round {r + 1} of {args.rounds}; its output ends:\n{tail}")
+                sys.exit(f"--hooks-only {' '.join(names)} with the lightning_perf of {checkouts[label]} ({label})"
+                         f" failed (exit code {proc.returncode}) in round {r + 1} of {args.rounds}; its output ends:\n{tail}")
             for name, value in found.items():
                 figures[label][name].append(float(value))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
@@ -636,13 +638,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.device == "cuda":
             run(steps=args.steps // 4, skip=1, root=root, callbacks=[])
         inside = hook_cost(suite, args.steps, HOOK_ROUNDS, root)
-        inside_one = hook_cost(lambda: [lightning_perf.PerfSuite(suite())], args.steps, HOOK_ROUNDS, root)
-        inside_each = {type(cb).__name__: hook_cost(lambda cb=cb: [getattr(lightning_perf, type(cb).__name__)()],
-                                                    args.steps, HOOK_ROUNDS, root) for cb in suite()}
+        inside_one = hook_cost(_suite_of("PerfSuite"), args.steps, HOOK_ROUNDS, root)
+        inside_each = {name: hook_cost(_suite_of(name), args.steps, HOOK_ROUNDS, root)
+                       for name in lightning_perf.CALLBACKS}
         LOGGER["on"] = False  # the same hooks without a logger: what writing the logged scalars costs
-        unlogged_one = hook_cost(lambda: [lightning_perf.PerfSuite(suite())], args.steps, HOOK_ROUNDS, root)
-        unlogged_each = {name: hook_cost(lambda name=name: [getattr(lightning_perf, name)()], args.steps,
-                                         HOOK_ROUNDS, root) for name in inside_each}
+        unlogged_one = hook_cost(_suite_of("PerfSuite"), args.steps, HOOK_ROUNDS, root)
+        unlogged_each = {name: hook_cost(_suite_of(name), args.steps, HOOK_ROUNDS, root) for name in inside_each}
         transfer = transfer_boundary_us(args.steps, HOOK_ROUNDS, root)
         LOGGER["on"] = True
         per_step = dispatch_counts(args.steps // 2, root)

@@ -594,13 +594,12 @@ class SectionProfiler(PerfCallback):
             floor = slowest.floor
             keys: Optional[tuple] = None  # the sections of a run of iterations that had the same ones, in order
             rows: List[Any] = []  # their pieces' values, one tuple an iteration: appended per section by column
-            append_total, append_row = iteration.append, rows.append
             for piece, user_s, calls, before, end in self._unfolded:
                 values = tuple(piece.values())
                 total = sum(values) + user_s
                 if total <= 0:
                     continue
-                append_total(total)
+                iteration.append(total)
                 # As IterationTimer counts it: what ran carved out after the previous step (its batch-end hooks'
                 # sections, a checkpoint it wrote) in, this one's batch-end carving out
                 aligned = total
@@ -618,13 +617,11 @@ class SectionProfiler(PerfCallback):
                 if names != keys:
                     self._fold_columns(keys, rows)
                     keys, rows = names, []
-                    append_row = rows.append
-                append_row(values)
+                rows.append(values)
                 if calls:
                     if any(call[0] in names for call in calls):  # a user section named like a piece: in order
                         self._fold_columns(keys, rows)
                         rows = []
-                        append_row = rows.append
                     for name, seconds, failed in calls:
                         sec = sections[name]
                         sec.raw.append(seconds)

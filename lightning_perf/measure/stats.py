@@ -45,6 +45,7 @@ def _count_sorted(bins: Dict[int, int], ordered: List[float], start: int, per_lo
     tails, and everything where the middle is spread out, take one key a value."""
     log, ceil = math.log, math.ceil
     n = len(ordered)
+    rest: Iterable[float] = ordered[start:]  # what takes one key a value
     cut = (n - start) // 10
     if n - start >= 40:
         low, high = start + cut, n - cut  # the middle: ordered[low:high]
@@ -61,9 +62,8 @@ def _count_sorted(bins: Dict[int, int], ordered: List[float], start: int, per_lo
                 i = j
                 if i < high:
                     key = ceil(log(ordered[i]) * per_log + shift)
-            _count_elements(bins, [ceil(log(v) * per_log + shift) for v in chain(ordered[start:low], ordered[i:])])
-            return
-    _count_elements(bins, [ceil(log(v) * per_log + shift) for v in ordered[start:]])  # bins[key] += 1, in C
+            rest = chain(ordered[start:low], ordered[i:])
+    _count_elements(bins, [ceil(log(v) * per_log + shift) for v in rest])  # bins[key] += 1, in C
 
 
 class LogHistogram:
