@@ -298,9 +298,35 @@ def test_the_suite_key_is_built_once_and_survives_copies():
 
     suite = PerfSuite(children())
     expected = "PerfSuite{'callbacks': ['IterationTimer', 'SectionProfiler', 'VRAMMonitor', 'EvalNoGradGuard']}"
-    assert suite.__dict__["_state_key"] == suite.state_key == expected
+    assert suite.state_key == suite.__dict__["state_key"] == expected
     for twin in (copy.deepcopy(suite), pickle.loads(pickle.dumps(suite))):
         assert twin.state_key == expected and all(cb._in_suite for cb in twin.callbacks)
+
+
+def test_the_keys_follow_a_summary_path_set_after_construction(tmp_path):
+    """The keys are held on the instances (Lightning reads them at every hook call), so one built before a
+    ``summary_path`` was set must not outlive it: a callback's key follows its path at once, a suite's from its
+    ``setup`` on, which is where the checkpoint's entries are named from."""
+    import torch
+
+    timer = IterationTimer(warmup_steps=1)
+    assert timer.state_key == "IterationTimer" and timer.__dict__["state_key"] == "IterationTimer"
+    path = str(tmp_path / "run" / "perf_summary.json")
+    timer.summary_path = path
+    assert timer.state_key == timer._generate_state_key(summary_path=path) != "IterationTimer"
+    timer.summary_path = None
+    assert timer.state_key == "IterationTimer"
+
+    members = children()
+    suite = PerfSuite(members)
+    before = suite.state_key
+    members[0].summary_path = path
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    fit(tmp_path / "fit", [suite, ckpt], max_epochs=1)
+    expected = suite._generate_state_key(callbacks=[cb.state_key for cb in members])
+    assert suite.state_key == expected != before
+    states = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["callbacks"]
+    assert before not in states and set(states[expected]) == {cb.state_key for cb in members}
 
 
 def test_one_tensorboard_event_per_step_holds_the_same_points_as_one_per_scalar(tmp_path):

@@ -67,8 +67,7 @@ class AttachedSuite(PerfSuite):
         self.name = name
         self.trainer_number: Optional[int] = None
 
-    @property
-    def state_key(self) -> str:
+    def _compute_state_key(self) -> str:
         """The key a ``PerfSuite`` of these callbacks has: a checkpoint of a run with the suite attached resumes with
         explicit callbacks, and the other way round."""
         return f"{SUITE_KEY}{repr({'callbacks': [cb.state_key for cb in self.callbacks]})}"

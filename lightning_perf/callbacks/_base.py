@@ -75,6 +75,21 @@ def state_locations(states: Dict[Any, Any]) -> List[Tuple[Optional[str], Dict[An
                                if isinstance(key, str) and key.startswith(SUITE_KEY) and isinstance(entry, dict)]
 
 
+class HeldStateKey:
+    """A callback's ``state_key``, held on the instance. Lightning reads ``state_key`` at every hook call of every
+    callback (the name of its profiler's action), six calls a step: a property is a Python call each time, right
+    after a step's work. This descriptor builds the key (the owner's ``_compute_state_key()``) where the instance
+    holds none and stores it in the instance, where every later read finds it as a plain attribute (a descriptor
+    without ``__set__`` lets the instance's own attribute win). What the key is built from drops it when it changes
+    (``self.__dict__.pop("state_key", None)``)."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        key = obj.__dict__["state_key"] = obj._compute_state_key()
+        return key
+
+
 class PerfCallback(Callback):
     """Base of the suite's callbacks: warn-once, failure records, and one section in the run's summary file.
 
@@ -88,13 +103,23 @@ class PerfCallback(Callback):
     #: pickle (``copy.deepcopy``, a spawned process) gets None in their place instead of failing on a lock.
     _transient: tuple = ()
 
-    @property
-    def state_key(self) -> str:
+    state_key = HeldStateKey()
+
+    def _compute_state_key(self) -> str:
         """The class name (what checkpoints have always used), with the ``summary_path`` when one is given, so two
         instances of one class writing different files never share checkpoint state."""
         if self.summary_path is None:
             return type(self).__qualname__
         return self._generate_state_key(summary_path=self.summary_path)
+
+    @property
+    def summary_path(self) -> Optional[str]:
+        return self._summary_path
+
+    @summary_path.setter
+    def summary_path(self, value: Optional[str]) -> None:
+        self._summary_path = value
+        self.__dict__.pop("state_key", None)  # the key names the path: built again at its next read
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 from lightning.pytorch import Callback
 
 from lightning_perf.callbacks._arguments import bad_argument
-from lightning_perf.callbacks._base import PerfCallback, callback_states
+from lightning_perf.callbacks._base import HeldStateKey, PerfCallback, callback_states
 from lightning_perf.callbacks._rank_gather import close_gather_batch, open_gather_batch
 from lightning_perf.callbacks._scalars import WAITING, close_log_batch, drain_scalars, flush_scalars, open_log_batch
 from lightning_perf.errors import PerfCheckFailed
@@ -83,8 +83,9 @@ class PerfSuite(Callback):
         self._build_dispatch()
 
     #: Lightning formats ``f"[Callback]{callback.state_key}.{hook}"`` for its profiler on every hook call: built from
-    #: the callbacks' keys that is ~2.4 µs a call (six calls a step), so the key is built once, with the dispatch.
-    _state_key: Optional[str] = None
+    #: the callbacks' keys that is ~2.4 µs a call (six calls a step), so the key is held on the suite, built at its
+    #: first read after the dispatch is built and after ``setup`` begins (a callback's ``summary_path`` set since).
+    state_key = HeldStateKey()
 
     def _build_dispatch(self) -> None:
         # (hook, callback) of the callbacks that override each hook: the step path touches nothing else. A guarded
@@ -104,7 +105,7 @@ class PerfSuite(Callback):
                             types.MethodType(inner, cb) if inner is not None else getattr(cb, name), cb))
             if fns:
                 self._by_hook[name] = fns
-        self._state_key = self._generate_state_key(callbacks=[cb.state_key for cb in self.callbacks])
+        self.__dict__.pop("state_key", None)
         for cb in self.callbacks:
             cb._in_suite = True  # the suite drains the window scalars they defer, once a batch end
 
@@ -115,17 +116,15 @@ class PerfSuite(Callback):
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_by_hook", None)
-        state.pop("_state_key", None)
+        state.pop("state_key", None)
         return state
 
-    @property
-    def state_key(self) -> str:
+    def _compute_state_key(self) -> str:
         """``PerfSuite`` with the state keys of its callbacks, so two suites of different callbacks in one Trainer
         keep their checkpoint state apart. A resume finds each callback's state by the callback's own key, in any
         suite's entry or beside it, so a suite whose callbacks changed (or a checkpoint of an older version, saved
-        under ``PerfSuite``) still resumes. Built with the dispatch, once: the callbacks are fixed at construction."""
-        key = self._state_key
-        return key if key is not None else self._generate_state_key(callbacks=[cb.state_key for cb in self.callbacks])
+        under ``PerfSuite``) still resumes."""
+        return self._generate_state_key(callbacks=[cb.state_key for cb in self.callbacks])
 
     def state_dict(self) -> Dict[str, Any]:
         return {cb.state_key: cb.state_dict() for cb in self.callbacks}
@@ -164,6 +163,15 @@ _GATHERING_HOOKS = frozenset({"on_train_end"})
 def _forwarder(name: str) -> Any:
     if name == "on_train_batch_end":
         return _plain_forwarder(name, drains=True)
+    if name == "setup":
+        forward = _plain_forwarder(name)
+
+        def setup(self: PerfSuite, *args: Any, **kwargs: Any) -> None:
+            self.__dict__.pop("state_key", None)  # a callback's key may have changed since (its summary_path)
+            forward(self, *args, **kwargs)
+
+        setup.__doc__ = forward.__doc__
+        return setup
     if name in _LOGGING_HOOKS:
         gathers = name in _GATHERING_HOOKS
         flushes = name == "on_train_end"
