@@ -179,7 +179,9 @@ class EvalNoGradGuard(PerfCallback):
     @guarded
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._watch.arm()
+        watch = self._watch
+        if not watch.armed:  # armed after the backward already, under automatic optimization
+            watch.arm()
 
     def _eval_batch(self) -> None:
         """Global module hooks put every nn.Module call on PyTorch's slow path, so an evaluation run is watched

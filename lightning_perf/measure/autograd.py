@@ -91,15 +91,13 @@ class EvalForwardWatch:
         self.owners = owners
         self._handle: Any = None  # the global forward pre-hook's handle, from the first arm on
         self._hooks: Optional[Dict[Any, Any]] = None  # torch's dict of global pre-hooks, found at the first arm
-        self._armed = False
+        #: Whether the watch is armed (read it, never set it: :meth:`arm` and :meth:`disarm` do). An attribute,
+        #: not a property: the guard reads it at every training batch end, where a property is a Python call.
+        self.armed = False
         self._outer: Optional[nn.Module] = None  # the top-level module whose forward runs now
         self._outer_handle: Any = None  # its one-shot forward hook
         self._depth = 0  # re-entrant calls of that module
         self._active: Optional[Dict[str, Any]] = None
-
-    @property
-    def armed(self) -> bool:
-        return self._armed
 
     def arm(self) -> None:
         """One global forward pre-hook; the end of a top-level forward is seen by a hook on that module alone,
@@ -108,7 +106,7 @@ class EvalForwardWatch:
         store each, where a registration makes a handle and a weak reference every step. The dict is found again
         at each :meth:`refresh` (a phase start), not every step: reading torch's module attribute right after a
         step's work costs about a microsecond."""
-        if self._armed:
+        if self.armed:
             return
         if self._outer is not None or self._active is not None:
             self._end_outer()
@@ -119,17 +117,17 @@ class EvalForwardWatch:
             self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
             hooks = getattr(nn.modules.module, _PRE_HOOKS, None)
             self._hooks = hooks if isinstance(hooks, dict) and self._handle.id in hooks else None
-        self._armed = True
+        self.armed = True
 
     def disarm(self) -> None:
-        if self._armed:
+        if self.armed:
             hooks = self._hooks
             if hooks is not None:
                 hooks.pop(self._handle.id, None)
             else:
                 self._handle.remove()
                 self._handle = None
-            self._armed = False
+            self.armed = False
         if self._outer is not None or self._active is not None:
             self._end_outer()
 
@@ -142,9 +140,9 @@ class EvalForwardWatch:
         if hooks is not self._hooks:
             self._hooks.pop(self._handle.id, None)
             if hooks is None:
-                if self._armed:
+                if self.armed:
                     self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
-            elif self._armed:
+            elif self.armed:
                 hooks[self._handle.id] = self._pre
             else:  # a copy of the old dict (disarmed there, maybe not in the copy)
                 hooks.pop(self._handle.id, None)
@@ -153,7 +151,7 @@ class EvalForwardWatch:
     def __getstate__(self) -> Dict[str, Any]:
         """A copy starts disarmed, holding none of torch's hooks or dicts: it registers its own at its first arm."""
         state = self.__dict__.copy()
-        state.update(_hooks=None, _handle=None, _outer=None, _outer_handle=None, _active=None, _armed=False, _depth=0)
+        state.update(_hooks=None, _handle=None, _outer=None, _outer_handle=None, _active=None, armed=False, _depth=0)
         return state
 
     def _end_outer(self) -> Optional[Dict[str, Any]]:
