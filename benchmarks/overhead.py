@@ -74,6 +74,13 @@ LOGGER = {"on": True}
 CLOCK = {"fn": time.thread_time}
 
 
+def clock_now() -> float:
+    """The probes' clock: the training thread's CPU time; on CUDA wall time after a synchronize."""
+    if CLOCK["fn"] is time.perf_counter:
+        torch.cuda.synchronize()
+    return CLOCK["fn"]()
+
+
 class StepClock(Callback):
     """The same probe in every configuration: training-thread CPU time of every step after step `skip`, from the
     end of one step to the end of the next (time.thread_time: what this thread ran, not what the machine's other
@@ -85,15 +92,10 @@ class StepClock(Callback):
         self.times: List[float] = []
         self.process_cpu = [0.0, 0.0]  # process CPU (every thread: a logger's writer too) at the first and last mark
 
-    def _now(self) -> float:
-        if CLOCK["fn"] is time.perf_counter:
-            torch.cuda.synchronize()
-        return CLOCK["fn"]()
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.steps += 1
         if self.steps >= self.skip:
-            t = self._now()
+            t = clock_now()
             if self.last is not None:
                 self.times.append(t - self.last)
             else:
@@ -439,6 +441,12 @@ DEVICE = {"kind": "cpu", "light": False}
 
 def run(callbacks: List[Callback], steps: int, skip: int, profiler: Any = None, root: str = ".") -> float:
     clock = StepClock(skip)
+    fit([clock, *callbacks], steps, profiler, root)
+    return clock.us_per_step()
+
+
+def fit(callbacks: List[Callback], steps: int, profiler: Any = None, root: str = ".") -> None:
+    """The benchmark's loop: ``steps`` training steps of ``Busy`` (or its CUDA variants) with these callbacks."""
     if DEVICE["kind"] == "cuda":
         batch, width = (256, 256) if DEVICE["light"] else (3072, 4096)
         loader: Any = GpuBatches(steps, batch=batch, width=width)
@@ -450,11 +458,151 @@ def run(callbacks: List[Callback], steps: int, skip: int, profiler: Any = None, 
     trainer = Trainer(
         accelerator="gpu" if DEVICE["kind"] == "cuda" else "cpu", devices=1, max_steps=steps,
         logger=TensorBoardLogger(root, name="bench") if LOGGER["on"] else False, default_root_dir=root,
-        callbacks=[clock, *callbacks], profiler=profiler, enable_progress_bar=False,
+        callbacks=callbacks, profiler=profiler, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=50,
     )
     trainer.fit(model, loader)
-    return clock.us_per_step()
+
+
+class _BlocksHead(Callback):
+    """First in the Trainer's list: notes the instance attributes of the strategy and the profiler before the measured
+    callbacks' setup, so that :class:`Blocks` knows what they put there (SectionProfiler's ``batch_to_device`` wrapper,
+    its watch on the profiler's ``start``)."""
+
+    def __init__(self, blocks: "Blocks") -> None:
+        self.blocks = blocks
+
+    def setup(self, trainer, pl_module, stage):
+        self.blocks.before = [(obj, set(vars(obj))) for obj in (trainer.strategy, trainer.profiler)]
+
+
+class Blocks(Callback):
+    """A paired A/B inside one fit: the measured callbacks take part in alternate blocks of ``block`` steps and are out
+    of the Trainer's list in the others, together with the instance attributes they put on the strategy and the
+    profiler at setup. A drift of the machine's speed (one run's median step moved by tens of percent from one run
+    to the next here) then falls alike on the steps with and without them.
+
+    Last in the Trainer's list. At a batch start, once every other callback has run its own (EvalNoGradGuard has
+    taken its forward hook out of torch's dict), it switches at a block's first step; at a batch end, after every
+    other callback's, it reads the clock (``StepClock``'s). A step runs from one read to the next, all of it in one
+    state except for a block's first step (its fetch, transfer and batch start ran in the other): that step is left
+    out of both. The measured callbacks count only the steps they see, so their periodic work (folds, reports, log
+    steps) falls anywhere in their blocks. At the last step they are given back for the end of training."""
+
+    def __init__(self, callbacks: List[Callback], block: int, skip: int) -> None:
+        self.measured, self.block, self.skip = list(callbacks), block, skip
+        self.before: List[Any] = []
+        self.added: List[Any] = []  # (object, attribute name): what the measured callbacks set up
+        self.taken: List[Any] = []  # (object, name, value) taken out for the current off block
+        self.steps, self.on, self.first, self.last = 0, True, False, None
+        self.blocks: Dict[bool, Dict[int, List[float]]] = {True: {}, False: {}}  # state -> block -> step seconds
+
+    def setup(self, trainer, pl_module, stage):
+        self.added = [(obj, name) for obj, names in self.before for name in set(vars(obj)) - names]
+        self.with_list = list(trainer.callbacks)
+        self.without_list = [cb for cb in self.with_list if not any(cb is m for m in self.measured)]
+
+    def _set(self, trainer, on: bool) -> None:
+        # rebound, not changed in place: Lightning's loop over the old list, at this callback (the last), ends here
+        trainer.callbacks = list(self.with_list if on else self.without_list)
+        if on:
+            for obj, name, value in self.taken:
+                setattr(obj, name, value)
+            self.taken = []
+        else:
+            self.taken = [(obj, name, vars(obj)[name]) for obj, name in self.added if name in vars(obj)]
+            for obj, name, _ in self.taken:
+                delattr(obj, name)
+        self.on = on
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.steps += 1
+        index = self.steps - self.skip - 1
+        self.first = index >= 0 and index % self.block == 0
+        if self.first and (index // self.block % 2 == 1) != self.on:  # even blocks without, odd ones with
+            self._set(trainer, not self.on)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        t = clock_now()
+        if self.last is not None and self.steps > self.skip and not self.first:
+            self.blocks[self.on].setdefault((self.steps - self.skip - 1) // self.block, []).append(t - self.last)
+        self.last = t
+        if self.steps == trainer.max_steps and not self.on:
+            self._set(trainer, True)  # the end of training (epoch end, train end, teardown) with the callbacks
+
+
+def paired_overhead(blocks: "Blocks", resamples: int = 1000, seed: int = 0) -> Dict[str, Any]:
+    """Mean and median step (µs) with and without the callbacks, their differences, and 95% CIs of the differences
+    from a bootstrap over pairs of adjacent blocks (a block without, the next one with)."""
+    import random
+
+    without, with_ = blocks.blocks[False], blocks.blocks[True]
+    pairs = [(without[b], with_[b + 1]) for b in sorted(without) if b + 1 in with_]
+    if not pairs:
+        raise ValueError("no pair of blocks: run more steps or use smaller blocks")
+
+    def figures(chosen: List[Any]) -> tuple:
+        off = [x for pair in chosen for x in pair[0]]
+        on = [x for pair in chosen for x in pair[1]]
+        return (1e6 * (statistics.fmean(on) - statistics.fmean(off)),
+                1e6 * (statistics.median(on) - statistics.median(off)), off, on)
+
+    mean, median, off, on = figures(pairs)
+    rng = random.Random(seed)
+    draws = [figures(rng.choices(pairs, k=len(pairs)))[:2] for _ in range(resamples)]
+    ci = []
+    for i in (0, 1):
+        values = sorted(d[i] for d in draws)
+        ci.append((values[int(0.025 * resamples)], values[int(0.975 * resamples) - 1]))
+    return {"mean": mean, "median": median, "mean_ci": ci[0], "median_ci": ci[1], "pairs": len(pairs),
+            "without_mean": 1e6 * statistics.fmean(off), "without_median": 1e6 * statistics.median(off),
+            "steps": (len(off), len(on))}
+
+
+def run_paired(callbacks: List[Callback], steps: int, skip: int, block: int, profiler: Any = None,
+               root: str = ".") -> Dict[str, Any]:
+    """One fit of ``steps`` with ``callbacks`` in and out in alternate blocks (:class:`Blocks`): its figures."""
+    blocks = Blocks(callbacks, block, skip)
+    fit([_BlocksHead(blocks), *callbacks, blocks], steps, profiler, root)
+    return paired_overhead(blocks)
+
+
+def paired_ab(configs: Dict[str, Callable[[], Dict[str, Any]]], loops: List[tuple], args: argparse.Namespace,
+              root: str) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """The paired A/B of every configuration but bare (the steps without callbacks are its bare), on each loop;
+    a configuration with a profiler runs without it, and says so in its name."""
+    results: Dict[str, Dict[str, Dict[str, Any]]] = {}
+    for loop, light in loops:
+        DEVICE["light"] = light
+        rows = results[loop] = {}
+        run(steps=args.steps // 4, skip=1, root=root, callbacks=[])  # warm the process up before measuring
+        for name, make in configs.items():
+            if name == "bare":
+                continue
+            config = make()
+            if config.get("profiler") is not None:
+                name = f"{name.split(' (')[0]} ({len(config['callbacks'])}, no profiler)"
+            rows[name] = run_paired(config["callbacks"], args.paired_steps, skip=args.paired_steps // 10,
+                                    block=args.block, root=root)
+            print(f"{loop} paired: {name} done", file=sys.stderr)
+    return results
+
+
+def print_paired(results: Dict[str, Dict[str, Dict[str, Any]]], args: argparse.Namespace) -> None:
+    unit = "wall" if args.device == "cuda" else "thread CPU"
+    for loop, rows in results.items():
+        print(f"\nPaired A/B on the {loop} loop: one fit of {args.paired_steps} steps per configuration, its"
+              f" callbacks in and out of the Trainer in alternate blocks of {args.block} steps (the first step of"
+              f" each block left out; {unit} µs; 95% CI from a bootstrap over pairs of adjacent blocks):")
+        print(f"{'configuration':<30}{'step without':>13}{'mean +':>9}{'[95% CI]':>18}{'% step':>8}"
+              f"{'median +':>10}{'[95% CI]':>18}{'pairs':>7}")
+        for name, r in rows.items():
+            print(f"{name:<30}{r['without_mean']:>13.1f}{r['mean']:>9.1f}  [{r['mean_ci'][0]:6.1f}, {r['mean_ci'][1]:6.1f}]"
+                  f"{100 * r['mean'] / r['without_mean']:>7.1f}%{r['median']:>10.1f}"
+                  f"  [{r['median_ci'][0]:6.1f}, {r['median_ci'][1]:6.1f}]{r['pairs']:>7}")
+        print("Without the callbacks a step is the bare loop; with them, everything the configuration adds: Lightning's"
+              " dispatch of their hooks, the hooks, SectionProfiler's transfer wrapper. Lightning's monitors run here"
+              " without SimpleProfiler (a Trainer argument, which no block can take out).")
 
 
 def print_ab(ab: Dict[str, Dict[str, List["StepTimes"]]], args: argparse.Namespace) -> None:
@@ -561,6 +709,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                              " git worktree), in runs alternating with this checkout's, --rounds of each (without"
                              " --against, --hooks-only makes one run): where the machine's speed drifts, only"
                              " alternating runs compare two versions")
+    parser.add_argument("--paired", action="store_true",
+                        help="only the paired A/B: one fit per configuration, its callbacks in and out in alternate"
+                             " blocks of steps (the full benchmark prints it after the A/B)")
+    parser.add_argument("--paired-steps", type=int, default=None,
+                        help="steps of each paired fit (4000 on CPU, 2000 on CUDA; 400 with --quick)")
+    parser.add_argument("--block", type=int, default=10, help="steps per block of the paired A/B (default 10)")
     args = parser.parse_args(argv)
     if args.against is not None and not args.hooks_only:
         parser.error("--against compares --hooks-only figures: name the callbacks with --hooks-only")
@@ -576,6 +730,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.rounds = default_rounds if args.rounds is None else args.rounds
     if args.steps < 10 or args.rounds < 1:
         parser.error(f"--steps must be >= 10 and --rounds >= 1, got {args.steps} and {args.rounds}")
+    if args.paired_steps is None:
+        args.paired_steps = 400 if args.quick else 2000 if args.device == "cuda" else 4000
+    if args.block < 2:
+        parser.error(f"--block must be >= 2 (a block's first step is left out), got {args.block}")
+    if args.paired_steps < 4 * args.block + 10:
+        parser.error(f"--paired-steps must be >= 4 * --block + 10 (two pairs of blocks after the warm-up), got"
+                     f" {args.paired_steps} with --block {args.block}")
     if args.device == "cuda":
         if not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA device here")
@@ -618,6 +779,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         configs = {k: v for k, v in configs.items() if k == "bare" or any(c in k for c in args.configs)}
     # on CUDA the A/B runs twice: a host-bound step (small layers: every host µs is a wall µs) and a GPU-bound one
     loops = [("host-bound", True), ("GPU-bound", False)] if args.device == "cuda" else [("CPU", False)]
+    if args.paired:
+        with tempfile.TemporaryDirectory() as root:
+            print_paired(paired_ab(configs, loops, args, root), args)
+        return 0
     ab: Dict[str, Dict[str, List[StepTimes]]] = {}
     with tempfile.TemporaryDirectory() as root:
         for loop, light in loops:
@@ -634,6 +799,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.ab_only:
             print_ab(ab, args)
             return 0
+        paired = paired_ab(configs, loops, args, root)
         DEVICE["light"] = True  # host cost on CUDA: a step that never fills the launch queue (see the docstring)
         if args.device == "cuda":
             run(steps=args.steps // 4, skip=1, root=root, callbacks=[])
@@ -653,6 +819,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     calls = sum(per_step.values())
     dispatch = calls * call_us
     print_ab(ab, args)
+    print_paired(paired, args)
     print(f"\nLightning calls {calls:.0f} callback hooks per training step on every callback"
           f" ({', '.join(f'{k} {v:g}' for k, v in sorted(per_step.items()))}),")
     print(f"each {call_us:.2f} µs on a callback that does nothing: {dispatch:.1f} µs per callback per step.\n")
