@@ -62,3 +62,87 @@ def test_a_run_that_fails_in_the_other_checkout_stops_with_its_own_error(tmp_pat
     assert proc.returncode == 1
     assert f"with the lightning_perf of {other} (--against) failed" in proc.stderr
     assert "an older lightning_perf without what the benchmark needs" in proc.stderr
+
+
+def load_benchmark():
+    """benchmarks/overhead.py as a module (in this process), with the measured package this checkout's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overhead_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.LOGGER["on"] = False
+    return module
+
+
+@pytest.mark.slow
+def test_the_paired_ab_finds_a_known_cost_and_none_where_there_is_none(tmp_path):
+    """A callback that spins 2 ms of the training thread's CPU at each batch end: the paired A/B's mean and median
+    difference hold those 2000 µs (plus its dispatch), and their CIs hold the figure; thread CPU time is what the
+    spin adds, so a busy machine does not move it. Nothing measured: both differences are far below the spin."""
+    import time
+
+    from lightning.pytorch import Callback
+
+    overhead = load_benchmark()
+
+    class Spin(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            end = time.thread_time() + 0.002
+            while time.thread_time() < end:
+                pass
+
+    spun = overhead.run_paired([Spin()], steps=240, skip=20, block=5, root=str(tmp_path))
+    for field in ("mean", "median"):
+        low, high = spun[f"{field}_ci"]
+        assert 1900.0 < spun[field] < 2600.0 and low <= spun[field] <= high, spun
+    assert spun["pairs"] == 22 and spun["steps"] == (22 * 4, 22 * 4)
+    nothing = overhead.run_paired([overhead.Noop()], steps=240, skip=20, block=5, root=str(tmp_path))
+    assert abs(nothing["mean"]) < 1000.0 and abs(nothing["median"]) < 1000.0, nothing
+
+
+@pytest.mark.slow
+def test_paired_blocks_take_the_callbacks_and_what_they_set_up_out_and_give_them_back(tmp_path):
+    """PerfSuite in and out in blocks: in a step without it no global forward hook of EvalNoGradGuard is in torch's
+    dict and the strategy has no SectionProfiler wrapper; IterationTimer counts exactly the iterations whose batch end
+    it saw; at the end the suite is back for the end of training (its summary is written, the wrapper given back)."""
+    import json
+
+    import torch
+
+    overhead = load_benchmark()
+    seen, strategies = [], set()
+    original = overhead.Busy.training_step
+
+    def training_step(self, batch, batch_idx):
+        blocks = self.trainer.callbacks[-1]
+        hooks = len(torch.nn.modules.module._global_forward_pre_hooks)
+        seen.append((blocks.on, hooks, "batch_to_device" in vars(self.trainer.strategy)))
+        strategies.add(self.trainer.strategy)
+        return original(self, batch, batch_idx)
+
+    overhead.Busy.training_step = training_step
+    try:
+        suite = __import__("lightning_perf").PerfSuite()
+        blocks = overhead.Blocks([suite], block=5, skip=10)
+        trainer_out = tmp_path / "run"
+        overhead.fit([overhead._BlocksHead(blocks), suite, blocks], steps=60, root=str(trainer_out))
+    finally:
+        overhead.Busy.training_step = original
+    assert {on for on, _, _ in seen} == {True, False}
+    assert all(hooks == 0 for _, hooks, _ in seen)  # the guard is disarmed in every step's forward
+    assert all(wrapped == on for on, _, wrapped in seen[11:])  # past the warm-up: the wrapper only with the suite
+    summary_path = next(trainer_out.rglob("perf_summary.json"))
+    summary = json.loads(summary_path.read_text())
+    with_steps = 10 + sum(1 for step in range(11, 61) if (step - 11) // 5 % 2 == 1)
+    assert summary["status"] == "completed" and summary["iteration_timer"]["iterations"] == with_steps
+    (strategy,) = strategies
+    assert "batch_to_device" not in vars(strategy)  # given back at teardown
+
+
+@pytest.mark.slow
+def test_bad_paired_arguments_are_one_line_and_exit_2():
+    proc = bench("--paired", "--block", "1")
+    assert proc.returncode == 2 and "--block must be >= 2" in proc.stderr
+    proc = bench("--paired", "--block", "10", "--paired-steps", "30")
+    assert proc.returncode == 2 and "--paired-steps must be >= 4 * --block + 10" in proc.stderr
