@@ -4,7 +4,11 @@ Configurations run in interleaved rounds (bare, no-op callbacks, Lightning's mon
 callbacks, the suite in one PerfSuite, each callback alone) on a CPU-bound loop of about 1 ms per step, with torch on
 one thread. Each run is timed in CPU time of the training thread (time.thread_time), which other processes on the
 machine do not inflate, and the overhead of a configuration is the median over rounds of its difference from bare in
-the same round, with a bootstrap 95% CI over rounds. Then, per callback:
+the same round, with a bootstrap 95% CI over rounds. Where the machine's speed drifts from one run to the next (a
+shared VM: one run's median step moved by tens of percent), that spread swamps a few µs, so each configuration then
+runs once more, paired inside one fit: its callbacks in and out of the Trainer in alternate blocks of 10 steps
+(``--paired``; see ``Blocks``), and the difference of the steps with and without them has a 95% CI from a
+bootstrap over pairs of adjacent blocks. Then, per callback:
 
 - dispatch: Lightning calls every hook of every callback (counted here, per step) inside its profiler context;
   the cost of one such call is timed in isolation;
@@ -18,7 +22,8 @@ the same round, with a bootstrap 95% CI over rounds. Then, per callback:
   per batch in paired rounds;
 - what one scalar logged to TensorBoard costs with TensorBoard's default queue of 10 events and with 1000.
 
-    python benchmarks/overhead.py                  # about 2.5 minutes on 2 cores
+    python benchmarks/overhead.py                  # about 4 minutes on 2 cores
+    python benchmarks/overhead.py --paired         # the paired A/B alone, about 1.5 minutes
     python benchmarks/overhead.py --quick          # a smoke run
     python benchmarks/overhead.py --device cuda    # on a GPU, about 4 minutes: see below
     python benchmarks/overhead.py --hooks-only SectionProfiler PerfSuite --against ../old-checkout --rounds 3

@@ -146,3 +146,16 @@ def test_bad_paired_arguments_are_one_line_and_exit_2():
     assert proc.returncode == 2 and "--block must be >= 2" in proc.stderr
     proc = bench("--paired", "--block", "10", "--paired-steps", "30")
     assert proc.returncode == 2 and "--paired-steps must be >= 4 * --block + 10" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_cache_pollution_probe_times_its_copy_and_refuses_bad_sizes():
+    script = os.path.join(ROOT, "benchmarks", "cache_pollution.py")
+    proc = subprocess.run([sys.executable, script, "--kb", "0", "256", "--steps", "80"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = re.findall(r"^\s+(0|256)\s+([0-9.]+)\s+(-?[0-9.]+)\s+\[", proc.stdout, re.M)
+    assert [kb for kb, _, _ in rows] == ["0", "256"], proc.stdout
+    assert float(rows[1][1]) > float(rows[0][1])  # copying 256 KB takes longer in the hook than copying nothing
+    proc = subprocess.run([sys.executable, script, "--kb", "-1"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "--kb must be >= 0, got [-1]" in proc.stderr
