@@ -40,7 +40,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
 # On a machine with a CUDA GPU: every CUDA figure against an independent measure (docs/gpu.md), then the overhead
-# (~6 minutes in all on an H100). In an environment that already has the project: `make gpu-check STAMP=`.
+# (~6 minutes in all on an H100 before the paired A/B, ~1 more with it). In an environment that already has the project: `make gpu-check STAMP=`.
 gpu-check: $(STAMP)
 	$(PY) -m pytest -m gpu tests -rA -p no:cacheprovider
 	$(PY) benchmarks/overhead.py --device cuda

@@ -4,9 +4,10 @@ callback's own time in its hooks.
 A callback copies N KB (a ``bytearray`` slice assignment: N KB read, N KB written) at each training batch end, on
 the benchmark's ~1 ms CPU loop (``overhead.py``'s). For each N it prints the time inside that hook (thread CPU, mean
 per step) and the paired A/B of the callback (``overhead.run_paired``: in and out of the Trainer in alternate
-blocks of 10 steps, 95% CIs over pairs of blocks). Where the A/B exceeds the hook's own time plus one dispatch, the
+blocks of 7 steps, 95% CIs over pairs of blocks). Where the A/B exceeds the hook's own time plus one dispatch, the
 difference is paid by the rest of the step: what the hook touched evicted the step's own working set (the model's
-weights and activations) from the core's caches.
+weights and gradients) from the core's caches. The 0 KB row is the baseline: the hook's two clock reads and
+Lightning's dispatch of it.
 
     python benchmarks/cache_pollution.py                 # 0, 64, 256 and 1024 KB, about 2 minutes
     python benchmarks/cache_pollution.py --kb 0 256 --steps 2000
@@ -50,7 +51,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if any(kb < 0 for kb in args.kb):
         parser.error(f"--kb must be >= 0, got {args.kb}")
     if args.steps < 60:
-        parser.error(f"--steps must be >= 60 (pairs of 10-step blocks after the warm-up), got {args.steps}")
+        parser.error(f"--steps must be >= 60 (pairs of 7-step blocks after the warm-up), got {args.steps}")
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     import logging
@@ -63,7 +64,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         overhead.run([], steps=300, skip=1, root=root)  # warm the process up before measuring
         for kb in args.kb:
             touch = Touch(kb)
-            r = overhead.run_paired([touch], args.steps, args.steps // 10, 10, root=root)
+            r = overhead.run_paired([touch], args.steps, args.steps // 10, 7, root=root)
             inside = 1e6 * touch.spent / max(1, touch.calls)
             print(f"{kb:>10}{inside:>9.1f}{r['mean']:>15.1f}  [{r['mean_ci'][0]:6.1f}, {r['mean_ci'][1]:6.1f}]"
                   f"{r['median']:>10.1f}  [{r['median_ci'][0]:6.1f}, {r['median_ci'][1]:6.1f}]", flush=True)

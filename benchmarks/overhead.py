@@ -6,9 +6,10 @@ one thread. Each run is timed in CPU time of the training thread (time.thread_ti
 machine do not inflate, and the overhead of a configuration is the median over rounds of its difference from bare in
 the same round, with a bootstrap 95% CI over rounds. Where the machine's speed drifts from one run to the next (a
 shared VM: one run's median step moved by tens of percent), that spread swamps a few µs, so each configuration then
-runs once more, paired inside one fit: its callbacks in and out of the Trainer in alternate blocks of 10 steps
+runs once more, paired inside one fit: its callbacks in and out of the Trainer in alternate blocks of 7 steps
 (``--paired``; see ``Blocks``), and the difference of the steps with and without them has a 95% CI from a
-bootstrap over pairs of adjacent blocks. Then, per callback:
+bootstrap over pairs of adjacent blocks (on CUDA, in the full benchmark, on the host-bound loop only). Then, per
+callback:
 
 - dispatch: Lightning calls every hook of every callback (counted here, per step) inside its profiler context;
   the cost of one such call is timed in isolation;
@@ -491,8 +492,11 @@ class Blocks(Callback):
     taken its forward hook out of torch's dict), it switches at a block's first step; at a batch end, after every
     other callback's, it reads the clock (``StepClock``'s). A step runs from one read to the next, all of it in one
     state except for a block's first step (its fetch, transfer and batch start ran in the other): that step is left
-    out of both. The measured callbacks count only the steps they see, so their periodic work (folds, reports, log
-    steps) falls anywhere in their blocks. At the last step they are given back for the end of training."""
+    out of both. The measured callbacks count only the steps they see (``block`` an on block, its first included), so
+    their periodic work (folds, reports, every 50 of their steps) moves through the positions of a block only where
+    ``block`` is prime to its period (the default 7 is to 50); Lightning's own log steps (every 50 global steps) fall
+    in both states alike for the same reason. At the last step the callbacks are given back for the end of
+    training."""
 
     def __init__(self, callbacks: List[Callback], block: int, skip: int) -> None:
         self.measured, self.block, self.skip = list(callbacks), block, skip
@@ -605,7 +609,8 @@ def print_paired(results: Dict[str, Dict[str, Dict[str, Any]]], args: argparse.N
             print(f"{name:<30}{r['without_mean']:>13.1f}{r['mean']:>9.1f}  [{r['mean_ci'][0]:6.1f}, {r['mean_ci'][1]:6.1f}]"
                   f"{100 * r['mean'] / r['without_mean']:>7.1f}%{r['median']:>10.1f}"
                   f"  [{r['median_ci'][0]:6.1f}, {r['median_ci'][1]:6.1f}]{r['pairs']:>7}")
-        print("Without the callbacks a step is the bare loop; with them, everything the configuration adds: Lightning's"
+        print("Without the callbacks a step is the bare loop (but for what stays installed: IterationTimer's gc"
+              " callback, SectionProfiler's section sink); with them, everything the configuration adds: Lightning's"
               " dispatch of their hooks, the hooks, SectionProfiler's transfer wrapper. Lightning's monitors run here"
               " without SimpleProfiler (a Trainer argument, which no block can take out).")
 
@@ -719,7 +724,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                              " blocks of steps (the full benchmark prints it after the A/B)")
     parser.add_argument("--paired-steps", type=int, default=None,
                         help="steps of each paired fit (4000 on CPU, 2000 on CUDA; 400 with --quick)")
-    parser.add_argument("--block", type=int, default=10, help="steps per block of the paired A/B (default 10)")
+    parser.add_argument("--block", type=int, default=7,
+                        help="steps per block of the paired A/B (default 7: prime to the callbacks' and Lightning's"
+                             " 50-step log cadences, so their periodic work falls on every step of a block and in"
+                             " both states alike)")
     args = parser.parse_args(argv)
     if args.against is not None and not args.hooks_only:
         parser.error("--against compares --hooks-only figures: name the callbacks with --hooks-only")
@@ -735,11 +743,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.rounds = default_rounds if args.rounds is None else args.rounds
     if args.steps < 10 or args.rounds < 1:
         parser.error(f"--steps must be >= 10 and --rounds >= 1, got {args.steps} and {args.rounds}")
+    if args.paired and (args.ab_only or args.hooks_only or args.per_hook or args.profile):
+        parser.error("--paired runs the paired A/B alone: leave out --ab-only, --hooks-only, --per-hook and --profile")
     if args.paired_steps is None:
         args.paired_steps = 400 if args.quick else 2000 if args.device == "cuda" else 4000
-    if args.block < 2:
+    paired_runs = not (args.ab_only or args.hooks_only or args.per_hook or args.profile)
+    if paired_runs and args.block < 2:
         parser.error(f"--block must be >= 2 (a block's first step is left out), got {args.block}")
-    if args.paired_steps < 4 * args.block + 10:
+    elif paired_runs and args.paired_steps < 4 * args.block + 10:
         parser.error(f"--paired-steps must be >= 4 * --block + 10 (two pairs of blocks after the warm-up), got"
                      f" {args.paired_steps} with --block {args.block}")
     if args.device == "cuda":
@@ -804,7 +815,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.ab_only:
             print_ab(ab, args)
             return 0
-        paired = paired_ab(configs, loops, args, root)
+        # on CUDA the host-bound loop only: there every host µs is a wall µs; the GPU-bound step's share is the
+        # interleaved A/B's (its fits of ~10 ms steps would add minutes)
+        paired = paired_ab(configs, [loop for loop in loops if loop[0] != "GPU-bound"], args, root)
         DEVICE["light"] = True  # host cost on CUDA: a step that never fills the launch queue (see the docstring)
         if args.device == "cuda":
             run(steps=args.steps // 4, skip=1, root=root, callbacks=[])

@@ -170,7 +170,7 @@ def _forwarder(name: str) -> Any:
             self.__dict__.pop("state_key", None)  # a callback's key may have changed since (its summary_path)
             forward(self, *args, **kwargs)
 
-        setup.__doc__ = forward.__doc__
+        setup.__name__, setup.__qualname__, setup.__doc__ = forward.__name__, forward.__qualname__, forward.__doc__
         return setup
     if name in _LOGGING_HOOKS:
         gathers = name in _GATHERING_HOOKS
