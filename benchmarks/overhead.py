@@ -490,7 +490,7 @@ class Blocks(Callback):
 
     Last in the Trainer's list. At a batch start, once every other callback has run its own (EvalNoGradGuard has
     taken its forward hook out of torch's dict), it switches at a block's first step; at a batch end, after every
-    other callback's, it reads the clock (``StepClock``'s). A step runs from one read to the next, all of it in one
+    other callback's, it reads the probes' clock (``clock_now``). A step runs from one read to the next, all of it in one
     state except for a block's first step (its fetch, transfer and batch start ran in the other): that step is left
     out of both. The measured callbacks count only the steps they see (``block`` an on block, its first included), so
     their periodic work (folds, reports, every 50 of their steps) moves through the positions of a block only where
@@ -743,11 +743,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.rounds = default_rounds if args.rounds is None else args.rounds
     if args.steps < 10 or args.rounds < 1:
         parser.error(f"--steps must be >= 10 and --rounds >= 1, got {args.steps} and {args.rounds}")
-    if args.paired and (args.ab_only or args.hooks_only or args.per_hook or args.profile):
+    other_mode = args.ab_only or args.hooks_only or args.per_hook or args.profile  # modes without the paired A/B
+    if args.paired and other_mode:
         parser.error("--paired runs the paired A/B alone: leave out --ab-only, --hooks-only, --per-hook and --profile")
     if args.paired_steps is None:
         args.paired_steps = 400 if args.quick else 2000 if args.device == "cuda" else 4000
-    paired_runs = not (args.ab_only or args.hooks_only or args.per_hook or args.profile)
+    paired_runs = not other_mode
     if paired_runs and args.block < 2:
         parser.error(f"--block must be >= 2 (a block's first step is left out), got {args.block}")
     elif paired_runs and args.paired_steps < 4 * args.block + 10:
