@@ -560,23 +560,36 @@ def test_a_sink_that_fails_to_start_a_section_never_reaches_the_users_code():
 
 
 def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatch):
-    """Per-iteration pieces wait for at most FOLD_EVERY iterations and each section's raw times for fewer than
-    HISTOGRAM_EVERY, however far apart the reports are; the figures are those of one value each."""
+    """Per-iteration pieces wait for at most FOLD_EVERY iterations and each section's raw times for fewer than its
+    limit (HISTOGRAM_EVERY plus an eighth of it per phase), however far apart the reports are; the sections' batches
+    into their histograms fall on different folds (all at one fold made one slow iteration); the figures are those
+    of one value each."""
     from lightning_perf.callbacks import section_profiler as module
 
     monkeypatch.setattr(module, "FOLD_EVERY", 4)
     monkeypatch.setattr(module, "HISTOGRAM_EVERY", 8)
     sp = profiler(warmup_steps=0, report_every_n_steps=10**6)
-    unfolded, raw = [], []
+    unfolded, raw, counts = [], [], []
 
     class Watch(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             unfolded.append(len(sp._unfolded))
             raw.append(max(len(s.raw) for s in [sp._iteration, *sp._sections.values()]))
+            counts.append({name: s.host.count for name, s in [("iteration", sp._iteration), *sp._sections.items()]})
 
-    fit(tmp_path, [sp, Watch(), IterationTimer(warmup_steps=0)], max_epochs=3)
+    # no checkpoint: its state_dict puts every raw time into the histograms
+    fit(tmp_path, [sp, Watch(), IterationTimer(warmup_steps=0)], max_epochs=3, enable_checkpointing=False)
     assert max(unfolded) == 3  # folded into raw times at every 4th
-    assert max(raw) == 4  # 4 raw times wait; at 8 they go into the histogram
+    # limits 8 (whole iterations) to 14 (the sixth section): raw times go in at the first fold (every 4th
+    # iteration) where they reach it, so at most 12 wait
+    assert sorted(s.limit for s in [sp._iteration, *sp._sections.values()]) == list(range(8, 8 + len(counts[-1])))
+    assert max(raw) == 12
+    batches = {}  # the iteration at whose start a histogram had taken a batch: which ones did
+    for i in range(1, len(counts)):
+        for name, count in counts[i].items():
+            if count != counts[i - 1].get(name, 0):
+                batches.setdefault(i, set()).add(name)
+    assert len(batches) >= 3 and max(len(names) for names in batches.values()) < len(counts[-1]), batches
     s = find_summary(tmp_path)
     assert s["section_profiler"]["iterations"] == 24
     assert s["section_profiler"]["iteration_ms"]["mean"] == pytest.approx(

@@ -32,8 +32,8 @@ _MAX_CALLS_PER_ITERATION = 10_000
 #: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
 #: IterationTimer's default ``keep_slowest`` (10), so that its kept iterations are found here too.
 SLOWEST_KEPT = 20
-#: Raw times a section keeps before they go into its histogram (512 + 64 floats, ~18 kB, for a section that runs
-#: once an iteration): see ``_Samples``.
+#: Raw times a section keeps before they go into its histogram (up to 7/8 more by its phase, see ``_Samples``; with
+#: the 64 of a fold, at most 1024 floats, ~32 kB, for a section that runs once an iteration).
 HISTOGRAM_EVERY = 512
 #: The switch-only step hooks time their own cost (``overhead_us_per_step``) in one iteration of this many.
 OVERHEAD_SAMPLE = 8
@@ -69,15 +69,22 @@ def _info_shown() -> bool:
 class _Samples:
     """Host times of one section (or of whole iterations): the step path only appends the raw seconds. At a report
     and every ``FOLD_EVERY`` iterations they go into the report window's sum, min and max (C builtins); into the
-    bounded histogram once ``HISTOGRAM_EVERY`` of them wait, and before any figure is read: a few large batches cost
-    a third less a value than one a report, right after a step. Memory stays bounded."""
+    bounded histogram once ``limit`` of them wait, and before any figure is read: a few large batches cost a third
+    less a value than one a report, right after a step. Memory stays bounded.
 
-    __slots__ = ("host", "raw", "seen", "window_s", "window_n", "window_min", "window_max")
+    ``limit`` is ``HISTOGRAM_EVERY`` plus an eighth of it per ``phase`` (0 to 7: the order in which a profiler made
+    its samples). Sections that run once an iteration fill at one pace: with one limit all of them went into their
+    histograms at one fold (1 to 2 ms on a 2-core CPU, every ~550 iterations), and that iteration, twice the median
+    of a 1 ms loop, was a slow one of the profiler's own making; with eight limits their batches fall on different
+    folds (each batch then starts cold: ~0.3 µs a step more on that loop)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("host", "raw", "seen", "limit", "window_s", "window_n", "window_min", "window_max")
+
+    def __init__(self, phase: int = 0) -> None:
         self.host = LogHistogram()
         self.raw: List[float] = []
         self.seen = 0  # raw times already in the window's figures
+        self.limit = HISTOGRAM_EVERY + HISTOGRAM_EVERY // 8 * (phase % 8)
         self.window_reset()
 
     def window_reset(self) -> None:
@@ -85,7 +92,7 @@ class _Samples:
 
     def fold(self, histogram: bool = True) -> None:
         """The raw times not yet in the window's figures go there; into the histogram too where ``histogram`` is
-        true or ``HISTOGRAM_EVERY`` of them wait."""
+        true or ``limit`` of them wait."""
         raw = self.raw
         if len(raw) > self.seen:
             new = raw[self.seen:] if self.seen else raw
@@ -97,7 +104,7 @@ class _Samples:
             if high > self.window_max:
                 self.window_max = high
             self.seen = len(raw)
-        if raw and (histogram or len(raw) >= HISTOGRAM_EVERY):
+        if raw and (histogram or len(raw) >= self.limit):
             self.host.add_many(raw, 1000.0)
             self.raw, self.seen = [], 0
 
@@ -107,8 +114,8 @@ class _Section(_Samples):
 
     __slots__ = ("kind", "parent", "device", "closed_by_exception", "runs")
 
-    def __init__(self, kind: str, parent: Optional[str] = None) -> None:
-        super().__init__()
+    def __init__(self, kind: str, parent: Optional[str] = None, phase: int = 0) -> None:
+        super().__init__(phase)
         self.kind, self.parent = kind, parent
         self.device = LogHistogram()
         self.closed_by_exception = 0
@@ -261,7 +268,7 @@ class SectionProfiler(PerfCallback):
     def _section(self, name: str, kind: str = "auto", parent: Optional[str] = None) -> _Section:
         sec = self._sections.get(name)
         if sec is None:
-            sec = self._sections[name] = _Section(kind, parent)
+            sec = self._sections[name] = _Section(kind, parent, len(self._sections) + 1)  # 0: iterations'
         return sec
 
     # -- the state machine ---------------------------------------------------------------------------------------
@@ -587,7 +594,7 @@ class SectionProfiler(PerfCallback):
     def _fold(self, histograms: bool = True) -> None:
         """The iterations' pieces into raw host times, and those into the window sums and the histograms: before
         every read of a figure. ``histograms=False`` (at a report, on the step path): the histograms only take the
-        raw times of a section where ``HISTOGRAM_EVERY`` wait."""
+        raw times of a section where its ``limit`` wait."""
         if self._unfolded:
             sections, iteration, slowest = self._sections, self._iteration.raw, self._slowest
             prev_end, last, offset = self._prev_end, self._last_folded, self._step_offset
