@@ -181,3 +181,64 @@ def test_the_cache_pollution_probe_times_its_copy_and_refuses_bad_sizes():
     assert float(rows[1][1]) > float(rows[0][1])  # copying 256 KB takes longer in the hook than copying nothing
     proc = subprocess.run([sys.executable, script, "--kb", "-1"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--kb must be >= 0, got [-1]" in proc.stderr
+
+
+def load_script(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path, one_thread):
+    """benchmarks/own_steps.py: a suite callback that spins 2 ms at every 10th batch end (read by the spin itself,
+    perf_counter): those steps are over 5x the median, each with at least the spin's time, and what the steps over
+    5x carry of the mean holds their spins; where a step falls is named as SectionProfiler and IterationTimer count
+    their windows."""
+    import time
+
+    import lightning_perf
+    from lightning_perf.callbacks._base import PerfCallback
+
+    own_steps = load_script("own_steps")
+    own_steps.overhead.LOGGER["on"] = False
+
+    class Spin(PerfCallback):
+        section_name = "spin"
+
+        def __init__(self):
+            super().__init__()
+            self.spent, self.batches = {}, 0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if self.batches % 10 == 9:
+                start = time.perf_counter()
+                while time.perf_counter() < start + 0.002:
+                    pass
+                self.spent[self.batches] = time.perf_counter() - start
+            self.batches += 1
+
+        def _summary_section(self):
+            return {}
+
+    spin = Spin()
+    suite = lightning_perf.PerfSuite([lightning_perf.IterationTimer(),
+                                      lightning_perf.SectionProfiler(print_reports=False, report_every_n_steps=1000),
+                                      lightning_perf.EvalNoGradGuard(), spin])
+    per_step = own_steps.own_time_per_step(suite, 120, str(tmp_path))
+    assert len(per_step) == 120 and spin.batches == 120
+    d = own_steps.describe(per_step, every=1000)
+    big = {i for i in range(20, 120) if 1e6 * per_step[i] > 5 * d["median"]}
+    spun = set(range(29, 120, 10))
+    # every spin lands on its own step; at most a few others (the suite's folds, a preemption on a busy machine)
+    assert spun <= big and len(big - spun) <= 3, (sorted(big), d)
+    assert all(per_step[i] >= spin.spent[i] for i in spun)
+    assert 1e6 * sum(spin.spent[i] for i in spun) / 100 <= d["big_share_us"] <= d["mean"]
+    assert sum(n for n, _ in d["by"].values()) == len(big)
+    assert [own_steps.place(i, 50) for i in (50, 49, 51)] == ["report step", "step before", "other"]
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "own_steps.py"), "--steps", "5"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "--steps must be >= 100" in proc.stderr and "got 5" in proc.stderr
