@@ -172,6 +172,109 @@ class Stalls(Paced):
         return super().training_step(batch, batch_idx)
 
 
+def slow_reports(monkeypatch, cost_s, timer):
+    """SectionProfiler's window report costs ``cost_s`` more on the virtual clock; returns the iteration numbers of
+    IterationTimer that each report falls in (a report closes its window where the next batch is transferred: in
+    the iteration after the last one IterationTimer ended)."""
+    falls_in = []
+    report = SectionProfiler._report_window
+
+    def costly(self, trainer):
+        report(self, trainer)
+        CLOCK["clock"].advance(cost_s)
+        falls_in.append(timer.iterations + 1)
+
+    monkeypatch.setattr(SectionProfiler, "_report_window", costly)
+    return falls_in
+
+
+@pytest.mark.parametrize("in_suite", [False, True])
+def test_slow_iterations_of_lightning_perfs_own_reports_are_named_for_them(tmp_path, clock, monkeypatch, in_suite):
+    """A window report that costs 40 ms (4x the 10 ms step): each iteration it runs in is in the tail under
+    ``lightning_perf`` (not unexplained), with its time; the slowest kept are those iterations; the insight names
+    the remedy."""
+    timer = IterationTimer(warmup_steps=2, keep_slowest=3, log_every_n_steps=10)
+    falls_in = slow_reports(monkeypatch, 0.040, timer)
+    profiler = SectionProfiler(warmup_steps=2, report_every_n_steps=10, print_reports=False)
+    callbacks = [PerfSuite([timer, profiler])] if in_suite else [timer, profiler]
+    fit(tmp_path, callbacks, model=Paced(n=256), max_steps=100, max_epochs=None, limit_val_batches=0,
+        num_sanity_val_steps=0)
+    tail = find_summary(tmp_path)["iteration_timer"]["tail"]
+    # the windows of iterations 10 to 90 close in the next one; the 100th closes at the fit's end, after the last
+    assert falls_in == list(range(11, 102, 10))
+    falls_in = falls_in[:-1]
+    ours = tail["by_cause"]["lightning_perf"]
+    assert ours["iterations"] == ours["flagged_iterations"] == 9
+    assert ours["time_s"] == pytest.approx(9 * (STEP_S + 0.040), rel=0.01)
+    assert tail["by_cause"]["unexplained"]["iterations"] == 0
+    assert len(tail["slowest"]) == 3 and all(s["iteration"] in falls_in and s["causes"] == ["lightning_perf"]
+                                             and s["ms"] == pytest.approx(50.0, rel=0.01) for s in tail["slowest"])
+    assert any("lightning_perf's own periodic work ran" in i and "print_reports=False" in i for i in tail["insights"])
+
+
+@pytest.mark.parametrize("place", ["IterationTimer._log_window", "VRAMMonitor._leak_sample", "logger"])
+def test_each_place_of_lightning_perfs_own_work_names_the_iteration_it_falls_in(tmp_path, clock, monkeypatch, place):
+    """IterationTimer's window log (after its iteration's end: the next one's), VRAMMonitor's memory reading (a batch
+    end after IterationTimer's) and the scalars handed to a logger, each made to cost 40 ms: exactly the iterations
+    they fall in are named ``lightning_perf``, none unexplained (one epoch, so no epoch start comes first)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_perf import VRAMMonitor
+
+    timer = IterationTimer(warmup_steps=2, log_every_n_steps=10, keep_slowest=3)
+    falls_in = []
+
+    def cost():
+        CLOCK["clock"].advance(0.040)
+        falls_in.append(timer.iterations + 1)
+
+    class SlowLogger(CSVLogger):
+        def log_metrics(self, metrics, step=None):
+            super().log_metrics(metrics, step)
+            if any(key.startswith(("perf/", "time/", "time_share/", "vram/")) for key in metrics):  # lightning_perf's
+                cost()
+
+    if place != "logger":
+        owner = {"IterationTimer": IterationTimer, "VRAMMonitor": VRAMMonitor}[place.split(".")[0]]
+        original = getattr(owner, place.split(".")[1])
+
+        def costly(*args, **kwargs):
+            out = original(*args, **kwargs)
+            cost()
+            return out
+
+        monkeypatch.setattr(owner, place.split(".")[1], costly)
+    fit(tmp_path, [timer, VRAMMonitor(activity=False), SectionProfiler(report_every_n_steps=1000,
+                                                                       print_reports=False)],
+        model=Paced(n=1024), max_steps=100, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0,
+        logger=SlowLogger(tmp_path) if place == "logger" else True)
+    tail = find_summary(tmp_path)["iteration_timer"]["tail"]
+    measured = sorted({i for i in falls_in if 2 < i <= 100})  # after the warm-up, before the fit's end
+    assert len(measured) >= 5, falls_in
+    # every iteration it fell in is flagged for it (a logger gets 4 scalars a batch end: half of the iterations,
+    # so not all of them are slow); the slow ones are in the tail under it, none unexplained
+    assert tail["by_cause"]["lightning_perf"]["flagged_iterations"] == len(measured), (falls_in, tail["by_cause"])
+    assert tail["by_cause"]["lightning_perf"]["iterations"] >= 1
+    assert tail["by_cause"]["unexplained"]["iterations"] == 0
+    assert all(s["iteration"] in measured for s in tail["slowest"]), (measured, tail["slowest"])
+
+
+def test_lightning_perfs_own_work_under_a_millisecond_names_no_iteration(tmp_path, clock, monkeypatch):
+    """Own work shorter than 1 ms (and than half the median iteration) flags nothing: a 0.9 ms report leaves the
+    tail empty; a 1.1 ms one flags its 9 iterations, which are not slow (not in the tail)."""
+    for cost, flagged in ((0.0009, 0), (0.0011, 9)):
+        timer = IterationTimer(warmup_steps=2, log_every_n_steps=10)
+        slow_reports(monkeypatch, cost, timer)
+        root = tmp_path / str(cost)
+        fit(root, [timer, SectionProfiler(warmup_steps=2, report_every_n_steps=10, print_reports=False)],
+            model=Paced(n=256), max_steps=100, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0)
+        tail = find_summary(root)["iteration_timer"]["tail"]
+        ours = tail["by_cause"].get("lightning_perf")
+        assert (ours["flagged_iterations"] if ours else 0) == flagged, (cost, tail["by_cause"])
+        assert tail["iterations"] == 0
+        assert not any("lightning_perf's own" in i for i in tail["insights"])  # the rule fires on the tail only
+
+
 def test_unexplained_stalls_and_the_k_slowest_kept(tmp_path, clock):
     t, _ = run(tmp_path, Stalls(every=10, stall_s=0.040, n=256), max_steps=100,
                timer=IterationTimer(warmup_steps=2, keep_slowest=3, log_every_n_steps=10))
@@ -179,7 +282,7 @@ def test_unexplained_stalls_and_the_k_slowest_kept(tmp_path, clock):
     rest = tail["by_cause"]["unexplained"]
     assert rest["iterations"] == 10 and rest["time_s"] == pytest.approx(10 * 0.050, rel=0.01)
     assert len(tail["slowest"]) == 3 and all(s["ms"] == pytest.approx(50.0, rel=0.01) for s in tail["slowest"])
-    assert any("no epoch start, validation, checkpoint, allocator retry or garbage collection explains" in i for i in tail["insights"])
+    assert any("no epoch start, validation, checkpoint, allocator retry, garbage collection or lightning_perf's own work explains" in i for i in tail["insights"])
     # per log window: the share of its time above 2x the median so far (one 50 ms stall in ten iterations)
     shares = [v for _, v in read_scalars(tmp_path)["perf/tail_time_pct"]]
     assert shares and max(shares) == pytest.approx(100 * 0.050 / (9 * STEP_S + 0.050), rel=0.01)

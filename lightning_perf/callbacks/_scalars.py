@@ -30,6 +30,9 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Trainer
 
+from lightning_perf.measure.clock import now
+from lightning_perf.measure.tail import OWN_WORK
+
 
 _LOGGED: "weakref.WeakKeyDictionary[Trainer, Dict[str, int]]" = weakref.WeakKeyDictionary()
 
@@ -122,6 +125,7 @@ _TENSORBOARD: Any = None
 def _send(trainer: Trainer, by_step: Dict[int, Dict[str, float]], writers: Optional[List[Any]] = None) -> None:
     """To each logger: one event per step through its ``writers`` entry (``_event_writer``'s, found here when not
     given), else ``log_metrics`` per step."""
+    start = now()
     if writers is None:
         writers = [_event_writer(logger) for logger in trainer.loggers]
     for logger, writer in zip(trainer.loggers, writers):
@@ -137,6 +141,7 @@ def _send(trainer: Trainer, by_step: Dict[int, Dict[str, float]], writers: Optio
             continue
         for step, metrics in by_step.items():
             logger.log_metrics(metrics, step=step)
+    OWN_WORK.add(now() - start)  # lightning_perf's own work, in the iteration that runs (IterationTimer may name it)
 
 
 #: At a batch end, scalars wait for the next one while the oldest was logged at the current step (see

@@ -18,8 +18,9 @@ from lightning_perf.callbacks._summary_book import error_message
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
 from lightning_perf.measure.flops import count_step_flops, mfu_pct, precision_dtype, tflops_per_s
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
-from lightning_perf.measure.tail import (AFTER_VALIDATION, ALLOC_RETRY, CHECKPOINT, EPOCH_START, GC, TAIL_FACTOR,
-                                         CauseBook, GcWatch, SlowestIterations, tail_block, tail_line)
+from lightning_perf.measure.tail import (AFTER_VALIDATION, ALLOC_RETRY, CHECKPOINT, EPOCH_START, GC, GC_FLAG_PAUSE_S,
+                                         OWN, OWN_WORK, TAIL_FACTOR, CauseBook, GcWatch, SlowestIterations, tail_block,
+                                         tail_line)
 from lightning_perf.summary.projection import project_time
 
 _MAX_EPOCH_RECORDS = 10_000
@@ -258,6 +259,7 @@ class IterationTimer(PerfCallback):
         self._window = [0.0, 0, 0, 0, 0, 0.0]  # seconds, iterations, batches, samples, items, tail seconds
         self._flags = 0  # what coincided with the iteration in progress (measure.tail's bits), set by the hooks
         self._gc_pause_s = 0.0  # pauses of the flagged garbage collections in the iteration in progress
+        self._own_s = 0.0  # lightning_perf's own periodic work in the iteration in progress (measure.tail.OwnWork)
         self._tail_threshold_s = math.inf  # 2x the median as of the last log window: the window's tail share
         self._loader_info: Optional[Dict[str, Any]] = None
         self._alloc_retries_start: Optional[int] = None
@@ -285,6 +287,7 @@ class IterationTimer(PerfCallback):
         self._carry_or_reset(trainer, self._reset)
         self._fit_start = now()  # the warm-up cost runs from here (after the data module's setup) to training
         self._gc.install()  # removed at teardown and on an exception
+        OWN_WORK.watch(self._own_work)  # likewise
         self._start_run(trainer)
         self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
         # Known before anything runs, so a fit that fails in its sanity check still names its target.
@@ -333,6 +336,11 @@ class IterationTimer(PerfCallback):
         self._flags |= GC
         self._gc_pause_s += pause_s
 
+    def _own_work(self, seconds: float) -> None:
+        """From lightning_perf's own periodic work (``OWN_WORK``): it ran in this iteration, for ``seconds``."""
+        self._flags |= OWN
+        self._own_s += seconds
+
     @guarded
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: Dict[str, Any]) -> None:
         # Lightning's ModelCheckpoint runs after the other callbacks: the write falls in the next iteration
@@ -340,6 +348,7 @@ class IterationTimer(PerfCallback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._gc.uninstall()
+        OWN_WORK.unwatch(self._own_work)
         super().teardown(trainer, pl_module, stage)
 
     def _read_alloc_retries(self, trainer: Trainer) -> Optional[int]:
@@ -499,12 +508,17 @@ class IterationTimer(PerfCallback):
         reason = "warmup" if self._fit_iterations <= self.warmup_steps else None
         seconds = t - self._last_mark if self._last_mark is not None else 0.0
         flags = self._flags
+        if flags & OWN and self._own_s < min(GC_FLAG_PAUSE_S, self._tail_threshold_s / (2.0 * TAIL_FACTOR)):
+            flags &= ~OWN  # lightning_perf's own work ran in this iteration, for less than half the median
+        own = 0.0  # this timer's own periodic work from here on is the next iteration's
         if reason is None:
             ms = seconds * 1000.0
             pending = self._pending_ms
             pending.append(ms)
             if len(pending) >= FOLD_EVERY:
+                own = now()
                 self._fold()
+                own = now() - own
             if self._retries_seen is not None and (ms > self._slow_floor or seconds > self._tail_threshold_s):
                 flags |= self._retried(trainer)  # a slow iteration on CUDA: did the allocator retry?
             if ms > self._slow_floor:  # the tail: one comparison with the K-th slowest so far
@@ -532,15 +546,20 @@ class IterationTimer(PerfCallback):
             if self._fit_iterations % POLL_EVERY == 0:  # the events the device has passed, read in batches
                 for ms in self._clock.poll():
                     self._device.add(ms)
-        if flags:
+        if self._flags:
             self._flags = 0
             self._gc_pause_s = 0.0
+            self._own_s = 0.0
         self._last_mark = t
         self._iter_batches = 0
         self._iter_samples = 0
         self._iter_items = 0
         if self._fit_iterations % self._log_every == 0:
+            start = now()
             self._log_window(trainer)
+            own += now() - start
+        if own:
+            OWN_WORK.add(own)
 
     def _batch_size(self, batch: Any) -> Optional[int]:
         try:
@@ -607,7 +626,7 @@ class IterationTimer(PerfCallback):
         self._eval_start = None
         # the next iteration is the first after a validation; a collection during validation is not training's
         self._flags = (self._flags & CHECKPOINT) | AFTER_VALIDATION
-        self._gc_pause_s = 0.0
+        self._gc_pause_s = self._own_s = 0.0
         if self._retries_seen is not None:  # an evaluation's retries are not the next iteration's
             self._retried(trainer)
         if self._last_mark is not None:  # cut the validation out of the iteration it interrupted
@@ -703,6 +722,7 @@ class IterationTimer(PerfCallback):
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._gc.uninstall()  # no teardown follows an exception
+        OWN_WORK.unwatch(self._own_work)
         self._finish_timing()
         self._write_summary(trainer, exception)
 

@@ -21,7 +21,7 @@ from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
-from lightning_perf.measure.tail import SlowestPieces, median_per_iteration
+from lightning_perf.measure.tail import OWN_WORK, SlowestPieces, median_per_iteration
 
 AUTO_SECTIONS = ("data_loading", "transfer", "forward", "backward", "optimizer_step", "checkpointing", "other")
 MANUAL_SECTIONS = ("data_loading", "transfer", "training_step", "checkpointing", "other")
@@ -570,7 +570,9 @@ class SectionProfiler(PerfCallback):
             unfolded.append((self._piece, self._user_s, self._iter_calls or (), self._iterations,
                              (self._end_s, self._end_pieces) if self._end_pieces else None))
             if len(unfolded) >= FOLD_EVERY:
+                start = now()
                 self._fold(histograms=False)
+                OWN_WORK.add(now() - start)
         elif not self._unfolded:  # a warm-up iteration's batch-end work is the first counted one's
             self._prev_end = (self._end_s, self._end_pieces) if self._end_pieces else None
             self._last_folded = self._iterations + 1
@@ -587,9 +589,11 @@ class SectionProfiler(PerfCallback):
         if self._clock is not None and self._fit_iterations % POLL_EVERY == 0:  # device events read in batches
             self._poll_device()
         if counted and self._iterations % self.report_every_n_steps == 0 and trainer is not None:
+            start = now()
             self._fold(histograms=False)
             if self._iteration.window_n:
                 self._report_window(trainer)
+            OWN_WORK.add(now() - start)  # in the iteration that starts here: IterationTimer may name it
 
     def _fold(self, histograms: bool = True) -> None:
         """The iterations' pieces into raw host times, and those into the window sums and the histograms: before

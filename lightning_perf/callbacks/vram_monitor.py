@@ -13,6 +13,7 @@ from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.measure.clock import now
 from lightning_perf.measure.device_activity import (
     GPU_READINGS,
     HOST_MIN_SPAN_S,
@@ -31,6 +32,7 @@ from lightning_perf.measure.memory import (
     host_total_mb,
 )
 from lightning_perf.measure.phases import add_listener, remove_listener
+from lightning_perf.measure.tail import OWN_WORK
 
 #: ``eval_in_train_hooks``: evaluation a training hook runs inside ``lightning_perf.phase(...)``.
 PHASES = ("train", "validation", "test", "predict", "eval_in_train_hooks")
@@ -422,14 +424,18 @@ class VRAMMonitor(PerfCallback):
     ) -> None:
         self._steps += 1
         if self._steps % self._leak_stride == 0:  # one reading every few iterations: O(1) cost per step
+            start = now()
             self._leak_sample(self._train_leak, "train")
+            OWN_WORK.add(now() - start)
         if self._steps % self._log_every == 0:
+            start = now()
             metrics = self._phase_metrics("train", live=True)
             log_scalars(trainer, metrics)
             if self.show_in_progress_bar:
                 peak = metrics.get("vram/train_peak_allocated_mb") or metrics.get("vram/host_rss_peak_mb")
                 if peak is not None:
                     pl_module.log("vram_peak_mb", peak, prog_bar=True, logger=False)
+            OWN_WORK.add(now() - start)
         if WAITING.count:
             self._drain_scalars(trainer)
 

@@ -11,16 +11,17 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from lightning_perf.measure import clock
 from lightning_perf.measure.stats import LogHistogram
 
-#: What can coincide with an iteration: bits of a flag word the hooks set (and the GC callback).
-EPOCH_START, AFTER_VALIDATION, CHECKPOINT, GC, ALLOC_RETRY = 1, 2, 4, 8, 16
+#: What can coincide with an iteration: bits of a flag word the hooks set (and the GC callback, and ``OWN_WORK``).
+EPOCH_START, AFTER_VALIDATION, CHECKPOINT, GC, ALLOC_RETRY, OWN = 1, 2, 4, 8, 16, 32
 #: Each cause by name, in the order one is named for an iteration that had several. An epoch start comes first: the
 #: default ModelCheckpoint saves at every epoch end, so nearly every epoch start also "wrote a checkpoint", and the
 #: DataLoader starting its workers again is the cost paid there in every run; the summary counts what else coincided
 #: (``also``) so that an epoch-end checkpoint's share stays visible. A CUDA allocator retry (the cache freed and the
 #: allocation tried again: a device sync and cudaFree calls) comes before a garbage collection, whose pause is timed.
+#: lightning_perf's own periodic work comes last: what it costs is timed, and it is named only where nothing else is.
 CAUSES: Tuple[Tuple[str, int], ...] = (("epoch_start", EPOCH_START), ("checkpoint", CHECKPOINT),
                                        ("after_validation", AFTER_VALIDATION), ("alloc_retry", ALLOC_RETRY),
-                                       ("gc", GC))
+                                       ("gc", GC), ("lightning_perf", OWN))
 UNEXPLAINED = "unexplained"
 #: An iteration is in the tail when it takes more than this many times the median iteration.
 TAIL_FACTOR = 2.0
@@ -81,6 +82,35 @@ class GcWatch:
             except ValueError:
                 pass
             self._installed = False
+
+
+class OwnWork:
+    """lightning_perf's own periodic work in training (a window report and its printed table, a fold of raw times
+    into histograms, scalars handed to the loggers, a memory reading): each place times it and calls :meth:`add`,
+    which tells every IterationTimer of a running fit (a ``watch``-ed sink: ``sink(seconds)``). The step path pays
+    nothing for it; an IterationTimer names its iteration for it where that work took at least half the median
+    iteration (at most ``GC_FLAG_PAUSE_S``): on a fast loop, a report step of its own making is otherwise a slow
+    iteration nothing explains."""
+
+    __slots__ = ("sinks",)
+
+    def __init__(self) -> None:
+        self.sinks: List[Callable[[float], None]] = []
+
+    def add(self, seconds: float) -> None:
+        for sink in self.sinks:
+            sink(seconds)
+
+    def watch(self, sink: Callable[[float], None]) -> None:
+        if sink not in self.sinks:
+            self.sinks.append(sink)
+
+    def unwatch(self, sink: Callable[[float], None]) -> None:
+        if sink in self.sinks:
+            self.sinks.remove(sink)
+
+
+OWN_WORK = OwnWork()
 
 
 class _Slowest:
@@ -398,8 +428,15 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
         section = e.get("section")
         where = (f"{_grown(section)}: look there first;" if section else "SectionProfiler shows which section grows;")
         out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'slow iteration')} (over"
-                   f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint, allocator retry or"
-                   f" garbage collection explains{at}: {where} the torch profiler around those steps shows what runs.")
+                   f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint, allocator retry,"
+                   f" garbage collection or lightning_perf's own work explains{at}: {where} the torch profiler around"
+                   " those steps shows what runs.")
+    e = fires("lightning_perf")
+    if e:
+        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} in which"
+                   f" lightning_perf's own periodic work ran ({_each(e, median)}; a window report and its table, a"
+                   " fold, logging): fewer reports (`report_every_n_steps`, `log_every_n_steps`) or no printed table"
+                   f" (`SectionProfiler(print_reports=False)`) would save up to {e['excess_s']:.1f} s.")
     e = fires("alloc_retry")
     if e:
         out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} in"

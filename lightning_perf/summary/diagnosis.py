@@ -47,6 +47,8 @@ TAIL_ADVICE = {
     "alloc_retry": ("make the CUDA allocator stop retrying: a smaller batch, or"
                     " `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` against fragmentation"),
     "gc": "call `gc.freeze()` once the model and data are set up, or make fewer reference cycles",
+    "lightning_perf": ("report less often (`SectionProfiler(report_every_n_steps=...)`, `log_every_n_steps`) or without"
+                       " the printed table (`print_reports=False`)"),
     "unexplained": "find what grows in the slowest iterations (IterationTimer's `tail.slowest`, SectionProfiler's"
                    " table, the torch profiler around those steps)",
 }

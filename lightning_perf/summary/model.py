@@ -283,7 +283,7 @@ class Tail(Section):
     threshold_ms: Ms = None
     factor: NonNegative = None
     by_cause: Map(Obj(TailCause)) = Field(None, description="`epoch_start`, `checkpoint`, `after_validation`,"
-                                                           " `alloc_retry`, `gc`, `unexplained`")
+                                                           " `alloc_retry`, `gc`, `lightning_perf`, `unexplained`")
     slowest: Seq(Obj(TailIteration)) = Field(None, description="the `keep_slowest` slowest, slowest first")
     insights: Seq(Text) = None
 
