@@ -76,13 +76,18 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def load_benchmark():
-    """benchmarks/overhead.py as a module (in this process), with the measured package this checkout's."""
+def load_script(name):
+    """benchmarks/<name>.py as a module (in this process), with the measured package this checkout's."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("overhead_benchmark", SCRIPT)
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", os.path.join(ROOT, "benchmarks", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def load_benchmark():
+    module = load_script("overhead")
     module.LOGGER["on"] = False
     return module
 
@@ -181,15 +186,6 @@ def test_the_cache_pollution_probe_times_its_copy_and_refuses_bad_sizes():
     assert float(rows[1][1]) > float(rows[0][1])  # copying 256 KB takes longer in the hook than copying nothing
     proc = subprocess.run([sys.executable, script, "--kb", "-1"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--kb must be >= 0, got [-1]" in proc.stderr
-
-
-def load_script(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", os.path.join(ROOT, "benchmarks", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow

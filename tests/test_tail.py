@@ -259,6 +259,37 @@ def test_each_place_of_lightning_perfs_own_work_names_the_iteration_it_falls_in(
     assert all(s["iteration"] in measured for s in tail["slowest"]), (measured, tail["slowest"])
 
 
+def test_a_stall_beside_lightning_perfs_own_work_stays_unexplained(tmp_path, clock, monkeypatch):
+    """A 40 ms stall in the iterations where a 2 ms report runs: without the report the iteration is still over 2x
+    the median, so the report is not its cause (no fewer reports would make it fast): unexplained, not flagged."""
+    timer = IterationTimer(warmup_steps=2, log_every_n_steps=10)
+    falls_in = slow_reports(monkeypatch, 0.002, timer)
+
+    class StallAfterReports(Paced):
+        def training_step(self, batch, batch_idx):
+            if timer.iterations + 1 in falls_in:  # the iteration a report fell in: its step stalls too
+                CLOCK["clock"].advance(0.040)
+            return super().training_step(batch, batch_idx)
+
+    fit(tmp_path, [timer, SectionProfiler(warmup_steps=2, report_every_n_steps=10, print_reports=False)],
+        model=StallAfterReports(n=1024), max_steps=100, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0)
+    by = find_summary(tmp_path)["iteration_timer"]["tail"]["by_cause"]
+    assert by["unexplained"]["iterations"] == 9 and "lightning_perf" not in by, by
+
+
+def test_a_fit_that_fails_leaves_no_watch_on_lightning_perfs_own_work(tmp_path, clock):
+    class Fails(Paced):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 5:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(tmp_path, [IterationTimer(warmup_steps=2)], model=Fails(), max_steps=20, max_epochs=None,
+            limit_val_batches=0, num_sanity_val_steps=0)
+    assert not tail_module.OWN_WORK.sinks
+
+
 def test_lightning_perfs_own_work_under_a_millisecond_names_no_iteration(tmp_path, clock, monkeypatch):
     """Own work shorter than 1 ms (and than half the median iteration) flags nothing: a 0.9 ms report leaves the
     tail empty; a 1.1 ms one flags its 9 iterations, which are not slow (not in the tail)."""
@@ -369,6 +400,7 @@ def test_in_a_perf_suite_and_the_gc_hook_goes_at_teardown(tmp_path, clock):
     fit(tmp_path, [PerfSuite([timer, SectionProfiler()])], model=Paced(epoch_stall_s=0.100), max_epochs=3,
         limit_val_batches=0, num_sanity_val_steps=0)
     assert gc.callbacks == before
+    assert not tail_module.OWN_WORK.sinks  # so does its watch on lightning_perf's own work
     cause = find_summary(tmp_path)["iteration_timer"]["tail"]["by_cause"]["epoch_start"]
     assert cause["iterations"] == 2
 
@@ -499,3 +531,13 @@ def test_a_checkpoint_of_an_older_version_loads_its_slowest_without_iteration_nu
     kept.load([[50.0, 1, 10, 0, 0, 0.0], [60.0, 2, 20, 0, 0, 0.0, 20]])  # 6 numbers before iteration numbers
     assert [(e["step"], e["iteration"]) for e in kept.entries()] == [(20, 20), (10, None)]
     assert len(kept.to_state()[0]) == 7
+
+
+def test_a_tail_mostly_of_lightning_perfs_own_work_is_advised_fewer_reports():
+    from lightning_perf.summary.diagnosis import _largest_tail_cause, _tail_advice
+
+    tail = {"by_cause": {"lightning_perf": {"iterations": 9, "share_pct": 30.0},
+                         "unexplained": {"iterations": 1, "share_pct": 2.0}}}
+    cause = _largest_tail_cause(tail)
+    assert cause == "lightning_perf"
+    assert "print_reports=False" in _tail_advice(tail, cause) and "report_every_n_steps" in _tail_advice(tail, cause)

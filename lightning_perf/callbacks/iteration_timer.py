@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
@@ -336,6 +337,15 @@ class IterationTimer(PerfCallback):
         self._flags |= GC
         self._gc_pause_s += pause_s
 
+    def _own_work_named(self, seconds: float, own_s: float) -> bool:
+        """Whether lightning_perf's own work (``own_s`` of this iteration's ``seconds``) is a cause: it took at least
+        half the median iteration (at most ``GC_FLAG_PAUSE_S``), and the iteration is not slow without it (a stall
+        beside a report stays unexplained). Before the first log window's median, the unfolded iterations' own."""
+        threshold = self._tail_threshold_s
+        if threshold == math.inf and self._pending_ms:
+            threshold = TAIL_FACTOR * statistics.median(self._pending_ms) / 1000.0
+        return own_s >= min(GC_FLAG_PAUSE_S, threshold / (2.0 * TAIL_FACTOR)) and seconds - own_s <= threshold
+
     def _own_work(self, seconds: float) -> None:
         """From lightning_perf's own periodic work (``OWN_WORK``): it ran in this iteration, for ``seconds``."""
         self._flags |= OWN
@@ -508,25 +518,28 @@ class IterationTimer(PerfCallback):
         reason = "warmup" if self._fit_iterations <= self.warmup_steps else None
         seconds = t - self._last_mark if self._last_mark is not None else 0.0
         flags = self._flags
-        if flags & OWN and self._own_s < min(GC_FLAG_PAUSE_S, self._tail_threshold_s / (2.0 * TAIL_FACTOR)):
-            flags &= ~OWN  # lightning_perf's own work ran in this iteration, for less than half the median
-        own = 0.0  # this timer's own periodic work from here on is the next iteration's
+        gc_pause_s = own_s = 0.0
+        if flags:  # what coincided with this iteration, taken at its end: what runs from here on is the next one's
+            gc_pause_s, own_s = self._gc_pause_s, self._own_s
+            self._flags, self._gc_pause_s, self._own_s = 0, 0.0, 0.0
+            if flags & OWN and not self._own_work_named(seconds, own_s):
+                flags &= ~OWN
         if reason is None:
             ms = seconds * 1000.0
             pending = self._pending_ms
             pending.append(ms)
             if len(pending) >= FOLD_EVERY:
-                own = now()
+                start = now()
                 self._fold()
-                own = now() - own
+                OWN_WORK.add(now() - start)  # the next iteration's
             if self._retries_seen is not None and (ms > self._slow_floor or seconds > self._tail_threshold_s):
                 flags |= self._retried(trainer)  # a slow iteration on CUDA: did the allocator retry?
             if ms > self._slow_floor:  # the tail: one comparison with the K-th slowest so far
-                self._slowest.offer(ms, trainer.global_step, trainer.current_epoch, flags, self._gc_pause_s * 1000.0,
+                self._slowest.offer(ms, trainer.global_step, trainer.current_epoch, flags, gc_pause_s * 1000.0,
                                     self.iterations)
                 self._slow_floor = self._slowest.floor
             if flags:
-                self._causes.add(ms, flags, self._gc_pause_s)
+                self._causes.add(ms, flags, gc_pause_s, own_s)
             if seconds > self._tail_threshold_s:
                 self._window[5] += seconds
             self._counted_batches += self._iter_batches
@@ -546,10 +559,6 @@ class IterationTimer(PerfCallback):
             if self._fit_iterations % POLL_EVERY == 0:  # the events the device has passed, read in batches
                 for ms in self._clock.poll():
                     self._device.add(ms)
-        if self._flags:
-            self._flags = 0
-            self._gc_pause_s = 0.0
-            self._own_s = 0.0
         self._last_mark = t
         self._iter_batches = 0
         self._iter_samples = 0
@@ -557,9 +566,7 @@ class IterationTimer(PerfCallback):
         if self._fit_iterations % self._log_every == 0:
             start = now()
             self._log_window(trainer)
-            own += now() - start
-        if own:
-            OWN_WORK.add(own)
+            OWN_WORK.add(now() - start)  # the next iteration's
 
     def _batch_size(self, batch: Any) -> Optional[int]:
         try:
@@ -878,6 +885,7 @@ class IterationTimer(PerfCallback):
             "blocks_ms": self._blocks.to_dict(),
             "device_histogram_ms": self._device.to_dict(),
             "tail": {"slowest": self._slowest.to_state(), "gc_pause_s": self._causes.gc_pause_s,
+                     "own_s": self._causes.own_s,
                      "causes": {name: hist.to_dict() for name, hist in self._causes.hists.items()},
                      "alloc_retries": self._alloc_retries},
         }
@@ -913,6 +921,7 @@ class IterationTimer(PerfCallback):
         slowest.load(rows)
         causes = CauseBook()
         causes.gc_pause_s = tail.number("gc_pause_s")
+        causes.own_s = tail.number("own_s")  # 0 in a checkpoint of an older version
         cause_states = tail.mapping("causes")
         causes.hists = {name: cause_states.histogram(name) for name in cause_states.data}
         retries = tail.count("alloc_retries", None) if tail.data.get("alloc_retries") is not None else None

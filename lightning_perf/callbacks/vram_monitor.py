@@ -422,20 +422,20 @@ class VRAMMonitor(PerfCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._steps += 1
-        if self._steps % self._leak_stride == 0:  # one reading every few iterations: O(1) cost per step
+        steps = self._steps = self._steps + 1
+        leak, window = steps % self._leak_stride == 0, steps % self._log_every == 0
+        if leak or window:
             start = now()
-            self._leak_sample(self._train_leak, "train")
-            OWN_WORK.add(now() - start)
-        if self._steps % self._log_every == 0:
-            start = now()
-            metrics = self._phase_metrics("train", live=True)
-            log_scalars(trainer, metrics)
-            if self.show_in_progress_bar:
-                peak = metrics.get("vram/train_peak_allocated_mb") or metrics.get("vram/host_rss_peak_mb")
-                if peak is not None:
-                    pl_module.log("vram_peak_mb", peak, prog_bar=True, logger=False)
-            OWN_WORK.add(now() - start)
+            if leak:  # one reading every few iterations: O(1) cost per step
+                self._leak_sample(self._train_leak, "train")
+            if window:
+                metrics = self._phase_metrics("train", live=True)
+                log_scalars(trainer, metrics)
+                if self.show_in_progress_bar:
+                    peak = metrics.get("vram/train_peak_allocated_mb") or metrics.get("vram/host_rss_peak_mb")
+                    if peak is not None:
+                        pl_module.log("vram_peak_mb", peak, prog_bar=True, logger=False)
+            OWN_WORK.add(now() - start)  # lightning_perf's own work (IterationTimer may name its iteration for it)
         if WAITING.count:
             self._drain_scalars(trainer)
 
