@@ -229,8 +229,9 @@ def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path, one_thr
     d = own_steps.describe(per_step, every=1000)
     big = {i for i in range(20, 120) if 1e6 * per_step[i] > 5 * d["median"]}
     spun = set(range(29, 120, 10))
-    # every spin lands on its own step; at most a few others (the suite's folds, a preemption on a busy machine)
-    assert spun <= big and len(big - spun) <= 3, (sorted(big), d)
+    # every spin lands on its own step; a few others may too (the suite's folds; on a busy machine, a hook
+    # preempted: the clock is wall time), far fewer than the steps that did not spin
+    assert spun <= big and len(big - spun) <= 10, (sorted(big), d)
     assert all(per_step[i] >= spin.spent[i] for i in spun)
     assert 1e6 * sum(spin.spent[i] for i in spun) / 100 <= d["big_share_us"] <= d["mean"]
     assert sum(n for n, _ in d["by"].values()) == len(big)
