@@ -277,6 +277,27 @@ def test_a_stall_beside_lightning_perfs_own_work_stays_unexplained(tmp_path, clo
     assert by["unexplained"]["iterations"] == 9 and "lightning_perf" not in by, by
 
 
+def test_a_stall_beside_own_work_stays_unexplained_before_any_window_and_right_after_a_fold(tmp_path, clock,
+                                                                                            monkeypatch):
+    """No log window in the run (log_every_n_steps=1000), reports every 11 iterations: IterationTimer has no window
+    median, so it judges by the iterations so far (the unfolded ones, or the histogram right after a fold). A 40 ms
+    stall beside each 2 ms report stays unexplained everywhere, the iteration after the fold at 64 too."""
+    timer = IterationTimer(warmup_steps=2, log_every_n_steps=1000)
+    falls_in = slow_reports(monkeypatch, 0.002, timer)
+
+    class StallAfterReports(Paced):
+        def training_step(self, batch, batch_idx):
+            if timer.iterations + 1 in falls_in:
+                CLOCK["clock"].advance(0.040)
+            return super().training_step(batch, batch_idx)
+
+    fit(tmp_path, [timer, SectionProfiler(warmup_steps=2, report_every_n_steps=11, print_reports=False)],
+        model=StallAfterReports(n=1024), max_steps=100, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0)
+    assert 67 in falls_in  # the first iteration after IterationTimer's fold (64 measured iterations after 2 of warm-up)
+    by = find_summary(tmp_path)["iteration_timer"]["tail"]["by_cause"]
+    assert by["unexplained"]["iterations"] == len([i for i in falls_in if i <= 100]) and "lightning_perf" not in by, by
+
+
 def test_a_fit_that_fails_leaves_no_watch_on_lightning_perfs_own_work(tmp_path, clock):
     class Fails(Paced):
         def training_step(self, batch, batch_idx):

@@ -340,10 +340,15 @@ class IterationTimer(PerfCallback):
     def _own_work_named(self, seconds: float, own_s: float) -> bool:
         """Whether lightning_perf's own work (``own_s`` of this iteration's ``seconds``) is a cause: it took at least
         half the median iteration (at most ``GC_FLAG_PAUSE_S``), and the iteration is not slow without it (a stall
-        beside a report stays unexplained). Before the first log window's median, the unfolded iterations' own."""
+        beside a report stays unexplained). Before the first log window's median, that of the iterations so far (the
+        unfolded ones, else the histogram's); where none is known yet, no."""
         threshold = self._tail_threshold_s
-        if threshold == math.inf and self._pending_ms:
-            threshold = TAIL_FACTOR * statistics.median(self._pending_ms) / 1000.0
+        if threshold == math.inf:
+            median = (statistics.median(self._pending_ms) if self._pending_ms
+                      else self.__dict__["_host_histogram"].quantile(0.5))
+            if not median:
+                return False
+            threshold = TAIL_FACTOR * median / 1000.0
         return own_s >= min(GC_FLAG_PAUSE_S, threshold / (2.0 * TAIL_FACTOR)) and seconds - own_s <= threshold
 
     def _own_work(self, seconds: float) -> None:

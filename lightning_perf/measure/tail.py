@@ -46,12 +46,14 @@ def primary_cause(flags: int) -> str:
 
 
 class GcWatch:
-    """Times Python's garbage collections through ``gc.callbacks``. ``on_flag(pause_s)`` is called for a full
-    collection or one that paused at least ``GC_FLAG_PAUSE_S``; the young collections that run all the time cost two
-    short calls each and are only counted."""
+    """Times Python's garbage collections through ``gc.callbacks``. ``on_flag(pause_s)`` (a bound method) is called
+    for a full collection or one that paused at least ``GC_FLAG_PAUSE_S``; the young collections that run all the time
+    cost two short calls each and are only counted."""
 
     def __init__(self, on_flag: Callable[[float], None]) -> None:
-        self.on_flag = on_flag
+        #: A weak reference to ``on_flag`` (a bound method): ``gc.callbacks`` does not keep a timer alive whose fit
+        #: never reached its teardown (another callback's exception hook raised first); a dead one is not called.
+        self._on_flag = weakref.WeakMethod(on_flag)  # type: ignore[arg-type]
         self.collections = 0
         self.full_collections = 0
         self.pause_s = 0.0
@@ -69,7 +71,9 @@ class GcWatch:
         if full:
             self.full_collections += 1
         if full or pause >= GC_FLAG_PAUSE_S:
-            self.on_flag(pause)
+            on_flag = self._on_flag()
+            if on_flag is not None:
+                on_flag(pause)
 
     def install(self) -> None:
         if not self._installed:
