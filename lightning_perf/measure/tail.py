@@ -46,14 +46,12 @@ def primary_cause(flags: int) -> str:
 
 
 class GcWatch:
-    """Times Python's garbage collections through ``gc.callbacks``. ``on_flag(pause_s)`` (a bound method) is called
-    for a full collection or one that paused at least ``GC_FLAG_PAUSE_S``; the young collections that run all the time
-    cost two short calls each and are only counted."""
+    """Times Python's garbage collections through ``gc.callbacks``. ``on_flag(pause_s)`` is called for a full
+    collection or one that paused at least ``GC_FLAG_PAUSE_S``; the young collections that run all the time cost two
+    short calls each and are only counted."""
 
     def __init__(self, on_flag: Callable[[float], None]) -> None:
-        #: A weak reference to ``on_flag`` (a bound method): ``gc.callbacks`` does not keep a timer alive whose fit
-        #: never reached its teardown (another callback's exception hook raised first); a dead one is not called.
-        self._on_flag = weakref.WeakMethod(on_flag)  # type: ignore[arg-type]
+        self.on_flag = on_flag
         self.collections = 0
         self.full_collections = 0
         self.pause_s = 0.0
@@ -71,9 +69,7 @@ class GcWatch:
         if full:
             self.full_collections += 1
         if full or pause >= GC_FLAG_PAUSE_S:
-            on_flag = self._on_flag()
-            if on_flag is not None:
-                on_flag(pause)
+            self.on_flag(pause)
 
     def install(self) -> None:
         if not self._installed:
@@ -100,8 +96,9 @@ class OwnWork:
     __slots__ = ("sinks",)
 
     def __init__(self) -> None:
-        #: Weak references to the sinks (bound methods): a timer whose fit never reached its teardown (an exception
-        #: hook of another callback that raised) is not kept alive by it, and drops out once collected.
+        #: Weak references to the sinks (bound methods): this registry keeps no timer alive (a fit that never
+        #: reached its teardown, where another callback's exception hook raised first; its GcWatch in
+        #: ``gc.callbacks`` still holds it then), and a collected one drops out.
         self.sinks: List[Any] = []
 
     def add(self, seconds: float) -> None:
