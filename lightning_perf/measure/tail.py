@@ -89,9 +89,9 @@ class OwnWork:
     """lightning_perf's own periodic work in training (a window report and its printed table, a fold of raw times
     into histograms, scalars handed to the loggers, a memory reading): each place times it and calls :meth:`add`,
     which tells every IterationTimer of a running fit (a ``watch``-ed sink: ``sink(seconds)``). The step path pays
-    nothing for it; an IterationTimer names its iteration for it where that work took at least half the median
-    iteration (at most ``GC_FLAG_PAUSE_S``): on a fast loop, a report step of its own making is otherwise a slow
-    iteration nothing explains."""
+    one bit test for it; an IterationTimer names its iteration for it where that work took at least half the median
+    iteration (at most ``GC_FLAG_PAUSE_S``) and the iteration would not be slow without it: on a fast loop, a report
+    step of its own making is otherwise a slow iteration nothing explains."""
 
     __slots__ = ("sinks",)
 
