@@ -244,11 +244,10 @@ def test_each_place_of_lightning_perfs_own_work_names_the_iteration_it_falls_in(
             return out
 
         monkeypatch.setattr(owner, place.split(".")[1], costly)
-    fit(tmp_path, [timer, VRAMMonitor(activity=False), SectionProfiler(report_every_n_steps=1000,
-                                                                       print_reports=False)],
-        model=Paced(n=1024), max_steps=100, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0,
-        logger=SlowLogger(tmp_path) if place == "logger" else True)
-    tail = find_summary(tmp_path)["iteration_timer"]["tail"]
+    t, _ = run(tmp_path, Paced(n=1024), [VRAMMonitor(activity=False),
+                                         SectionProfiler(report_every_n_steps=1000, print_reports=False)],
+               timer=timer, max_steps=100, logger=SlowLogger(tmp_path) if place == "logger" else True)
+    tail = t["tail"]
     measured = sorted({i for i in falls_in if 2 < i <= 100})  # after the warm-up, before the fit's end
     assert len(measured) >= 5, falls_in
     # every iteration it fell in is flagged for it (a logger gets 4 scalars a batch end: half of the iterations,
@@ -259,10 +258,15 @@ def test_each_place_of_lightning_perfs_own_work_names_the_iteration_it_falls_in(
     assert all(s["iteration"] in measured for s in tail["slowest"]), (measured, tail["slowest"])
 
 
-def test_a_stall_beside_lightning_perfs_own_work_stays_unexplained(tmp_path, clock, monkeypatch):
+@pytest.mark.parametrize("log_every, report_every, after_fold", [(10, 10, None), (1000, 11, 67)])
+def test_a_stall_beside_lightning_perfs_own_work_stays_unexplained(tmp_path, clock, monkeypatch, log_every,
+                                                                   report_every, after_fold):
     """A 40 ms stall in the iterations where a 2 ms report runs: without the report the iteration is still over 2x
-    the median, so the report is not its cause (no fewer reports would make it fast): unexplained, not flagged."""
-    timer = IterationTimer(warmup_steps=2, log_every_n_steps=10)
+    the median, so the report is not its cause (no fewer reports would make it fast): unexplained, not flagged.
+    Also with no log window in the run (log_every_n_steps=1000) and reports every 11 iterations: IterationTimer has
+    no window median, so it judges by the iterations so far (the unfolded ones, or the histogram right after a
+    fold), the iteration after the fold at 64 included."""
+    timer = IterationTimer(warmup_steps=2, log_every_n_steps=log_every)
     falls_in = slow_reports(monkeypatch, 0.002, timer)
 
     class StallAfterReports(Paced):
@@ -271,31 +275,13 @@ def test_a_stall_beside_lightning_perfs_own_work_stays_unexplained(tmp_path, clo
                 CLOCK["clock"].advance(0.040)
             return super().training_step(batch, batch_idx)
 
-    fit(tmp_path, [timer, SectionProfiler(warmup_steps=2, report_every_n_steps=10, print_reports=False)],
-        model=StallAfterReports(n=1024), max_steps=100, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0)
-    by = find_summary(tmp_path)["iteration_timer"]["tail"]["by_cause"]
+    t, _ = run(tmp_path, StallAfterReports(n=1024),
+               [SectionProfiler(warmup_steps=2, report_every_n_steps=report_every, print_reports=False)],
+               timer=timer, max_steps=100)
+    if after_fold is not None:  # the first iteration after IterationTimer's fold (64 measured after 2 of warm-up)
+        assert after_fold in falls_in
+    by = t["tail"]["by_cause"]
     assert by["unexplained"]["iterations"] == 9 and "lightning_perf" not in by, by
-
-
-def test_a_stall_beside_own_work_stays_unexplained_before_any_window_and_right_after_a_fold(tmp_path, clock,
-                                                                                            monkeypatch):
-    """No log window in the run (log_every_n_steps=1000), reports every 11 iterations: IterationTimer has no window
-    median, so it judges by the iterations so far (the unfolded ones, or the histogram right after a fold). A 40 ms
-    stall beside each 2 ms report stays unexplained everywhere, the iteration after the fold at 64 too."""
-    timer = IterationTimer(warmup_steps=2, log_every_n_steps=1000)
-    falls_in = slow_reports(monkeypatch, 0.002, timer)
-
-    class StallAfterReports(Paced):
-        def training_step(self, batch, batch_idx):
-            if timer.iterations + 1 in falls_in:
-                CLOCK["clock"].advance(0.040)
-            return super().training_step(batch, batch_idx)
-
-    fit(tmp_path, [timer, SectionProfiler(warmup_steps=2, report_every_n_steps=11, print_reports=False)],
-        model=StallAfterReports(n=1024), max_steps=100, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0)
-    assert 67 in falls_in  # the first iteration after IterationTimer's fold (64 measured iterations after 2 of warm-up)
-    by = find_summary(tmp_path)["iteration_timer"]["tail"]["by_cause"]
-    assert by["unexplained"]["iterations"] == len([i for i in falls_in if i <= 100]) and "lightning_perf" not in by, by
 
 
 def test_a_fit_that_fails_leaves_no_watch_on_lightning_perfs_own_work(tmp_path, clock):
@@ -306,25 +292,24 @@ def test_a_fit_that_fails_leaves_no_watch_on_lightning_perfs_own_work(tmp_path, 
             return super().training_step(batch, batch_idx)
 
     with pytest.raises(RuntimeError, match="boom"):
-        fit(tmp_path, [IterationTimer(warmup_steps=2)], model=Fails(), max_steps=20, max_epochs=None,
-            limit_val_batches=0, num_sanity_val_steps=0)
+        run(tmp_path, Fails(), max_steps=20)
     assert not tail_module.OWN_WORK.sinks
 
 
-def test_lightning_perfs_own_work_under_a_millisecond_names_no_iteration(tmp_path, clock, monkeypatch):
+@pytest.mark.parametrize("cost, flagged", [(0.0009, 0), (0.0011, 9)])
+def test_lightning_perfs_own_work_under_a_millisecond_names_no_iteration(tmp_path, clock, monkeypatch, cost, flagged):
     """Own work shorter than 1 ms (and than half the median iteration) flags nothing: a 0.9 ms report leaves the
-    tail empty; a 1.1 ms one flags its 9 iterations, which are not slow (not in the tail)."""
-    for cost, flagged in ((0.0009, 0), (0.0011, 9)):
-        timer = IterationTimer(warmup_steps=2, log_every_n_steps=10)
-        slow_reports(monkeypatch, cost, timer)
-        root = tmp_path / str(cost)
-        fit(root, [timer, SectionProfiler(warmup_steps=2, report_every_n_steps=10, print_reports=False)],
-            model=Paced(n=256), max_steps=100, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0)
-        tail = find_summary(root)["iteration_timer"]["tail"]
-        ours = tail["by_cause"].get("lightning_perf")
-        assert (ours["flagged_iterations"] if ours else 0) == flagged, (cost, tail["by_cause"])
-        assert tail["iterations"] == 0
-        assert not any("lightning_perf's own" in i for i in tail["insights"])  # the rule fires on the tail only
+    tail empty; a 1.1 ms one flags its 9 iterations, which are not slow (not in the tail). One fit each: the report
+    patched once (patched twice in one test, the second cost would come on top of the first)."""
+    timer = IterationTimer(warmup_steps=2, log_every_n_steps=10)
+    slow_reports(monkeypatch, cost, timer)
+    t, _ = run(tmp_path, Paced(n=256), [SectionProfiler(warmup_steps=2, report_every_n_steps=10, print_reports=False)],
+               timer=timer, max_steps=100)
+    tail = t["tail"]
+    ours = tail["by_cause"].get("lightning_perf")
+    assert (ours["flagged_iterations"] if ours else 0) == flagged, (cost, tail["by_cause"])
+    assert tail["iterations"] == 0
+    assert not any("lightning_perf's own" in i for i in tail["insights"])  # the rule fires on the tail only
 
 
 def test_unexplained_stalls_and_the_k_slowest_kept(tmp_path, clock):
