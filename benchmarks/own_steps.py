@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead  # noqa: E402
@@ -41,12 +41,13 @@ STEP_HOOKS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backward
               "on_before_optimizer_step", "on_train_batch_end")
 
 
-def own_time_per_step(suite: Any, steps: int, root: str) -> List[float]:
+def own_time_per_step(suite: Any, steps: int, root: str,
+                      clock: Callable[[], float] = time.perf_counter) -> List[float]:
     """Seconds spent in ``suite``'s step hooks (and its SectionProfiler's iteration close, where it holds one) in
-    each of ``steps`` steps of the benchmark's loop, in step order."""
+    each of ``steps`` steps of the benchmark's loop, in step order, read on ``clock`` (wall time; a test passes a
+    clock it moves itself)."""
     per: List[float] = [0.0]
     inside = [False]  # the close runs inside a hook (a dataloader_iter step's batch start): timed there once
-    clock = time.perf_counter
 
     def timed(fn: Any, ends_step: bool = False) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:

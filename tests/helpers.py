@@ -179,6 +179,21 @@ class VirtualClock:
         self.t += seconds
 
 
+class TickingClock(VirtualClock):
+    """A :class:`VirtualClock` that also moves ``tick`` seconds at every read: code that times a call by a read
+    before and a read after it sees exactly ``tick`` a call, plus what the test advances in between. For a figure
+    relative to a typical call (a median) that must not be zero; nothing else moves it."""
+
+    def __init__(self, tick: float) -> None:
+        super().__init__()
+        self.tick = tick
+
+    def __call__(self) -> float:
+        t = self.t
+        self.t += self.tick
+        return t
+
+
 def use_virtual_clock(monkeypatch: Any) -> VirtualClock:
     """Puts a :class:`VirtualClock` in place of ``now`` in every lightning_perf module that reads it."""
     import importlib
@@ -229,3 +244,25 @@ class SimulatedDevice(Callback):
         from lightning_perf.measure.clock import DeviceIntervalClock
 
         self.target._clock = DeviceIntervalClock(event_factory=self.event)
+
+
+def hold_until_sampled(trainer: Any, timeout_s: float = 10.0) -> bool:
+    """Returns once the background memory sampler of ``trainer``'s VRAMMonitor (its PeakSampler thread) has taken a
+    reading that started after this call: what the caller holds now is in it. In place of a fixed sleep "long
+    enough for the sampler", which a sampler thread starved on a busy machine could sleep through. False after
+    ``timeout_s`` without one (a sampler that stopped, or none): the caller's assertion on the peak then fails."""
+    import time
+
+    from lightning_perf import VRAMMonitor
+
+    sampler = next((cb._sampler for cb in trainer.callbacks if isinstance(cb, VRAMMonitor)), None)
+    if sampler is None:
+        return False
+    # the reading under way at this call may have started before it; the one after that one did not
+    wanted = sampler.samples + 2
+    deadline = time.monotonic() + timeout_s
+    while sampler.samples < wanted:
+        if time.monotonic() > deadline or not sampler.alive:
+            return False
+        time.sleep(0.001)
+    return True

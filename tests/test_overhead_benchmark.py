@@ -207,31 +207,31 @@ def test_the_cache_pollution_probe_times_its_copy_and_refuses_bad_sizes():
 
 @pytest.mark.slow
 def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path, one_thread):
-    """benchmarks/own_steps.py: a suite callback that spins 2 ms at every 10th batch end (read by the spin itself,
-    perf_counter): those steps are over 5x the median, each with at least the spin's time, and what the steps over
-    5x carry of the mean holds their spins; where a step falls is named as SectionProfiler and IterationTimer count
-    their windows."""
-    import time
-
+    """benchmarks/own_steps.py: a suite callback that spins 2 ms at every 10th batch end: those steps, and only
+    those, are over 5x the median, each with the spin's time on top of the others' own time, and what the steps over
+    5x carry of the mean is their time; where a step falls is named as SectionProfiler and IterationTimer count
+    their windows. Timed on a clock the test moves (helpers.TickingClock, passed as own_time_per_step's ``clock``):
+    1 µs a timed call (each step hook and SectionProfiler's close), and the spin's 2 ms. On wall time a busy machine
+    preempted hooks into steps over 5x the median; here every step's time is known exactly."""
     import lightning_perf
+    from helpers import TickingClock
     from lightning_perf.callbacks._base import PerfCallback
 
     own_steps = load_script("own_steps")
     own_steps.overhead.LOGGER["on"] = False
+    tick, spin_s = 1e-6, 0.002
+    clock = TickingClock(tick)
 
     class Spin(PerfCallback):
         section_name = "spin"
 
         def __init__(self):
             super().__init__()
-            self.spent, self.batches = {}, 0
+            self.batches = 0
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if self.batches % 10 == 9:
-                start = time.perf_counter()
-                while time.perf_counter() < start + 0.002:
-                    pass
-                self.spent[self.batches] = time.perf_counter() - start
+                clock.advance(spin_s)
             self.batches += 1
 
         def _summary_section(self):
@@ -241,17 +241,22 @@ def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path, one_thr
     suite = lightning_perf.PerfSuite([lightning_perf.IterationTimer(),
                                       lightning_perf.SectionProfiler(print_reports=False, report_every_n_steps=1000),
                                       lightning_perf.EvalNoGradGuard(), spin])
-    per_step = own_steps.own_time_per_step(suite, 120, str(tmp_path))
+    per_step = own_steps.own_time_per_step(suite, 120, str(tmp_path), clock=clock)
     assert len(per_step) == 120 and spin.batches == 120
-    d = own_steps.describe(per_step, every=1000)
-    big = {i for i in range(20, 120) if 1e6 * per_step[i] > 5 * d["median"]}
     spun = set(range(29, 120, 10))
-    # every spin lands on its own step; a few others may too (the suite's folds; on a busy machine, a hook
-    # preempted: the clock is wall time), far fewer than the steps that did not spin
-    assert spun <= big and len(big - spun) <= 10, (sorted(big), d)
-    assert all(per_step[i] >= spin.spent[i] for i in spun)
-    assert 1e6 * sum(spin.spent[i] for i in spun) / 100 <= d["big_share_us"] <= d["mean"]
-    assert sum(n for n, _ in d["by"].values()) == len(big)
+    # a step: its step hooks and SectionProfiler's close of the previous iteration (none before the first step),
+    # one tick each, and the spin where it ran
+    calls = len(own_steps.STEP_HOOKS) + 1
+    expected = [tick * (calls - (i == 0)) + spin_s * (i % 10 == 9) for i in range(120)]
+    assert per_step == pytest.approx(expected, abs=1e-9)
+    d = own_steps.describe(per_step, every=1000)
+    assert d["median"] == pytest.approx(1e6 * calls * tick)
+    big = {i for i in range(20, 120) if 1e6 * per_step[i] > 5 * d["median"]}
+    assert big == spun, (sorted(big), d)
+    spun_us = 1e6 * (calls * tick + spin_s)
+    assert d["big_share_us"] == pytest.approx(len(spun) * spun_us / 100)
+    assert d["mean"] == pytest.approx((len(spun) * spun_us + (100 - len(spun)) * 1e6 * calls * tick) / 100)
+    assert d["by"] == {"other": (len(spun), pytest.approx(spun_us))}  # no report in 120 steps of 1000
     assert [own_steps.place(i, 50) for i in (50, 49, 51)] == ["report step", "step before", "other"]
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "own_steps.py"), "--steps", "5"],
                           capture_output=True, text=True, cwd=ROOT)

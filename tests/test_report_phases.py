@@ -245,18 +245,17 @@ def test_eval_in_train_hooks_has_its_own_peak_not_the_train_peak(tmp_path, monke
 
 
 def test_eval_in_train_hooks_on_cpu_sees_a_known_allocation_in_host_rss(tmp_path):
-    """No simulation: 400 MB touched inside the phase, held 0.1 s; the sampler reads RSS every 10 ms."""
-    import time
-
-    from helpers import find_summary
+    """No simulation: 400 MB touched inside the phase, held until the sampler thread (RSS every 10 ms) has read
+    memory with them in it: a fixed 0.1 s was slept through by a sampler thread starved on a busy machine."""
+    from helpers import find_summary, hold_until_sampled
 
     class BigInHook(TinyModel):
         def on_train_batch_end(self, outputs, batch, batch_idx):
             if batch_idx == 2:
                 with phase("eval_in_train_hooks"), torch.no_grad():
                     big = torch.ones(100_000_000)
-                    time.sleep(0.1)
                     assert big[-1] == 1  # touched, resident
+                    hold_until_sampled(self.trainer)
                     big = None
 
     fit(tmp_path, [VRAMMonitor(nvml_interval_s=0.01)], model=BigInHook(), max_epochs=1, limit_val_batches=1)

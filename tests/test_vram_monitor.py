@@ -1,6 +1,5 @@
 import os
 import threading
-import time
 from types import SimpleNamespace
 
 import pynvml
@@ -9,7 +8,7 @@ import torch
 
 import lightning_perf.callbacks.vram_monitor as vram_module
 import lightning_perf.measure.memory as memory_module
-from helpers import TinyModel, find_summary, fit, read_scalars
+from helpers import TinyModel, find_summary, fit, hold_until_sampled, read_scalars
 from lightning_perf import VRAMMonitor
 from lightning_perf.measure.memory import MB, LeakDetector
 
@@ -17,18 +16,23 @@ BIG = 100_000_000  # floats: 400 MB, touched so that it is resident
 
 
 class BigInValidation(TinyModel):
+    """BIG floats in every validation step, held until the monitor's sampler thread has read RSS with them in it (a
+    fixed 0.1 s was slept through by a thread starved on a busy machine)."""
+
     def validation_step(self, batch, batch_idx):
         big = torch.ones(BIG)
-        time.sleep(0.1)  # held long enough for the sampler (10 ms) to see it
+        hold_until_sampled(self.trainer)
         del big
         return super().validation_step(batch, batch_idx)
 
 
 class BigInTraining(TinyModel):
+    """BIG floats in the 4th training step, held likewise."""
+
     def training_step(self, batch, batch_idx):
         if batch_idx == 3:
             big = torch.ones(BIG)
-            time.sleep(0.1)
+            hold_until_sampled(self.trainer)
             del big
         return super().training_step(batch, batch_idx)
 
