@@ -25,6 +25,8 @@ callback:
 
     python benchmarks/overhead.py                  # about 4 minutes on 2 cores
     python benchmarks/overhead.py --paired         # the paired A/B alone, about 1.5 minutes
+    python benchmarks/overhead.py --paired --paired-steps 12000 --configs PerfSuite spin --spin-us 40
+                                                   # the suite beside a hook of known cost, ~2 minutes
     python benchmarks/overhead.py --quick          # a smoke run
     python benchmarks/overhead.py --device cuda    # on a GPU, about 4 minutes: see below
     python benchmarks/overhead.py --hooks-only SectionProfiler PerfSuite --against ../old-checkout --rounds 3
@@ -150,6 +152,20 @@ class GpuBatches:
 
 class Noop(Callback):
     pass
+
+
+class Spin(Callback):
+    """A calibration for the paired A/B: ``us`` µs of the training thread's CPU spun at each batch end, touching
+    almost no memory. Its A/B is that time plus its dispatch plus what a hook's work costs the step around it (caches,
+    the branch predictor): a callback's A/B above its own time and dispatch compares with this."""
+
+    def __init__(self, us: float) -> None:
+        self.us = us
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        end = time.thread_time() + self.us * 1e-6
+        while time.thread_time() < end:
+            pass
 
 
 class Busy(LightningModule):
@@ -724,6 +740,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                              " blocks of steps (the full benchmark prints it after the A/B)")
     parser.add_argument("--paired-steps", type=int, default=None,
                         help="steps of each paired fit (4000 on CPU, 2000 on CUDA; 400 with --quick)")
+    parser.add_argument("--spin-us", type=float, nargs="+", metavar="US", default=[],
+                        help="add configurations that spin US µs of thread CPU at each batch end: what a hook of known"
+                             " cost reads in the A/B (a calibration; with --configs, name them 'spin')")
     parser.add_argument("--block", type=int, default=7,
                         help="steps per block of the paired A/B (default 7: prime to the callbacks' and Lightning's"
                              " 50-step log cadences, so their periodic work falls on every step of a block and in"
@@ -746,6 +765,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     other_mode = args.ab_only or args.hooks_only or args.per_hook or args.profile  # modes without the paired A/B
     if args.paired and other_mode:
         parser.error("--paired runs the paired A/B alone: leave out --ab-only, --hooks-only, --per-hook and --profile")
+    if any(not 0 < us <= 100_000 for us in args.spin_us):
+        parser.error(f"--spin-us must be > 0 and <= 100000 (µs), got {args.spin_us}")
     if args.paired_steps is None:
         args.paired_steps = 400 if args.quick else 2000 if args.device == "cuda" else 4000
     paired_runs = not other_mode
@@ -792,6 +813,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for cb in suite():
         name = type(cb).__name__
         configs[f"  {name} alone"] = lambda name=name: {"callbacks": [getattr(lightning_perf, name)()]}
+    for us in args.spin_us:
+        configs[f"spin {us:g} µs (calibration)"] = lambda us=us: {"callbacks": [Spin(us)]}
     if args.configs:
         configs = {k: v for k, v in configs.items() if k == "bare" or any(c in k for c in args.configs)}
     # on CUDA the A/B runs twice: a host-bound step (small layers: every host µs is a wall µs) and a GPU-bound one

@@ -190,6 +190,24 @@ def test_bad_paired_arguments_are_one_line_and_exit_2():
     assert proc.returncode == 2 and "--paired-steps must be >= 4 * --block + 10" in proc.stderr
     proc = bench("--paired", "--ab-only")
     assert proc.returncode == 2 and "--paired runs the paired A/B alone" in proc.stderr
+    proc = bench("--paired", "--spin-us", "40", "0")
+    assert proc.returncode == 2 and "--spin-us must be > 0 and <= 100000 (µs), got [40.0, 0.0]" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_spin_calibration_spins_what_it_says_and_runs_in_the_paired_ab():
+    """--spin-us: the calibration callback takes at least its µs of the thread's CPU in its hook (a lower bound that
+    a busy machine cannot break: the spin reads thread CPU time), and its configuration has a row in the paired A/B."""
+    import time
+
+    spin = load_benchmark().Spin(300.0)
+    start = time.thread_time()
+    spin.on_train_batch_end(None, None, None, None, 0)
+    assert time.thread_time() - start >= 300e-6
+    proc = bench("--paired", "--quick", "--configs", "spin", "--spin-us", "300")
+    assert proc.returncode == 0, proc.stderr
+    rows = re.findall(r"^(\S.*?)\s{2,}[0-9.]+\s+-?[0-9.]+\s+\[", proc.stdout, re.M)
+    assert rows == ["spin 300 µs (calibration)"], proc.stdout
 
 
 @pytest.mark.slow
