@@ -155,7 +155,8 @@ class Noop(Callback):
 
 
 class Spin(Callback):
-    """A calibration for the paired A/B: ``us`` µs of the training thread's CPU spun at each batch end, touching
+    """A calibration for the paired A/B: ``us`` µs spun at each batch end on ``perf_counter`` (a vDSO read: no system
+    call, whose kernel entry would itself disturb the step; the thread's CPU time where it is not preempted), touching
     almost no memory. Its A/B is that time plus its dispatch plus what a hook's work costs the step around it (caches,
     the branch predictor): a callback's A/B above its own time and dispatch compares with this."""
 
@@ -163,8 +164,9 @@ class Spin(Callback):
         self.us = us
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        end = time.thread_time() + self.us * 1e-6
-        while time.thread_time() < end:
+        clock = time.perf_counter
+        end = clock() + self.us * 1e-6
+        while clock() < end:
             pass
 
 
@@ -741,7 +743,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--paired-steps", type=int, default=None,
                         help="steps of each paired fit (4000 on CPU, 2000 on CUDA; 400 with --quick)")
     parser.add_argument("--spin-us", type=float, nargs="+", metavar="US", default=[],
-                        help="add configurations that spin US µs of thread CPU at each batch end: what a hook of known"
+                        help="add configurations that spin US µs at each batch end: what a hook of known"
                              " cost reads in the A/B (a calibration; with --configs, name them 'spin')")
     parser.add_argument("--block", type=int, default=7,
                         help="steps per block of the paired A/B (default 7: prime to the callbacks' and Lightning's"
