@@ -769,6 +769,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("--paired runs the paired A/B alone: leave out --ab-only, --hooks-only, --per-hook and --profile")
     if any(not 0 < us <= 100_000 for us in args.spin_us):
         parser.error(f"--spin-us must be > 0 and <= 100000 (µs), got {args.spin_us}")
+    if len({f"{us:g}" for us in args.spin_us}) < len(args.spin_us):
+        parser.error(f"--spin-us names one value twice: {args.spin_us}")
+    if args.spin_us and (args.hooks_only or args.per_hook or args.profile):
+        parser.error("--spin-us adds configurations to the A/B: leave out --hooks-only, --per-hook and --profile")
     if args.paired_steps is None:
         args.paired_steps = 400 if args.quick else 2000 if args.device == "cuda" else 4000
     paired_runs = not other_mode
@@ -819,6 +823,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         configs[f"spin {us:g} µs (calibration)"] = lambda us=us: {"callbacks": [Spin(us)]}
     if args.configs:
         configs = {k: v for k, v in configs.items() if k == "bare" or any(c in k for c in args.configs)}
+        if args.spin_us and not any(k.startswith("spin ") for k in configs):
+            parser.error(f"--spin-us: --configs {' '.join(args.configs)} leaves out the spin configurations; add"
+                         " 'spin' to --configs")
     # on CUDA the A/B runs twice: a host-bound step (small layers: every host µs is a wall µs) and a GPU-bound one
     loops = [("host-bound", True), ("GPU-bound", False)] if args.device == "cuda" else [("CPU", False)]
     if args.paired:

@@ -14,7 +14,7 @@ from lightning.pytorch import Callback
 
 import lightning_perf.callbacks.vram_monitor as vram_module
 import lightning_perf.measure.memory as memory_module
-from helpers import TinyModel, find_summary, fit, read_scalars
+from helpers import TinyModel, find_summary, fit, hold_until_sampled, read_scalars
 from lightning_perf import VRAMMonitor
 from lightning_perf.measure.device_activity import (
     GPU_READINGS,
@@ -289,6 +289,8 @@ def test_the_sampler_thread_reads_activity_and_the_training_thread_never_does(tm
     class Steady(TinyModel):
         def training_step(self, batch, batch_idx):
             time.sleep(0.02)  # long enough for the 10 ms sampler to tick within most log windows
+            if batch_idx == 0:  # and at least once in training, however starved its thread is on a busy machine
+                assert hold_until_sampled(self.trainer), "the memory sampler thread took no reading in 10 s"
             return super().training_step(batch, batch_idx)
 
     monkeypatch.setattr(memory_module, "load_pynvml", lambda: nvml)

@@ -92,20 +92,6 @@ def load_benchmark():
     return module
 
 
-class VirtualClock:
-    """The probes' clock (``overhead.CLOCK``) made virtual: it moves only where a test moves it, so what the A/B
-    reads is exactly what the test put in, on a busy machine too."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-    def advance(self, seconds):
-        self.t += seconds
-
-
 @pytest.mark.slow
 def test_the_paired_ab_finds_a_known_cost_and_none_where_there_is_none(tmp_path, monkeypatch):
     """Real fits, the probes' clock virtual: every training step takes 1 ms plus a seeded jitter of up to 100 µs, and
@@ -115,8 +101,10 @@ def test_the_paired_ab_finds_a_known_cost_and_none_where_there_is_none(tmp_path,
 
     from lightning.pytorch import Callback
 
+    from helpers import VirtualClock
+
     overhead = load_benchmark()
-    clock, jitter = VirtualClock(), random.Random(0)
+    clock, jitter = VirtualClock(), random.Random(0)  # the probes' clock: it moves only where this test moves it
     monkeypatch.setitem(overhead.CLOCK, "fn", clock)
     original = overhead.Busy.training_step
 
@@ -132,14 +120,16 @@ def test_the_paired_ab_finds_a_known_cost_and_none_where_there_is_none(tmp_path,
 
     spun = overhead.run_paired([Spin()], steps=244, skip=20, block=7, root=str(tmp_path))
     assert spun["pairs"] == 16 and spun["steps"] == (16 * 6, 16 * 6)
+    # the jitter (uniform over 100 µs, sd 28.9) leaves a difference of 96 steps' means an sd of ~4.2 µs, of their
+    # medians ~7.2: 95% CIs ~16 and ~28 µs wide; neither degenerate nor unbounded
     for field in ("median", "mean"):
         low, high = spun[f"{field}_ci"]
-        assert abs(spun[field] - 2000.0) < 30.0 and low <= 2000.0 <= high, spun
+        assert abs(spun[field] - 2000.0) < 30.0 and low <= 2000.0 <= high and 2.0 < high - low < 60.0, spun
     assert abs(spun["without_median"] - 1050.0) < 30.0, spun
     nothing = overhead.run_paired([overhead.Noop()], steps=244, skip=20, block=7, root=str(tmp_path))
     for field in ("median", "mean"):
         low, high = nothing[f"{field}_ci"]
-        assert abs(nothing[field]) < 30.0 and low <= 0.0 <= high, nothing
+        assert abs(nothing[field]) < 30.0 and low <= 0.0 <= high and 2.0 < high - low < 60.0, nothing
 
 
 @pytest.mark.slow
@@ -192,6 +182,12 @@ def test_bad_paired_arguments_are_one_line_and_exit_2():
     assert proc.returncode == 2 and "--paired runs the paired A/B alone" in proc.stderr
     proc = bench("--paired", "--spin-us", "40", "0")
     assert proc.returncode == 2 and "--spin-us must be > 0 and <= 100000 (µs), got [40.0, 0.0]" in proc.stderr
+    proc = bench("--paired", "--spin-us", "40", "40.0")
+    assert proc.returncode == 2 and "--spin-us names one value twice" in proc.stderr
+    proc = bench("--per-hook", "PerfSuite", "--spin-us", "40")
+    assert proc.returncode == 2 and "--spin-us adds configurations to the A/B" in proc.stderr
+    proc = bench("--paired", "--configs", "PerfSuite", "--spin-us", "40")
+    assert proc.returncode == 2 and "leaves out the spin configurations; add 'spin' to --configs" in proc.stderr
 
 
 @pytest.mark.slow

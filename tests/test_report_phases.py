@@ -255,7 +255,7 @@ def test_eval_in_train_hooks_on_cpu_sees_a_known_allocation_in_host_rss(tmp_path
                 with phase("eval_in_train_hooks"), torch.no_grad():
                     big = torch.ones(100_000_000)
                     assert big[-1] == 1  # touched, resident
-                    hold_until_sampled(self.trainer)
+                    assert hold_until_sampled(self.trainer), "the memory sampler thread took no reading in 10 s"
                     big = None
 
     fit(tmp_path, [VRAMMonitor(nvml_interval_s=0.01)], model=BigInHook(), max_epochs=1, limit_val_batches=1)

@@ -21,7 +21,7 @@ class BigInValidation(TinyModel):
 
     def validation_step(self, batch, batch_idx):
         big = torch.ones(BIG)
-        hold_until_sampled(self.trainer)
+        assert hold_until_sampled(self.trainer), "the memory sampler thread took no reading in 10 s"
         del big
         return super().validation_step(batch, batch_idx)
 
@@ -32,7 +32,7 @@ class BigInTraining(TinyModel):
     def training_step(self, batch, batch_idx):
         if batch_idx == 3:
             big = torch.ones(BIG)
-            hold_until_sampled(self.trainer)
+            assert hold_until_sampled(self.trainer), "the memory sampler thread took no reading in 10 s"
             del big
         return super().training_step(batch, batch_idx)
 
