@@ -154,6 +154,11 @@ class Noop(Callback):
     pass
 
 
+def spin_name(us: float) -> str:
+    """The A/B's name of the configuration ``--spin-us us`` adds."""
+    return f"spin {us:g} µs (calibration)"
+
+
 class Spin(Callback):
     """A calibration for the paired A/B: ``us`` µs spun at each batch end on ``perf_counter`` (a vDSO read: no system
     call, whose kernel entry would itself disturb the step; the thread's CPU time where it is not preempted), touching
@@ -773,6 +778,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--spin-us names one value twice: {args.spin_us}")
     if args.spin_us and (args.hooks_only or args.per_hook or args.profile):
         parser.error("--spin-us adds configurations to the A/B: leave out --hooks-only, --per-hook and --profile")
+    if args.spin_us and args.configs and not any(c in spin_name(us) for us in args.spin_us for c in args.configs):
+        parser.error(f"--spin-us: --configs {' '.join(args.configs)} leaves out the spin configurations; add"
+                     " 'spin' to --configs")
     if args.paired_steps is None:
         args.paired_steps = 400 if args.quick else 2000 if args.device == "cuda" else 4000
     paired_runs = not other_mode
@@ -820,12 +828,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         name = type(cb).__name__
         configs[f"  {name} alone"] = lambda name=name: {"callbacks": [getattr(lightning_perf, name)()]}
     for us in args.spin_us:
-        configs[f"spin {us:g} µs (calibration)"] = lambda us=us: {"callbacks": [Spin(us)]}
+        configs[spin_name(us)] = lambda us=us: {"callbacks": [Spin(us)]}
     if args.configs:
         configs = {k: v for k, v in configs.items() if k == "bare" or any(c in k for c in args.configs)}
-        if args.spin_us and not any(k.startswith("spin ") for k in configs):
-            parser.error(f"--spin-us: --configs {' '.join(args.configs)} leaves out the spin configurations; add"
-                         " 'spin' to --configs")
     # on CUDA the A/B runs twice: a host-bound step (small layers: every host µs is a wall µs) and a GPU-bound one
     loops = [("host-bound", True), ("GPU-bound", False)] if args.device == "cuda" else [("CPU", False)]
     if args.paired:
