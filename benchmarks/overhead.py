@@ -774,7 +774,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("--paired runs the paired A/B alone: leave out --ab-only, --hooks-only, --per-hook and --profile")
     if any(not 0 < us <= 100_000 for us in args.spin_us):
         parser.error(f"--spin-us must be > 0 and <= 100000 (µs), got {args.spin_us}")
-    if len({f"{us:g}" for us in args.spin_us}) < len(args.spin_us):
+    if len({spin_name(us) for us in args.spin_us}) < len(args.spin_us):
         parser.error(f"--spin-us names one value twice: {args.spin_us}")
     if args.spin_us and (args.hooks_only or args.per_hook or args.profile):
         parser.error("--spin-us adds configurations to the A/B: leave out --hooks-only, --per-hook and --profile")

@@ -104,13 +104,13 @@ def main(argv: List[str] = None) -> int:
         parser.error(f"--steps must be >= 100 (the first 20 are left out as warm-up), got {args.steps}")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    root = tempfile.mkdtemp()
-    overhead.run([], steps=100, skip=1, root=root)  # the process warmed up
     suite = lightning_perf.PerfSuite([lightning_perf.IterationTimer(),
                                       lightning_perf.SectionProfiler(print_reports=not args.quiet),
                                       lightning_perf.VRAMMonitor(), lightning_perf.EvalNoGradGuard()])
     every = suite.callbacks[1].report_every_n_steps
-    d = describe(own_time_per_step(suite, args.steps, root), every)
+    with tempfile.TemporaryDirectory() as root:  # the runs' logs and summaries go with it
+        overhead.run([], steps=100, skip=1, root=root)  # the process warmed up
+        d = describe(own_time_per_step(suite, args.steps, root), every)
     print(f"\nThe four defaults in one PerfSuite (table {'not ' if args.quiet else ''}printed), µs in its step hooks"
           f" a step, over {d['steps']} steps:")
     print(f"  median {d['median']:.1f}  mean {d['mean']:.1f}  p99 {d['p99']:.0f}  p99.9 {d['p999']:.0f}"

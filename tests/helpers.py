@@ -250,7 +250,7 @@ def hold_until_sampled(trainer: Any, timeout_s: float = 10.0) -> bool:
     """Returns once the background memory sampler of ``trainer``'s VRAMMonitor (its PeakSampler thread) has taken a
     reading that started after this call: what the caller holds now is in it. In place of a fixed sleep "long
     enough for the sampler", which a sampler thread starved on a busy machine could sleep through. False after
-    ``timeout_s`` without one (a sampler that stopped, or none): the caller's assertion on the peak then fails."""
+    ``timeout_s`` without one (a sampler that stopped, or none): callers assert the result."""
     import time
 
     from lightning_perf import VRAMMonitor

@@ -64,18 +64,6 @@ def test_a_run_that_fails_in_the_other_checkout_stops_with_its_own_error(tmp_pat
     assert "an older lightning_perf without what the benchmark needs" in proc.stderr
 
 
-@pytest.fixture
-def one_thread():
-    """torch on one thread, as the benchmark's main sets it: with two, the training thread's CPU time holds its spin
-    waiting for a worker that a busy machine has not scheduled, more after a step's pause than in a run of steps."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def load_script(name):
     """benchmarks/<name>.py as a module (in this process), with the measured package this checkout's."""
     import importlib.util
@@ -133,7 +121,7 @@ def test_the_paired_ab_finds_a_known_cost_and_none_where_there_is_none(tmp_path,
 
 
 @pytest.mark.slow
-def test_paired_blocks_take_the_callbacks_and_what_they_set_up_out_and_give_them_back(tmp_path, one_thread):
+def test_paired_blocks_take_the_callbacks_and_what_they_set_up_out_and_give_them_back(tmp_path):
     """PerfSuite in and out in blocks: in a step without it no global forward hook of EvalNoGradGuard is in torch's
     dict and the strategy has no SectionProfiler wrapper; IterationTimer counts exactly the iterations whose batch end
     it saw; at the end the suite is back for the end of training (its summary is written, the wrapper given back)."""
@@ -233,7 +221,7 @@ def test_the_cache_pollution_probe_times_its_copy_and_refuses_bad_sizes():
 
 
 @pytest.mark.slow
-def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path, one_thread):
+def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path):
     """benchmarks/own_steps.py: a suite callback that spins 2 ms at every 10th batch end: those steps, and only
     those, are over 5x the median, each with the spin's time on top of the others' own time, and what the steps over
     5x carry of the mean is their time; where a step falls is named as SectionProfiler and IterationTimer count

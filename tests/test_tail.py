@@ -235,15 +235,16 @@ def test_each_place_of_lightning_perfs_own_work_names_the_iteration_it_falls_in(
                 cost()
 
     if place != "logger":
-        owner = {"IterationTimer": IterationTimer, "VRAMMonitor": VRAMMonitor}[place.split(".")[0]]
-        original = getattr(owner, place.split(".")[1])
+        owner_name, method = place.split(".")
+        owner = {"IterationTimer": IterationTimer, "VRAMMonitor": VRAMMonitor}[owner_name]
+        original = getattr(owner, method)
 
         def costly(*args, **kwargs):
             out = original(*args, **kwargs)
             cost()
             return out
 
-        monkeypatch.setattr(owner, place.split(".")[1], costly)
+        monkeypatch.setattr(owner, method, costly)
     t, _ = run(tmp_path, Paced(n=1024), [VRAMMonitor(activity=False),
                                          SectionProfiler(report_every_n_steps=1000, print_reports=False)],
                timer=timer, max_steps=100, logger=SlowLogger(tmp_path) if place == "logger" else True)

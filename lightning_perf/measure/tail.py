@@ -108,7 +108,7 @@ class OwnWork:
                 sink(seconds)
 
     def watch(self, sink: Callable[[float], None]) -> None:
-        self.sinks = [ref for ref in self.sinks if ref() is not None and ref() != sink]
+        self.unwatch(sink)  # once, however often watched
         self.sinks.append(weakref.WeakMethod(sink))  # type: ignore[arg-type]
 
     def unwatch(self, sink: Callable[[float], None]) -> None:
