@@ -154,23 +154,33 @@ class Noop(Callback):
     pass
 
 
-def spin_name(us: float) -> str:
-    """The A/B's name of the configuration ``--spin-us us`` adds."""
-    return f"spin {us:g} µs (calibration)"
+#: The step hooks a spin is spread over, in this order: ``--spin-hooks 1`` spins at the batch end alone.
+SPIN_HOOKS = ("on_train_batch_end", "on_train_batch_start", "on_before_zero_grad", "on_before_backward",
+              "on_after_backward", "on_before_optimizer_step")
+
+
+def spin_name(us: float, hooks: int = 1) -> str:
+    """The A/B's name of the configuration ``--spin-us us --spin-hooks hooks`` adds."""
+    return f"spin {us:g} µs (calibration)" if hooks == 1 else f"spin {us:g} µs over {hooks} hooks (calibration)"
 
 
 class Spin(Callback):
-    """A calibration for the paired A/B: ``us`` µs spun at each batch end on ``perf_counter`` (a vDSO read: no system
+    """A calibration for the paired A/B: ``us`` µs spun at each step on ``perf_counter`` (a vDSO read: no system
     call, whose kernel entry would itself disturb the step; the thread's CPU time where it is not preempted), touching
-    almost no memory. Its A/B is that time plus its dispatch plus what a hook's work costs the step around it (caches,
-    the branch predictor): a callback's A/B above its own time and dispatch compares with this."""
+    almost no memory, in ``hooks`` of the step hooks (:data:`SPIN_HOOKS`, the batch end first), ``us / hooks`` in
+    each. Its A/B is that time plus its dispatch plus what a hook's work costs the step around it (caches, the branch
+    predictor): a callback's A/B above its own time and dispatch compares with this, and the same µs over six hooks
+    against one says what the places a callback's work runs in cost beyond the work."""
 
-    def __init__(self, us: float) -> None:
-        self.us = us
+    def __init__(self, us: float, hooks: int = 1) -> None:
+        self.us, self.hooks = us, hooks
+        self.each_s = us * 1e-6 / hooks
+        for name in SPIN_HOOKS[:hooks]:
+            setattr(self, name, self._spin)  # Lightning looks the hook up on the instance
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def _spin(self, *args: Any) -> None:
         clock = time.perf_counter
-        end = clock() + self.us * 1e-6
+        end = clock() + self.each_s
         while clock() < end:
             pass
 
@@ -748,8 +758,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--paired-steps", type=int, default=None,
                         help="steps of each paired fit (4000 on CPU, 2000 on CUDA; 400 with --quick)")
     parser.add_argument("--spin-us", type=float, nargs="+", metavar="US", default=[],
-                        help="add configurations that spin US µs at each batch end: what a hook of known"
-                             " cost reads in the A/B (a calibration; with --configs, name them 'spin')")
+                        help="add configurations that spin US µs a step (at the batch end, or over --spin-hooks):"
+                             " what a hook of known cost reads in the A/B (a calibration; with --configs, name them"
+                             " 'spin')")
+    parser.add_argument("--spin-hooks", type=int, nargs="+", metavar="N", default=[1],
+                        help="with --spin-us: spread each spin over N of the six step hooks (US / N µs in each;"
+                             " default 1, the batch end): '--spin-hooks 1 6' adds both, so the A/B shows what"
+                             " the places cost beyond the work")
     parser.add_argument("--block", type=int, default=7,
                         help="steps per block of the paired A/B (default 7: prime to the callbacks' and Lightning's"
                              " 50-step log cadences, so their periodic work falls on every step of a block and in"
@@ -776,9 +791,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--spin-us must be > 0 and <= 100000 (µs), got {args.spin_us}")
     if len({spin_name(us) for us in args.spin_us}) < len(args.spin_us):
         parser.error(f"--spin-us names one value twice: {args.spin_us}")
+    if any(not 1 <= n <= len(SPIN_HOOKS) for n in args.spin_hooks):
+        parser.error(f"--spin-hooks must be between 1 and {len(SPIN_HOOKS)} (the step hooks), got {args.spin_hooks}")
+    if len(set(args.spin_hooks)) < len(args.spin_hooks):
+        parser.error(f"--spin-hooks names one value twice: {args.spin_hooks}")
+    if args.spin_hooks != [1] and not args.spin_us:
+        parser.error("--spin-hooks spreads the spins of --spin-us: give --spin-us too")
     if args.spin_us and (args.hooks_only or args.per_hook or args.profile):
         parser.error("--spin-us adds configurations to the A/B: leave out --hooks-only, --per-hook and --profile")
-    if args.spin_us and args.configs and not any(c in spin_name(us) for us in args.spin_us for c in args.configs):
+    if args.spin_us and args.configs and not any(c in spin_name(us, n) for us in args.spin_us
+                                                 for n in args.spin_hooks for c in args.configs):
         parser.error(f"--spin-us: --configs {' '.join(args.configs)} leaves out the spin configurations; add"
                      " 'spin' to --configs")
     if args.paired_steps is None:
@@ -828,7 +850,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         name = type(cb).__name__
         configs[f"  {name} alone"] = lambda name=name: {"callbacks": [getattr(lightning_perf, name)()]}
     for us in args.spin_us:
-        configs[spin_name(us)] = lambda us=us: {"callbacks": [Spin(us)]}
+        for hooks in args.spin_hooks:
+            configs[spin_name(us, hooks)] = lambda us=us, hooks=hooks: {"callbacks": [Spin(us, hooks)]}
     if args.configs:
         configs = {k: v for k, v in configs.items() if k == "bare" or any(c in k for c in args.configs)}
     # on CUDA the A/B runs twice: a host-bound step (small layers: every host µs is a wall µs) and a GPU-bound one

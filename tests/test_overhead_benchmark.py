@@ -178,7 +178,13 @@ def test_bad_paired_arguments_are_one_line_and_exit_2(capsys):
              (["--paired", "--spin-us", "40", "40.0"], "--spin-us names one value twice"),
              (["--per-hook", "PerfSuite", "--spin-us", "40"], "--spin-us adds configurations to the A/B"),
              (["--paired", "--configs", "PerfSuite", "--spin-us", "40"],
-              "leaves out the spin configurations; add 'spin' to --configs")]
+              "leaves out the spin configurations; add 'spin' to --configs"),
+             (["--paired", "--spin-us", "40", "--spin-hooks", "0"],
+              "--spin-hooks must be between 1 and 6 (the step hooks), got [0]"),
+             (["--paired", "--spin-us", "40", "--spin-hooks", "1", "7"],
+              "--spin-hooks must be between 1 and 6 (the step hooks), got [1, 7]"),
+             (["--paired", "--spin-us", "40", "--spin-hooks", "6", "6"], "--spin-hooks names one value twice"),
+             (["--paired", "--spin-hooks", "6"], "--spin-hooks spreads the spins of --spin-us: give --spin-us too")]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_:
             overhead.main(argv)
@@ -197,14 +203,24 @@ def test_the_spin_calibration_spins_what_it_says_and_runs_in_the_paired_ab():
     lower bound that a busy machine cannot break), and its configuration has a row in the paired A/B."""
     import time
 
-    spin = load_benchmark().Spin(300.0)
+    overhead = load_benchmark()
+    spin = overhead.Spin(300.0)
     start = time.perf_counter()
     spin.on_train_batch_end(None, None, None, None, 0)
     assert time.perf_counter() - start >= 300e-6
-    proc = bench("--paired", "--quick", "--configs", "spin", "--spin-us", "300")
+    # spread over six hooks: 50 µs in each of the six step hooks, none in the others
+    spread = overhead.Spin(300.0, hooks=6)
+    for name in overhead.SPIN_HOOKS:
+        start = time.perf_counter()
+        getattr(spread, name)(None, None, None, None, 0)
+        assert time.perf_counter() - start >= 50e-6, name
+    assert all(name not in vars(spread) for name in ("on_validation_batch_end", "on_train_epoch_end"))
+    assert sorted(vars(overhead.Spin(300.0, hooks=2))) == sorted(["us", "hooks", "each_s", "on_train_batch_end",
+                                                                   "on_train_batch_start"])
+    proc = bench("--paired", "--quick", "--configs", "spin", "--spin-us", "300", "--spin-hooks", "1", "6")
     assert proc.returncode == 0, proc.stderr
     rows = re.findall(r"^(\S.*?)\s{2,}[0-9.]+\s+-?[0-9.]+\s+\[", proc.stdout, re.M)
-    assert rows == ["spin 300 µs (calibration)"], proc.stdout
+    assert rows == ["spin 300 µs (calibration)", "spin 300 µs over 6 hooks (calibration)"], proc.stdout
 
 
 @pytest.mark.slow
