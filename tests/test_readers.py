@@ -295,6 +295,35 @@ def test_load_summary_names_the_file_the_field_the_value_and_the_rule(runs, tmp_
     assert str(err.value) == f"{bad}: `iteration_timer.ms_per_iter.mean` must be a finite number >= 0, got NaN"
 
 
+#: tail.by_cause's keys that the model once passed through unchecked: each wrongly typed one is refused like any other.
+BAD_TAIL_CAUSE = {
+    "gc_pause_s": ("gc", {"gc_pause_s": "3.5"}, "`iteration_timer.tail.by_cause.gc.gc_pause_s` must be a number or"
+                                                " null, got '3.5'"),
+    "also": ("gc", {"also": {"checkpoint": "2"}}, "`iteration_timer.tail.by_cause.gc.also.checkpoint` must be an"
+                                                  " integer or null, got '2'"),
+    "flagged_iterations": ("gc", {"flagged_iterations": "4"}, "`iteration_timer.tail.by_cause.gc.flagged_iterations`"
+                                                              " must be an integer or null, got '4'"),
+    "own_s": ("lightning_perf", {"own_s": "0.2"}, "`iteration_timer.tail.by_cause.lightning_perf.own_s` must be a"
+                                                  " number or null, got '0.2'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TAIL_CAUSE))
+def test_a_wrongly_typed_tail_cause_field_is_refused_naming_it(runs, tmp_path, case):
+    cause, entry, message = BAD_TAIL_CAUSE[case]
+    good = {"iterations": 1, "time_s": 0.06, "excess_s": 0.05, "mean_ms": 60.0, "share_pct": 5.0,
+            "flagged_iterations": 4, "also": {"checkpoint": 2}, "gc_pause_s": 0.03, "own_s": 0.01}
+    fine = edited(runs, tmp_path, **{f"iteration_timer.tail.by_cause.{cause}": good})
+    assert parse(load_summary(fine)).iteration_timer.tail.by_cause[cause].model_extra == {}  # all typed, none extra
+    bad = edited(runs, tmp_path, **{f"iteration_timer.tail.by_cause.{cause}": dict(good, **entry)})
+    with pytest.raises(SummaryError) as err:
+        load_summary(bad)
+    assert str(err.value) == f"{bad}: {message}"
+    rc, _, err_text = in_process("compare", runs["base"], bad, "--fail-if-slower", "5")  # the gate, as CI runs it
+    assert rc == 2
+    one_error_line(err_text, bad, message)
+
+
 def test_a_path_with_a_nul_byte_is_one_line(runs):
     rc, _, err = in_process("compare", "runs/a\x00b.json", runs["cand"])
     assert rc == 2

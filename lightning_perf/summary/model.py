@@ -261,6 +261,13 @@ class TailCause(Section):
     excess_s: Seconds = Field(None, description="their time above the median iteration")
     mean_ms: Ms = None
     share_pct: Pct = Field(None, description="their time, % of training time")
+    flagged_iterations: Count = Field(None, description="all measured iterations put down to this cause (their first"
+                                                        " cause), slow or not")
+    also: Map(Count) = Field(None, description="other cause -> how many of the `flagged_iterations` it coincided with")
+    gc_pause_s: Seconds = Field(None, description="for `gc`: the flagged collections' pauses in the"
+                                                  " `flagged_iterations`")
+    own_s: Seconds = Field(None, description="for `lightning_perf`: the time its own periodic work took in the"
+                                             " `flagged_iterations`")
     section: Obj(CauseSection) = Field(None, description="with SectionProfiler in the run: the section that grew")
 
 
