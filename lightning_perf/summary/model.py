@@ -117,8 +117,6 @@ Integer = Annotated[Optional[Annotated[int, Ge(-MAX_INT), Le(MAX_INT)]], BeforeV
 Flag = Annotated[Optional[bool], BeforeValidator(_typed(bool, "true or false"))]
 Text = Annotated[Optional[str], BeforeValidator(_typed(str, "a string"))]
 Reasons = Annotated[Optional[Dict[str, Text]], BeforeValidator(_obj)]
-#: Per-rank figures under DDP: documented in each callback's page, read by no reader of the file.
-Ranks = Annotated[Optional[Dict[str, Any]], BeforeValidator(_obj), Field(description="under DDP: figures per rank")]
 
 #: Times and sizes: ms, s, MB, percentages, rates. Counts: iterations, samples, runs.
 Ms = Seconds = MB = Pct = Rate = NonNegative
@@ -142,6 +140,24 @@ def Map(item: Any) -> Any:
 
 def Seq(item: Any) -> Any:
     return Annotated[Optional[List[item]], BeforeValidator(_seq)]
+
+
+class RankSpread(Section):
+    """One figure across the ranks of a DDP run (``spread_across_ranks``)."""
+
+    per_rank: Seq(NonNegative) = Field(None, description="the figure of each rank, rank 0 first; null where a rank had"
+                                                         " none")
+    min: NonNegative = None
+    median: NonNegative = None
+    max: NonNegative = None
+    worst_rank: Count = Field(None, description="the rank with the highest figure")
+
+
+#: Per-rank figures under DDP: documented in each callback's page, read by no reader of the file.
+Ranks = Annotated[Map(Obj(RankSpread)), Field(description="under DDP: figure -> its spread across the ranks")]
+
+#: What a callback's section holds instead of its figures when building them raised.
+SectionError = Annotated[Text, Field(description="the section could not be built: the exception, `Type: message`")]
 
 
 # -- run, error, logged ----------------------------------------------------------------------------------------------
@@ -282,6 +298,17 @@ class TailIteration(Section):
                                                        " its median the most in this iteration")
 
 
+class TailGc(Section):
+    collections: Count = Field(None, description="Python garbage collections while training, all generations")
+    full_collections: Count = Field(None, description="of them, full (generation 2) collections")
+    pause_s: Seconds = Field(None, description="their pauses, in all")
+
+
+class TailDataLoader(Section):
+    num_workers: Count = Field(None, description="the training DataLoader's worker processes")
+    persistent_workers: Flag = Field(None, description="whether they stay alive across epochs")
+
+
 class Tail(Section):
     share_pct: Pct = Field(None, description="% of training time in iterations over `factor` x the median")
     iterations: Count = None
@@ -292,6 +319,10 @@ class Tail(Section):
     by_cause: Map(Obj(TailCause)) = Field(None, description="`epoch_start`, `checkpoint`, `after_validation`,"
                                                            " `alloc_retry`, `gc`, `lightning_perf`, `unexplained`")
     slowest: Seq(Obj(TailIteration)) = Field(None, description="the `keep_slowest` slowest, slowest first")
+    keep_slowest: Count = Field(None, description="IterationTimer's `keep_slowest`")
+    gc: Obj(TailGc) = None
+    alloc_retries: Count = Field(None, description="the CUDA allocator's retries in training (null off CUDA)")
+    dataloader: Obj(TailDataLoader) = Field(None, description="null when the loader's workers could not be read")
     insights: Seq(Text) = None
 
 
@@ -316,8 +347,12 @@ class IterationTimer(Section):
     items_per_s: Rate = None
     flops_per_batch: NonNegative = Field(None, description="FLOPs of one training batch, forward and backward")
     flops_source: Text = Field(None, description="`argument` or `auto`")
+    flops_count_time_s: Seconds = Field(None, description="`auto`: the time the FLOP count took (outside the"
+                                                          " measured iterations)")
     tflops_per_s: Rate = Field(None, description="per device, over the measured iterations")
     available_flops: NonNegative = Field(None, description="the device's peak FLOP/s for `flops_dtype`")
+    available_flops_source: Text = Field(None, description="`argument` or `get_available_flops` (Lightning's table)")
+    flops_dtype: Text = Field(None, description="the dtype the peak is read for, e.g. `bfloat16`")
     mfu_pct: Pct = Field(None, description="model FLOPs utilisation: achieved / available FLOP/s, in %")
     tail: Obj(Tail) = None
     device_ms_per_iter: Obj(IterStats) = None
@@ -338,6 +373,7 @@ class IterationTimer(Section):
     ranks: Ranks = None
     unavailable: Reasons = None
     measurement_failures: Reasons = None
+    error: SectionError = None
 
 
 # -- vram ---------------------------------------------------------------------------------------------------------------
@@ -404,6 +440,7 @@ class Vram(Section):
     ranks: Ranks = None
     unavailable: Reasons = None
     measurement_failures: Reasons = None
+    error: SectionError = None
     activity: Obj(Activity) = Field(None, description="what the GPU and host were doing, per phase")
 
 
@@ -415,14 +452,37 @@ class Metric(Section):
         None, description="`max`: higher is better; `min`: lower is better")
     passed: Flag = None
     reason: Text = None
+    step: Count = Field(None, description="the global step of the check that gave this verdict")
+    baseline: Real = Field(None, description="the baseline's value, with a baseline")
+    delta: Real = Field(None, description="`value` - `baseline`")
+    delta_pct: Real = Field(None, description="`delta`, % of the baseline's magnitude (null for a baseline of 0)")
+    tolerance: NonNegative = None
+    tolerance_mode: Annotated[Optional[Literal["relative", "absolute"]], BeforeValidator(_typed(str, "a string"))] = (
+        Field(None, description="`relative`: `tolerance` is a fraction of the baseline; `absolute`: in the metric's"
+                                " units"))
+    allowed_delta: NonNegative = Field(None, description="how far `value` may move the bad way and pass")
+
+
+class FailedCheck(Section):
+    step: Count = None
+    metrics: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="the metrics that failed it")
+    reason: Text = Field(None, description="with `require_same_step`: why the step was not the baseline's")
+
+
+class Lpips(Section):
+    net: Text = Field(None, description="`alex`, `vgg` or `squeeze`")
+    available: Flag = None
+    backbone: Text = Field(None, description="`pretrained`, or `random (plumbing only, not LPIPS)`")
 
 
 class QualityGate(Section):
     passed: Flag = Field(None, description="null when nothing was gated")
+    reason: Text = Field(None, description="with a baseline and no check run: why the gate did not pass")
     last_check_passed: Flag = None
     action: Text = None
     metrics: Map(Obj(Metric)) = None
     checks: Count = None
+    failed_checks: Seq(Obj(FailedCheck)) = Field(None, description="the first failed checks (at most 100)")
     failed_check_count: Count = None
     step: Count = None
     images_scored: Count = None
@@ -430,10 +490,13 @@ class QualityGate(Section):
     baseline_step: Count = Field(None, description="the global step the baseline was recorded at, where it says")
     require_same_step: Flag = Field(None, description="a check at another step than `baseline_step` fails")
     baseline_source: Text = None
+    baseline: Map(Real) = Field(None, description="metric -> the baseline value it is gated against")
     recorded_baseline: Text = None
     data_range: Real = None
+    lpips: Obj(Lpips) = Field(None, description="with `lpips` among the metrics: the network it was scored with")
     unavailable: Reasons = None
     measurement_failures: Reasons = None
+    error: SectionError = None
 
 
 class Section_(Section):
@@ -447,6 +510,8 @@ class Section_(Section):
     p50_ms: Ms = None
     p95_ms: Ms = None
     share_pct: Pct = None
+    inclusive_total_s: Seconds = Field(None, description="automatic sections: with the user sections inside them")
+    inclusive_mean_ms: Ms = Field(None, description="automatic sections: with the user sections inside them")
     inclusive_share_pct: Pct = Field(None, description="automatic sections: with the user sections inside them")
     device_mean_ms: Ms = None
     closed_by_exception: Count = None
@@ -481,6 +546,11 @@ class SlowIteration(Section):
 
 class SectionProfiler(Section):
     enabled: Flag = None
+    data_loading_boundary: Text = Field(None, description="`batch_gap` or `fetch`: where data loading was timed")
+    manual_optimization: Flag = None
+    warmup_steps: Count = None
+    device_timing_every_n_iterations: Positive = None
+    report_every_n_steps: Positive = None
     iterations: Count = None
     iteration_ms: Obj(IterStats) = None
     sections: Map(Obj(Section_)) = None
@@ -492,18 +562,41 @@ class SectionProfiler(Section):
         None, description="this process's slowest iterations (up to 20), slowest first")
     insights: Seq(Annotated[str, BeforeValidator(_text_item)]) = None
     overhead_us_per_step: Real = None
+    thresholds: Map(Real) = Field(None, description="the insights' thresholds, name -> value")
     ranks: Ranks = None
     unavailable: Reasons = None
     measurement_failures: Reasons = None
+    error: SectionError = None
+
+
+class GradFinding(Section):
+    site: Text = Field(None, description="the hook that ran the forward, `Class.method`")
+    hook: Text = Field(None, description="the Lightning hook on the stack, null when none was")
+    module: Text = Field(None, description="the module's class")
+    count: Count = Field(None, description="forwards in eval mode with autograd on")
+    saved_for_backward_mb: MB = None
+    fixed: Flag = Field(None, description="`mode='fix'` ran them under `torch.no_grad()`")
+
+
+class RetainedGraph(Section):
+    attribute: Text = Field(None, description="the module's attribute that held them")
+    seen_at: Text = Field(None, description="the hook where it was first seen")
+    max_count: Count = Field(None, description="the most tensors with autograd graphs it held at once")
+    max_mb_kept: MB = Field(None, description="the most memory they kept alive")
+    epochs_seen: Count = Field(None, description="the epoch ends (training or validation) it was found at")
 
 
 class EvalNoGradGuard(Section):
     mode: Text = None
+    allow: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="the hooks allowed grad in eval")
     clean: Flag = None
     grad_enabled_eval_forwards: Count = None
     saved_for_backward_mb: MB = None
+    findings: Seq(Obj(GradFinding)) = Field(None, description="one per (site, module)")
+    retained_graphs: Seq(Obj(RetainedGraph)) = Field(None, description="one per module attribute")
     unavailable: Reasons = None
     measurement_failures: Reasons = None
+    error: SectionError = None
 
 
 class Diagnosis(Section):
