@@ -181,6 +181,43 @@ def test_tensorboard_gets_tflops_mfu_and_items(tmp_path, clock):
     assert scalars["perf/mfu_pct"][-1][1] == pytest.approx(100 * closed_form_flops() / STEP_S / 1e9, rel=1e-4)
 
 
+class KeepsGraphs(LinearStack):
+    """Keeps every step's loss with its autograd graph, in a list and in a dict (a leak EvalNoGradGuard reports):
+    ``copy.deepcopy`` refuses a tensor with a graph, and the count needs a copy of the module."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept = []
+        self.by_name = {"losses": []}
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.kept.append(loss)
+        self.by_name["losses"].append(loss * 2)
+        return loss
+
+
+class KeepsGraphsReadsItsLoss(KeepsGraphs):
+    """Also reads a value in its step: counted on a real copy, not on the meta one."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.last_loss = loss.item()
+        return loss
+
+
+@pytest.mark.parametrize("model_class", [KeepsGraphs, KeepsGraphsReadsItsLoss], ids=["meta_copy", "real_copy"])
+def test_auto_counts_a_model_that_keeps_its_graphs(tmp_path, clock, model_class):
+    """The tensors with a graph that the module holds go to the copy detached: the count is the closed form, on the
+    meta copy and on the real one, and the model's own lists keep their graphs."""
+    t, model = timed_fit(tmp_path, IterationTimer(warmup_steps=3, flops_per_batch="auto"), model=model_class(),
+                         max_steps=8)
+    assert t["flops_source"] == "auto" and t["flops_per_batch"] == closed_form_flops()
+    assert "tflops_per_s" not in t["unavailable"]
+    assert len(model.kept) == len(model.by_name["losses"]) == model.steps == 8  # the copy appended to its own lists
+    assert all(loss.grad_fn is not None for loss in model.kept + model.by_name["losses"])
+
+
 class LockedModel(LinearStack):
     """Holds a lock (as a model with a background writer would): it cannot be copied, so its FLOPs cannot be counted."""
 
