@@ -1,4 +1,5 @@
 import os
+import re
 import time
 
 import pytest
@@ -306,6 +307,38 @@ def test_nested_sections_decorator_and_exceptions(tmp_path):
     assert table["decode"]["count"] == 6 and table["sampling"]["mean_ms"] >= table["decode"]["mean_ms"]
     assert table["flaky"]["closed_by_exception"] == 6
     assert sections_module._frames() == []  # nothing left open
+
+
+def test_the_printed_table_lists_each_user_section_under_the_section_it_ran_in(tmp_path):
+    """A user section's row follows its parent's row (the sections inside it by total, indented a step per level),
+    whatever the totals: ``denoise`` runs in forward, whose total is below backward's, and its ``decode`` inside it."""
+
+    class Nested(TinyModel):
+        def training_step(self, batch, batch_idx):
+            with profile_section("denoise"):
+                with profile_section("decode"):
+                    pass
+            return super().training_step(batch, batch_idx)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            with profile_section("ema"):
+                pass
+
+    sp = profiler()
+    fit(tmp_path, [sp], model=Nested(), max_epochs=1)
+    table = sp.table()
+    assert (table["denoise"]["parent"], table["decode"]["parent"], table["ema"]["parent"]) == (
+        "forward", "denoise", "other")
+    rows = [re.match(r"^( *\S.*?)\s{2,}\d+\s", line) for line in sp.format_report().splitlines()[2:]]
+    labels = [row.group(1) for row in rows if row]
+    assert len(labels) == len([r for r in table.values() if r["count"]]), labels
+    assert "  denoise (in forward)" in labels and "    decode (in denoise)" in labels and "  ema (in other)" in labels
+    for child, parent in (("  denoise (in forward)", "forward"), ("    decode (in denoise)", "  denoise (in forward)"),
+                          ("  ema (in other)", "other")):
+        assert labels.index(child) == labels.index(parent) + 1, labels
+    top = [label for label in labels if not label.startswith(" ")]  # the top level, by total
+    totals = [table[label]["total_s"] for label in top]
+    assert totals == sorted(totals, reverse=True), labels
 
 
 def test_profile_section_without_a_profiler_does_nothing():

@@ -122,6 +122,36 @@ class _Section(_Samples):
         self.runs = 0  # a user section: counted iterations it ran in, this process
 
 
+def _printed_rows(table: Dict[str, Dict[str, Any]]) -> List[tuple]:
+    """(label, row) in the printed table's order: the top-level sections by total time, each followed by the user
+    sections that ran inside it (by total, indented one step per level, ``name (in parent)``). A section whose parent
+    has no row of its own is listed at the top level."""
+    present = {name: r for name, r in table.items() if r["count"]}
+    children: Dict[Optional[str], List[str]] = {}
+    for name, r in present.items():
+        parent = r["parent"] if r["kind"] != "auto" and r["parent"] in present and r["parent"] != name else None
+        children.setdefault(parent, []).append(name)
+    rows: List[tuple] = []
+    placed = set()
+
+    def place(parent: Optional[str], depth: int) -> None:
+        for name in sorted(children.get(parent, ()), key=lambda n: -(present[n]["total_s"] or 0)):
+            if name in placed:
+                continue
+            placed.add(name)
+            r = present[name]
+            label = name if r["kind"] == "auto" or r["parent"] is None else f"{name} (in {r['parent']})"
+            rows.append(("  " * depth + label, r))
+            place(name, depth + 1)
+
+    place(None, 0)
+    for name in sorted(set(present) - placed, key=lambda n: -(present[n]["total_s"] or 0)):  # parents in a loop
+        if name not in placed:  # (not made by a fit; a hand-edited checkpoint): listed, never lost
+            children[None] = [name]
+            place(None, 0)
+    return rows
+
+
 class SectionProfiler(PerfCallback):
     r"""Splits every training iteration into sections and reports count, total, mean, min, max, p50, p95 and share.
 
@@ -920,8 +950,7 @@ class SectionProfiler(PerfCallback):
 
     def format_report(self) -> str:
         table = self.table()
-        rows = [(name if r["kind"] == "auto" else f"  {name} (in {r['parent']})", r)
-                for name, r in sorted(table.items(), key=lambda kv: -(kv[1]["total_s"] or 0)) if r["count"]]
+        rows = _printed_rows(table)
         w = max([22] + [len(label) + 2 for label, _ in rows])
         iteration = self._iteration.host
         lines = [f"=== SectionProfiler: {iteration.count} iterations, {iteration.mean or 0:.2f} ms mean ===",
