@@ -271,3 +271,7 @@ def test_runs_are_named_by_the_part_of_their_paths_that_differs():
     named = [{"run": {"name": "phase 2d"}}, {"run": {}}]
     assert run_names(paths[:2], named) == ["phase 2d", "amp"]
     assert run_names([paths[0], paths[0]]) == ["version_0 (1)", "version_0 (2)"]
+    # files named apart: their names count (without .json), in one folder or in several
+    assert run_names(["runs/base.json", "runs/zero.json"]) == ["base", "zero"]
+    assert run_names(["runs/a/x.json", "runs/b/x.json", "runs/b/y.json"]) == ["a/x", "b/x", "b/y"]
+    assert run_names(["runs/a/x.json", "runs/b/y.json"]) == ["a/x", "b/y"]

@@ -48,10 +48,14 @@ def run_name(path: str) -> str:
 
 
 def run_names(paths: List[str], summaries: Optional[List[SummaryLike]] = None) -> List[str]:
-    """A name per run: ``run.name`` when the run was given one (``run_name=``), else the folders of its path that
-    differ from the others' (``runs/amp/lightning_logs/version_0`` beside ``runs/base/...`` is ``amp``), else the
-    folder holding the file; numbered where two would still be the same."""
-    folders = [os.path.dirname(os.path.abspath(p)).split(os.sep) for p in paths]
+    """A name per run: ``run.name`` when the run was given one (``run_name=``), else the part of its path that
+    differs from the others' (``runs/amp/lightning_logs/version_0`` beside ``runs/base/...`` is ``amp``; the file
+    name without ``.json`` counts where the files are named differently: ``runs/base.json`` beside
+    ``runs/zero.json`` is ``base``), else the folder holding the file; numbered where two would still be the same."""
+    files = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+    named_apart = len(set(files)) > 1
+    folders = [os.path.dirname(os.path.abspath(p)).split(os.sep) + ([files[i]] if named_apart else [])
+               for i, p in enumerate(paths)]
     names: List[str] = []
     for i, parts in enumerate(folders):
         given = _given_name(summaries[i]) if summaries else None
