@@ -74,6 +74,22 @@ def test_a_gate_that_checked_or_has_no_baseline_is_not_never_checked(tmp_path):
     assert g["passed"] is None and g["reason"] is None
 
 
+def test_recording_a_baseline_at_unreachable_steps_is_said_at_setup(tmp_path):
+    """A first run that records the baseline a later run gates on, at steps this run never reaches: said before
+    training (a later run would otherwise find a baseline that lacks every metric), and no file is written."""
+    target = tmp_path / "base.json"
+    recorder = QualityGate(metrics=["psnr"], at_steps=[3100], record_baseline=str(target))
+    with pytest.warns(UserWarning, match=r"at_steps=\[3100\] is outside the run's steps 1 to 4: nothing will be"
+                                         r" measured in this run, and record_baseline='.*base\.json' will write no"
+                                         r" baseline\.$"):
+        fit(tmp_path, [recorder], model=ImageModel(), max_epochs=None, max_steps=4)
+    assert not target.exists()
+    with pytest.warns(UserWarning, match=r"at_steps=\[3100\] is outside the run's steps 1 to 4: nothing will be"
+                                         r" measured in this run\.$"):
+        fit(tmp_path / "plain", [QualityGate(metrics=["psnr"], at_steps=[3100])], model=ImageModel(), max_epochs=None,
+            max_steps=4)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

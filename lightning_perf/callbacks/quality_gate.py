@@ -255,6 +255,10 @@ class QualityGate(PerfCallback):
             if unreachable and self.baseline is not None:
                 self._warn_once("unreachable", f"{unreachable}: this gate will not check in this run, and at fit end"
                                 f" it counts as failed ({self._on_never_checked()}).")
+            elif unreachable:  # no verdict to fail, but nothing will be measured (or recorded) either
+                self._warn_once("unreachable", f"{unreachable}: nothing will be measured in this run" + (
+                    f", and record_baseline={str(self.record_baseline)!r} will write no baseline"
+                    if self.record_baseline else "") + ".")
         else:
             self._reset()
         for name, reason in self._baseline_gaps.items():
