@@ -344,3 +344,19 @@ def test_matrix_names_a_variant_whose_summary_breaks_the_definition(runs, tmp_pa
                 "problem": problem}]
     rows = matrix_rows(results)
     assert rows[1]["status"] == f"summary unreadable: {problem}" and "`quality_gate.passed`" in rows[1]["status"]
+
+
+def test_compare_says_when_the_runs_trained_different_models(runs, tmp_path):
+    """Two runs of different LightningModule classes: the comparison says so (a like-for-like speedup only when that
+    was the change); the same class, or a class not recorded, says nothing of it."""
+    base = read(runs["base"])
+    assert base["run"]["model_class"]  # the callbacks record it
+    other = edited(runs, tmp_path, **{"run.model_class": "elsewhere.OtherNet"})
+    notes = compare_summaries(base, read(other))["notes"]
+    said = [n for n in notes if n.startswith("runs trained different models")]
+    assert said == [f"runs trained different models ({base['run']['model_class']} vs elsewhere.OtherNet): an iteration"
+                    " is not the same work unless that was the change"], notes
+    rc, out, _ = in_process("compare", runs["base"], other)
+    assert rc == 0 and said[0] in out
+    for same in (read(runs["cand"]), read(edited(runs, tmp_path, **{"run.model_class": None}))):
+        assert not any("different models" in n for n in compare_summaries(base, same)["notes"])

@@ -138,6 +138,10 @@ def compare_summaries(
     devices = (base.run.device, candidate.run.device)
     if devices[0] != devices[1]:
         notes.append(f"runs used different devices ({devices[0]} vs {devices[1]}): speed is not comparable")
+    models = (base.run.model_class, candidate.run.model_class)
+    if None not in models and models[0] != models[1]:
+        notes.append(f"runs trained different models ({models[0]} vs {models[1]}): an iteration is not the same work"
+                     " unless that was the change")
     head = headline(base, candidate, min_effect_pct=min_effect_pct)
     speedup = head["speedup"]
     between = between_runs_note(base, candidate) if head["ci95"] else None
