@@ -126,8 +126,10 @@ def test_report_rows_are_the_raw_json_against_the_first_or_the_previous_row(runs
         assert train == pytest.approx(WEIGHTS_MB + PHASES[names[i]][1])  # the injected allocation
         assert float(row["train_peak_mb"]) == pytest.approx(train)
         assert row["change_vs"] == change_vs
-        if i == 0:
-            assert row["change_pct"] == row["it_per_s_delta"] == row["train_peak_delta_mb"] == ""
+        if i == 0:  # the reference: nothing against it, a speedup of 1.0 against itself, the full start time
+            assert row["change_pct"] == row["it_per_s_delta"] == row["train_peak_delta_mb"] == row["reference"] == ""
+            assert float(row["speedup"]) == 1.0 and row["speedup_basis"] == "it/s"
+            assert row["date"] == data["run"]["started_at"]
             continue
         assert row["reference"] == names[ref]
         expected = 100.0 * (PHASES[names[ref]][0] / step_ms - 1.0)
