@@ -85,6 +85,14 @@ def test_text_and_markdown_show_the_breakdown_and_the_section_that_moved(runs):
     assert "**Moved most:** render, -4.00 ms/iter (-66.7%)" in md
 
 
+def test_a_run_against_itself_names_no_section_that_moved(runs):
+    """Nothing moved: no section is named for a change of +0.00 ms."""
+    result = json.loads(cli(runs["base"], runs["base"], "--format", "json"))
+    assert result["sections"]["moved_most"] is None
+    assert all(row["delta_ms"] == 0 for row in result["sections"]["rows"])
+    assert "Moved most" not in cli(runs["base"], runs["base"])
+
+
 def test_no_section_table_where_a_run_has_no_profiler(runs, tmp_path):
     with open(runs["base"]) as fh:
         data = json.load(fh)

@@ -368,3 +368,12 @@ def test_a_count_past_any_real_run_is_refused_in_checkpoint_state():
     for bad in (10**18, 10**400, -1, 1.5):
         with pytest.raises(StateError, match="expected an integer from 0 to"):
             StateReader({"iterations": bad}).count("iterations")
+
+
+def test_the_console_verdict_counts_one_check_in_the_singular(tmp_path):
+    passing = gate(at_steps=[4], tolerance=1.0)
+    fit(tmp_path / "gated", [passing], model=ImageModel(), max_epochs=None, max_steps=4)
+    assert passing.verdict().startswith("QualityGate: passed 1 check; last: psnr ")
+    measured = QualityGate(metrics=["psnr"], at_steps=[4])
+    fit(tmp_path / "measured", [measured], model=ImageModel(), max_epochs=None, max_steps=4)
+    assert measured.verdict().endswith("(no baseline, not gated; 1 check)")

@@ -542,10 +542,11 @@ class QualityGate(PerfCallback):
             return f"QualityGate: not passed, {self._never_checked}"
         if self._checks == 0:
             return "QualityGate: no validation was checked"
+        checks = f"{self._checks} check" + ("s" if self._checks != 1 else "")
         if self.baseline is None:
-            return f"QualityGate: {values} (no baseline, not gated; {self._checks} checks)"
+            return f"QualityGate: {values} (no baseline, not gated; {checks})"
         if not self._failed_count:
-            return f"QualityGate: passed all {self._checks} checks; last: {values}"
+            return f"QualityGate: passed {'all ' if self._checks != 1 else ''}{checks}; last: {values}"
         shown = "; ".join(f"step {f['step']}: {', '.join(f['metrics'])}" for f in self._failed[:10])
         more = f"; and {self._failed_count - 10} more" if self._failed_count > 10 else ""
         return (f"QualityGate: FAILED {self._failed_count} of {self._checks} checks ({shown}{more});"

@@ -259,7 +259,7 @@ def section_changes(base: PerfSummary, candidate: PerfSummary) -> Optional[Dict[
                      "base_share_pct": (b.get(name) or {}).get("share_pct"),
                      "candidate_share_pct": (c.get(name) or {}).get("share_pct"),
                      "delta_ms": d["delta"], "delta_pct": d["delta_pct"]})
-    moved = [r for r in rows if r["delta_ms"] is not None]
+    moved = [r for r in rows if r["delta_ms"]]  # a section that did not move (or is in one run only) moved least
     means = [run.section_profiler.iteration_ms.mean if run.section_profiler.iteration_ms is not None else None
              for run in (base, candidate)]
     return {"rows": rows,
