@@ -142,6 +142,144 @@ def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
         assert section in summary
 
 
+#: A LightningCLI script that prints, after its fit, every lightning_perf callback its Trainer ran (suites opened).
+TOY_CLI = """
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LightningCLI
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(LightningModule):
+    def __init__(self, lr: float = 0.05):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4)
+
+
+class CLI(LightningCLI):
+    def after_fit(self):
+        from lightning_perf import PerfSuite
+        from lightning_perf.callbacks._base import PerfCallback
+
+        ran = []
+        for cb in self.trainer.callbacks:
+            ran += [type(c).__name__ for c in (cb.callbacks if isinstance(cb, PerfSuite) else [cb])
+                    if isinstance(c, PerfCallback)]
+        print("RAN:", ",".join(sorted(ran)), flush=True)
+
+
+if __name__ == "__main__":
+    CLI(Net, save_config_callback=None)
+"""
+
+#: README's LightningCLI example (a PerfSuite entry) in a short CPU config.
+SUITE_CONFIG = """
+trainer:
+  max_steps: 12
+  logger: false
+  enable_progress_bar: false
+  enable_checkpointing: false
+  enable_model_summary: false
+  accelerator: cpu
+  callbacks:
+    - class_path: lightning_perf.PerfSuite
+      init_args:
+        callbacks:
+          - class_path: lightning_perf.IterationTimer
+            init_args: {warmup_steps: 2}
+          - class_path: lightning_perf.SectionProfiler
+          - class_path: lightning_perf.VRAMMonitor
+          - class_path: lightning_perf.EvalNoGradGuard
+"""
+
+#: README's other form, separate entries, two of the four, writing to a summary_path of their own (every variant).
+SEPARATE_CONFIG = """
+trainer:
+  callbacks:
+    - class_path: lightning_perf.IterationTimer
+      init_args: {warmup_steps: 3, summary_path: shared/perf_summary.json}
+    - class_path: lightning_perf.SectionProfiler
+      init_args: {summary_path: shared/perf_summary.json}
+"""
+
+
+@pytest.mark.slow
+def test_matrix_measures_with_the_configs_own_lightning_perf_callbacks(tmp_path):
+    """A config that already has the suite (README's LightningCLI example): each variant runs with one set of
+    callbacks, the config's own, and the matrix adds only what the config lacks; its summary is where the matrix
+    reads it, also when the config's callbacks write to a summary_path of their own."""
+    (tmp_path / "cli_toy.py").write_text(TOY_CLI)
+    (tmp_path / "both.yaml").write_text(SUITE_CONFIG)
+    (tmp_path / "separate.yaml").write_text(SEPARATE_CONFIG)
+    proc = cli("matrix", "--script", "cli_toy.py", "--config", "both.yaml", "--variant", "baseline",
+               "--variant", "separate=--config separate.yaml", "--out", "runs/m2", "--csv", "m.csv",
+               cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    rows = {r["variant"]: r for r in read_csv(tmp_path / "m.csv")}
+    suite = "EvalNoGradGuard,IterationTimer,SectionProfiler,VRAMMonitor"
+    for name, warmup in (("baseline", 2), ("separate", 3)):
+        run_dir = tmp_path / "runs" / "m2" / name
+        ran = [line for line in (run_dir / "output.log").read_text().splitlines() if line.startswith("RAN:")]
+        assert ran == [f"RAN: {suite}"], ran  # each of the four once: none added twice beside the config's
+        assert rows[name]["status"] == "completed", rows[name]
+        for key in ("total_time_s", "train_time_s", "ms_per_iter", "samples_per_s", "speedup", "peak_memory_mb",
+                    "end_to_end_s", "epoch_1_s"):
+            assert float(rows[name][key]) > 0, (name, key, rows[name][key])
+        summary = json.loads((run_dir / "perf_summary.json").read_text())
+        timer = summary["iteration_timer"]
+        assert timer["warmup_steps"] == warmup and timer["iterations"] == 12  # the config's IterationTimer measured
+        assert {"section_profiler", "vram", "eval_no_grad_guard"} <= set(summary)
+    assert "measured with the config's own lightning_perf callbacks (the matrix attached none)" in proc.stderr
+    assert "VRAMMonitor, EvalNoGradGuard attached by the matrix" in proc.stderr
+    assert "copied to runs/m2/separate/perf_summary.json" in proc.stderr
+
+
+def test_matrix_fill_mode_adds_only_what_the_trainer_lacks(tmp_path, monkeypatch):
+    """The matrix's attaching (``lightning-perf run``'s hook in fill mode), in one process: a QualityGate alone gets
+    the four; a PerfSuite of the four gets none; one the module adds in ``configure_callbacks`` is dropped at set-up."""
+    from helpers import TinyModel, fit
+    from lightning.pytorch.callbacks import Timer
+
+    from lightning_perf import IterationTimer, PerfSuite, QualityGate
+    from lightning_perf._attach import FILL_ENV, hook
+    from lightning_perf._attach.suite import AttachedSuite
+    from lightning_perf.bench.matrix import SUITE
+
+    monkeypatch.setenv("LIGHTNING_PERF_RUN_CALLBACKS", ",".join(SUITE))
+    monkeypatch.setenv(FILL_ENV, "1")
+
+    def attached(callbacks):
+        built = hook.with_suite({"callbacks": callbacks}, "lightning.pytorch")["callbacks"]
+        assert built[:-1] == callbacks and isinstance(built[-1], AttachedSuite)
+        return [type(cb).__name__ for cb in built[-1].callbacks]
+
+    assert attached([Timer(), QualityGate(metrics=["psnr"])]) == SUITE
+    assert attached([PerfSuite()]) == []
+    assert attached([IterationTimer(warmup_steps=1), Timer()]) == SUITE[1:]
+
+    class AddsATimer(TinyModel):
+        def configure_callbacks(self):
+            return [IterationTimer(warmup_steps=1)]
+
+    monkeypatch.setenv("LIGHTNING_PERF_SUMMARY_PATH", str(tmp_path / "perf_summary.json"))
+    suite = hook.with_suite({"callbacks": []}, "lightning.pytorch")["callbacks"][-1]
+    trainer = fit(tmp_path / "logs", [suite], model=AddsATimer(), max_epochs=1, logger=False)
+    assert [type(cb).__name__ for cb in suite.callbacks] == SUITE[1:]  # the module's timer measured, not a second
+    summary = json.loads((tmp_path / "perf_summary.json").read_text())
+    assert summary["status"] == "completed" and summary["iteration_timer"]["warmup_steps"] == 1
+    assert trainer.global_step == summary["iteration_timer"]["iterations"]
+
+
 def test_matrix_bad_variants_exit_2(tmp_path):
     proc = cli("matrix", "--script", "x.py", "--variant", "turbo", cwd=ROOT)
     assert proc.returncode == 2 and "no preset" in proc.stderr

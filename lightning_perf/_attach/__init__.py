@@ -23,6 +23,10 @@ NAME_ENV = "LIGHTNING_PERF_RUN_NAME"
 BASELINE_ENV = "LIGHTNING_PERF_RUN_BASELINE"
 #: A file the command's processes append one JSON line per event to, for the parent's closing lines.
 MANIFEST_ENV = "LIGHTNING_PERF_RUN_MANIFEST"
+#: Set by ``lightning-perf matrix``: a Trainer that already has some of the suite's callbacks (given to it, or in a
+#: PerfSuite) keeps them and gets only the others, none when it has them all, instead of being left alone; the
+#: attached suite then also says where the Trainer's summary went, also when only the Trainer's own callbacks wrote it.
+FILL_ENV = "LIGHTNING_PERF_RUN_FILL"
 
 #: The callbacks ``--callbacks`` may name, in summary order; the default is PerfSuite's.
 CALLBACK_NAMES = ("IterationTimer", "SectionProfiler", "VRAMMonitor", "EvalNoGradGuard", "QualityGate")

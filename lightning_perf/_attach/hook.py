@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any, Dict
 
-from lightning_perf._attach import CALLBACKS_ENV, record
+from lightning_perf._attach import CALLBACKS_ENV, FILL_ENV, record
 
 #: The module that defines each namespace's Trainer -> the namespace.
 TARGETS = {"lightning.pytorch.trainer.trainer": "lightning.pytorch",
@@ -112,17 +112,20 @@ def patch_module(module: Any) -> None:
 
 def with_suite(kwargs: Dict[str, Any], namespace: str) -> Dict[str, Any]:
     """The Trainer's arguments with the suite appended to ``callbacks`` (a new list: the caller's is not changed),
-    or unchanged when a lightning_perf callback is there already or the suite cannot be built."""
+    or unchanged when a lightning_perf callback is there already or the suite cannot be built. Under
+    ``lightning-perf matrix`` ($LIGHTNING_PERF_RUN_FILL) the suite holds only the callbacks the Trainer lacks (none
+    when it has them all: it then only reports where the Trainer's own callbacks wrote their summary)."""
     try:
         given = kwargs.get("callbacks")
         listed = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
-        if any(is_lightning_perf_callback(cb) for cb in listed):
+        fill = bool(os.environ.get(FILL_ENV))
+        if not fill and any(is_lightning_perf_callback(cb) for cb in listed):
             record("left_alone", namespace=namespace)
             return kwargs
         from lightning_perf._attach.suite import build_suite
 
-        suite = build_suite()
-        record("attached", namespace=namespace)
+        suite = build_suite(beside=listed if fill else None)
+        record("attached", namespace=namespace, callbacks=[type(cb).__name__ for cb in suite.callbacks])
         return dict(kwargs, callbacks=(tuple(listed) + (suite,)) if isinstance(given, tuple) else listed + [suite])
     except Exception as err:  # noqa: BLE001 - the Trainer is built as the command asked, unmeasured
         reason = f"{type(err).__name__}: {err}"

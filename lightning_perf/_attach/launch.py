@@ -15,6 +15,7 @@ from lightning_perf._attach import (
     BASELINE_ENV,
     CALLBACKS_ENV,
     DEFAULT_CALLBACKS,
+    FILL_ENV,
     MANIFEST_ENV,
     NAME_ENV,
     OUT_ENV,
@@ -31,16 +32,17 @@ FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHU
 
 
 def command_env(environ: Mapping[str, str], callbacks: List[str], out: Optional[str], name: Optional[str],
-                baseline: Optional[str], manifest: Optional[str]) -> Dict[str, str]:
+                baseline: Optional[str], manifest: Optional[str], fill: bool = False) -> Dict[str, str]:
     """The command's environment: ``environ`` with the start-up folder first on PYTHONPATH (the user's entries after
-    it, in their order) and the run's options; options not given are removed, not inherited from an outer run."""
+    it, in their order) and the run's options; options not given are removed, not inherited from an outer run.
+    ``fill`` (``lightning-perf matrix``): a Trainer with some of the suite's callbacks gets the others only."""
     env = dict(environ)
     given = env.get("PYTHONPATH", "")
     # the user's entries verbatim (an empty one means the working folder); ours once, also under a nested run
     entries = [e for e in given.split(os.pathsep) if not (e and os.path.abspath(e) == STARTUP_DIR)] if given else []
     env["PYTHONPATH"] = os.pathsep.join([STARTUP_DIR] + entries)
     for key, value in ((CALLBACKS_ENV, ",".join(callbacks)), (OUT_ENV, out), (NAME_ENV, name),
-                       (BASELINE_ENV, baseline), (MANIFEST_ENV, manifest)):
+                       (BASELINE_ENV, baseline), (MANIFEST_ENV, manifest), (FILL_ENV, "1" if fill else None)):
         if value:
             env[key] = value
         else:

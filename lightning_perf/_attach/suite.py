@@ -4,7 +4,7 @@ say, and stands aside (warns once, measures nothing) where it would change what 
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional
+from typing import Any, Iterable, List, Optional
 
 from lightning.pytorch import Callback
 
@@ -28,8 +28,24 @@ from lightning_perf.callbacks.perf_suite import PerfSuite
 from lightning_perf.errors import PerfCheckFailed
 
 
-def build_suite() -> "AttachedSuite":
-    """The suite of the run's options (the environment ``lightning-perf run`` set)."""
+def members(callbacks: Iterable[Any]) -> List[Any]:
+    """The callbacks, with each PerfSuite's own callbacks in its place (the ones that measure)."""
+    found: List[Any] = []
+    for cb in callbacks:
+        found += list(getattr(cb, "callbacks", None) or []) if isinstance(cb, PerfSuite) else [cb]
+    return found
+
+
+def already_there(cls: type, callbacks: Iterable[Any]) -> bool:
+    """Whether ``callbacks`` (PerfSuites looked into) hold a ``cls`` (also a subclass of it): a second one would
+    measure the same thing again and write the same summary section."""
+    return any(isinstance(cb, cls) for cb in members(callbacks))
+
+
+def build_suite(beside: Optional[List[Any]] = None) -> "AttachedSuite":
+    """The suite of the run's options (the environment ``lightning-perf run`` set). ``beside`` (the Trainer's own
+    callbacks, given under ``lightning-perf matrix``): a suite that fills in what they lack, without the callbacks
+    of a class they already hold (an empty suite when they hold them all)."""
     names = parse_callbacks(os.environ.get(CALLBACKS_ENV) or ",".join(DEFAULT_CALLBACKS))
     baseline = env_text(BASELINE_ENV)
     if baseline and "QualityGate" not in names:
@@ -39,11 +55,17 @@ def build_suite() -> "AttachedSuite":
     callbacks: List[Callback] = []
     for name in names:
         cls = getattr(lightning_perf, name)
+        if beside is not None and already_there(cls, beside):
+            continue
         if name == "QualityGate" and baseline:
             callbacks.append(cls(baseline=baseline, **gate_arguments(baseline)))
         else:
             callbacks.append(cls())
-    return AttachedSuite(callbacks, out=env_text(OUT_ENV), name=env_text(NAME_ENV))
+    return AttachedSuite(callbacks, out=env_text(OUT_ENV), name=env_text(NAME_ENV), fill=beside is not None)
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    """The step hook of a suite left without callbacks."""
 
 
 class AttachedSuite(PerfSuite):
@@ -59,12 +81,18 @@ class AttachedSuite(PerfSuite):
     aside when the Trainer has other lightning_perf callbacks by then (appended after construction, or from the
     module's ``configure_callbacks``), and when its callbacks refuse their set-up (a summary path that cannot be
     written): the command runs on, unmeasured by it.
+
+    ``fill`` (``lightning-perf matrix``): it fills in what the Trainer's own lightning_perf callbacks lack. At set-up
+    it drops each of its callbacks whose class the Trainer has by then, and stands aside for no other callback; with
+    none left it measures nothing, but still reports the files the Trainer's summary went to.
     """
 
-    def __init__(self, callbacks: List[Callback], out: Optional[str] = None, name: Optional[str] = None) -> None:
+    def __init__(self, callbacks: List[Callback], out: Optional[str] = None, name: Optional[str] = None,
+                 fill: bool = False) -> None:
         super().__init__(callbacks)
         self.out = out
         self.name = name
+        self.fill = fill
         self.trainer_number: Optional[int] = None
 
     def _compute_state_key(self) -> str:
@@ -72,16 +100,35 @@ class AttachedSuite(PerfSuite):
         explicit callbacks, and the other way round."""
         return f"{SUITE_KEY}{repr({'callbacks': [cb.state_key for cb in self.callbacks]})}"
 
+    def _build_dispatch(self) -> None:
+        PerfSuite._build_dispatch(self)
+        if self.callbacks:
+            self.__dict__.pop("on_train_batch_end", None)
+        else:  # no callback of its own: it must not hand the loggers the other callbacks' scalars at each step
+            self.on_train_batch_end = _nothing
+
     def _stand_aside(self, trainer: Any, why: str, event: str = "left_alone") -> None:
         self.callbacks = []
         self._build_dispatch()
         record(event, reason=why)
 
+    def _drop_taken(self, trainer: Any) -> None:
+        """Under ``fill``: its callbacks of a class the Trainer has by then (from ``configure_callbacks``) go."""
+        others = [cb for cb in trainer.callbacks if cb is not self and is_lightning_perf_callback(cb)]
+        keep = [cb for cb in self.callbacks if not already_there(type(cb), others)]
+        if len(keep) < len(self.callbacks):
+            record("left_alone", reason="the Trainer has " + ", ".join(
+                type(cb).__name__ for cb in self.callbacks if cb not in keep) + " of its own")
+            self.callbacks = keep
+            self._build_dispatch()
+
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if not self.callbacks:
+        if not self.callbacks and not self.fill:
             return
         try:
-            if any(cb is not self and is_lightning_perf_callback(cb) for cb in trainer.callbacks):
+            if self.fill:
+                self._drop_taken(trainer)
+            elif any(cb is not self and is_lightning_perf_callback(cb) for cb in trainer.callbacks):
                 self._stand_aside(trainer, "the Trainer has lightning_perf callbacks of its own")
                 return
             if self.trainer_number is None:

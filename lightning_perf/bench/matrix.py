@@ -1,15 +1,22 @@
 """Run one LightningCLI training under named variants, each in its own process with the suite attached, and
-report them like seed 002: total time, speedup with a CI, peak memory, per-epoch times, quality, the best."""
+report them like seed 002: total time, speedup with a CI, peak memory, per-epoch times, quality, the best.
+
+The suite is attached as ``lightning-perf run`` attaches it (:mod:`lightning_perf._attach`), at the Trainer's
+construction in the variant's process, in its fill mode: a Trainer whose config (or the variant's overrides) already
+has lightning_perf callbacks measures with those, and gets only the suite's callbacks it lacks."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from lightning_perf._attach import read_manifest
 from lightning_perf.summary.compare import break_even_text, compare_summaries, warmup_section
 from lightning_perf.summary.fields import (
     csv_text,
@@ -40,6 +47,7 @@ PRESETS: Dict[str, str] = {
 #: Short names of presets, as seed 002 wrote its combinations (`amp+cudnn+workers`).
 ALIASES: Dict[str, str] = {"cudnn": "cudnn_benchmark", "workers": "persistent_workers", "bf16": "amp"}
 
+#: The callbacks each variant is measured with: the config's own where it has them, else attached by the matrix.
 SUITE = ["IterationTimer", "SectionProfiler", "VRAMMonitor", "EvalNoGradGuard"]
 SUMMARY_ENV = "LIGHTNING_PERF_SUMMARY_PATH"
 
@@ -78,12 +86,53 @@ def parse_variants(specs: Sequence[str]) -> List[Tuple[str, List[str]]]:
 
 
 def variant_command(python: str, script: str, config: Optional[str], overrides: List[str], out: str) -> List[str]:
+    """The variant's command line; the suite is not on it: :func:`variant_env` attaches what the Trainer lacks."""
     cmd = [python, script, "fit"]
     if config:
         cmd += ["--config", config]
-    cmd += overrides + [f"--trainer.default_root_dir={out}"]
-    cmd += [f"--trainer.callbacks+=lightning_perf.{name}" for name in SUITE]
-    return cmd
+    return cmd + overrides + [f"--trainer.default_root_dir={out}"]
+
+
+def variant_env(summary_path: str, manifest: str) -> Dict[str, str]:
+    """The variant's environment: ``lightning-perf run``'s start-up hook in fill mode (each Trainer gets the
+    callbacks of :data:`SUITE` it does not already have, from its config or the overrides; none when it has them
+    all), the summary file of every callback that names none, and the manifest the Trainers report to."""
+    from lightning_perf._attach.launch import command_env
+
+    env = command_env(os.environ, list(SUITE), out=None, name=None, baseline=None, manifest=manifest, fill=True)
+    env[SUMMARY_ENV] = summary_path
+    return env
+
+
+def _callbacks_note(events: List[Dict[str, Any]]) -> Optional[str]:
+    """What the variant's Trainer was measured with, from its manifest: the suite attached, the config's own
+    lightning_perf callbacks, or both; and why the suite could not be attached, if it could not."""
+    notes: List[str] = []
+    for event in events:
+        if event.get("event") == "attached" and isinstance(event.get("callbacks"), list):
+            added = [str(name) for name in event["callbacks"]]
+            own = [name for name in SUITE if name not in added]
+            if not added:
+                notes.append("the config's own lightning_perf callbacks (the matrix attached none)")
+            else:
+                notes.append(f"{', '.join(added)} attached by the matrix"
+                             + (f", the config's own {', '.join(own)}" if own else ""))
+        elif event.get("event") == "failed" and event.get("reason"):
+            notes.append(f"not measured by the matrix's callbacks: {event['reason']}")
+    return "; ".join(dict.fromkeys(notes)) or None
+
+
+def _written_elsewhere(events: List[Dict[str, Any]], summary_path: str) -> Optional[str]:
+    """The fit summary the variant's Trainer wrote elsewhere (its callbacks name their own ``summary_path``), when
+    none is at ``summary_path``."""
+    if os.path.lexists(summary_path):
+        return None
+    for event in events:
+        if event.get("event") == "written" and event.get("trainer") == 1:
+            for path in event.get("paths") or []:
+                if isinstance(path, str) and os.path.isfile(path):
+                    return path
+    return None
 
 
 def variant_dir(out_dir: str, name: str) -> str:
@@ -130,18 +179,41 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
         if os.path.isfile(summary_path):  # an earlier run's file: this run writes its own (never a pipe or device)
             os.unlink(summary_path)
         cmd = variant_command(python, script, config, overrides, run_dir)
-        env = dict(os.environ, **{SUMMARY_ENV: summary_path})
         log(f"[matrix] {name}: {' '.join(shlex.quote(c) for c in cmd)}")
-        start = time.perf_counter()
-        with open(os.path.join(run_dir, "output.log"), "w") as out:
+        fd, manifest = tempfile.mkstemp(prefix="lightning_perf_matrix.", suffix=".jsonl")
+        os.close(fd)
+        try:
+            env = variant_env(summary_path, manifest)
+            start = time.perf_counter()
+            with open(os.path.join(run_dir, "output.log"), "w") as out:
+                try:
+                    proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+                    code: Optional[int] = proc.returncode
+                except subprocess.TimeoutExpired:
+                    code = None
+            wall = time.perf_counter() - start
+            events = read_manifest(manifest)
+        finally:
             try:
-                proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
-                code: Optional[int] = proc.returncode
-            except subprocess.TimeoutExpired:
-                code = None
-        wall = time.perf_counter() - start
+                os.unlink(manifest)
+            except OSError:
+                pass
         result: Dict[str, Any] = {"name": name, "overrides": overrides, "exit_code": code, "wall_s": wall,
-                                  "summary_path": summary_path, "summary": None, "log": out.name}
+                                  "summary_path": summary_path, "summary": None, "log": out.name,
+                                  "measured_with": _callbacks_note(events)}
+        if result["measured_with"]:
+            log(f"[matrix] {name}: measured with {result['measured_with']}")
+        elsewhere = _written_elsewhere(events, summary_path)
+        if elsewhere is not None:  # each variant keeps its own copy: the next one may write the same file again
+            result["summary_from"] = elsewhere
+            try:
+                shutil.copyfile(elsewhere, summary_path)
+                log(f"[matrix] {name}: the config's callbacks wrote their summary to {elsewhere}; copied to"
+                    f" {summary_path}")
+            except OSError as err:
+                result["summary_path"] = summary_path = elsewhere
+                log(f"[matrix] {name}: the config's callbacks wrote their summary to {elsewhere}; read there (not"
+                    f" copied: {err.strerror or err})")
         try:
             result["summary"] = load_summary(summary_path)
         except SummaryError as err:
