@@ -6,18 +6,30 @@ import argparse
 import math
 import os
 import sys
-from typing import List, Optional, TextIO
+from typing import List, Optional, Set, TextIO
 
 from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
 
 EXIT_OK, EXIT_SLOWER, EXIT_ERROR = 0, 1, 2
+#: The exit status when stdout or stderr was closed before everything was written to it (``| head``): 128 + SIGPIPE,
+#: what a shell reports for a command that SIGPIPE ended. Never 0: a reader that went away is no pass.
+EXIT_PIPE = 128 + 13
 DEFAULT_BENCH_CSV = os.path.join("runs", "bench.csv")
+
+#: The standard streams ("stdout", "stderr") found closed during this ``main`` call.
+_closed_streams: Set[str] = set()
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, as for a bad file
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+    def print_help(self, file: Optional[TextIO] = None) -> None:  # `--help | head -1`: as any output, quietly
+        _write_stream(self.format_help(), file or sys.stdout, newline=False)
+
+    def print_usage(self, file: Optional[TextIO] = None) -> None:
+        _write_stream(self.format_usage(), file or sys.stdout, newline=False)
 
 
 def _non_negative_float(text: str) -> float:
@@ -240,7 +252,51 @@ def _say(text: str, stream: Optional[TextIO] = None) -> None:
             text = text.encode(encoding, errors="replace").decode(encoding, errors="replace")
         except LookupError:
             text = text.encode("ascii", errors="replace").decode("ascii")
-    print(text, file=stream)
+    _write_stream(text, stream)
+
+
+def _stream_name(stream: Optional[TextIO]) -> Optional[str]:
+    return "stdout" if stream is sys.stdout else "stderr" if stream is sys.stderr else None
+
+
+def _write_stream(text: str, stream: TextIO, newline: bool = True) -> None:
+    """Writes ``text`` and flushes it now, so that a reader that went away (``| head -1``) is found here and not by
+    the interpreter's flush at exit. A closed stdout or stderr is then dropped quietly: what follows for it is not
+    written, and the command goes on with its other work (files it was asked to write, a gate's decision)."""
+    name = _stream_name(stream)
+    if name in _closed_streams:
+        return
+    try:
+        stream.write(text + "\n" if newline else text)
+        stream.flush()
+    except BrokenPipeError:
+        if name is None:
+            raise
+        _drop_stream(name)
+
+
+def _drop_stream(name: str) -> None:
+    """Python's recipe for a closed pipe (the ``signal`` module's note on SIGPIPE): the stream's file descriptor is
+    pointed at devnull, so that the interpreter's final flush of what is still buffered does not raise again."""
+    _closed_streams.add(name)
+    try:
+        fd = getattr(sys, name).fileno()
+    except (AttributeError, OSError, ValueError):  # a stream with no descriptor (io.StringIO) has nothing to flush
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _drop_stream("stdout")
+    except (AttributeError, ValueError):  # a stream replaced or already closed by the caller
+        pass
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -320,8 +376,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from lightning_perf.bench.sweep import BenchError, format_table, load_callable, run_sweep
 
     if args.sweep is not None and not args.from_csv:
-        print("lightning-perf: error: --sweep chooses among the sweeps of --from-csv CSV; a new sweep shows its own"
-              " rows", file=sys.stderr)
+        _say("lightning-perf: error: --sweep chooses among the sweeps of --from-csv CSV; a new sweep shows its own"
+             " rows", sys.stderr)
         return EXIT_ERROR
     if args.from_csv:
         try:
@@ -340,14 +396,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 from lightning_perf.bench.plots import plot_sweep
 
                 plot_sweep(rows, args.plot)
-                print(f"plot written to {args.plot}", file=sys.stderr)
+                _say(f"plot written to {args.plot}", sys.stderr)
         except (BenchError, ValueError) as err:
-            print(f"lightning-perf: error: {err}", file=sys.stderr)
+            _say(f"lightning-perf: error: {err}", sys.stderr)
             return EXIT_ERROR
-        print(heading + "\n" + format_table(rows) + "\n\n" + analysis(rows))
+        _say(heading + "\n" + format_table(rows) + "\n\n" + analysis(rows))
         return EXIT_OK
     if not args.model:
-        print("lightning-perf: error: bench needs --model PKG.MODULE:FACTORY (or --from-csv CSV)", file=sys.stderr)
+        _say("lightning-perf: error: bench needs --model PKG.MODULE:FACTORY (or --from-csv CSV)", sys.stderr)
         return EXIT_ERROR
     if args.no_csv:
         args.csv = None
@@ -369,19 +425,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                          precision=args.precision, warmup=args.warmup, iters=args.iters, input_builder=builder,
                          csv_path=args.csv, progress=not args.no_progress)
     except (BenchError, ValueError) as err:
-        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("lightning-perf: interrupted; finished rows are in the CSV", file=sys.stderr)
+        _say("lightning-perf: interrupted; finished rows are in the CSV", sys.stderr)
         return 130
-    print(f"sweep {rows[0]['sweep_id']}: {len(rows)} rows\n" + format_table(rows) + "\n\n" + analysis(rows))
+    _say(f"sweep {rows[0]['sweep_id']}: {len(rows)} rows\n" + format_table(rows) + "\n\n" + analysis(rows))
     if args.csv:
-        print(f"rows appended to {args.csv} (sweep {rows[0]['sweep_id']})", file=sys.stderr)
+        _say(f"rows appended to {args.csv} (sweep {rows[0]['sweep_id']})", sys.stderr)
     if args.plot:
         from lightning_perf.bench.plots import plot_sweep
 
         plot_sweep(rows, args.plot)
-        print(f"plot written to {args.plot}", file=sys.stderr)
+        _say(f"plot written to {args.plot}", sys.stderr)
     failed = [r for r in rows if r["error"] and r["error"] != "OOM"]
     return 1 if failed else EXIT_OK
 
@@ -399,11 +455,11 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     try:
         variants = parse_variants(args.variant)
     except ValueError as err:
-        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
     for path, what in ((args.script, "--script"), (args.config, "--config")):
         if path and not os.path.isfile(path):
-            print(f"lightning-perf: error: {what} {path!r}: no such file", file=sys.stderr)
+            _say(f"lightning-perf: error: {what} {path!r}: no such file", sys.stderr)
             return EXIT_ERROR
     for path, flag in ((args.report, "--report"), (args.csv, "--csv")):
         if path:
@@ -411,14 +467,14 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     try:
         check_outputs(args.out, variants)
     except ValueError as err:
-        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
-                         log=lambda m: print(m, file=sys.stderr))
+                         log=lambda m: _say(m, sys.stderr))
     rows = matrix_rows(results)
     header = matrix_header(results, args.config)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)
-    print(text)
+    _say(text)
     if args.report:
         _write_text(args.report, "--report", format_matrix(rows, "markdown", header, best_by=args.best_by) + "\n")
     if args.csv:
@@ -441,9 +497,9 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
         new = select_sweep(new_rows, args.new_sweep, "--new-sweep")
         rows = compare_bench(old, new)
     except BenchError as err:
-        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
-    print(csv_text(rows) if args.format == "csv" else format_bench_compare(rows))
+    _say(csv_text(rows) if args.format == "csv" else format_bench_compare(rows))
     return EXIT_OK
 
 
@@ -456,7 +512,27 @@ READERS = ("compare", "report")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The command. A closed stdout or stderr (``| head -1``) ends nothing with a message or a traceback: what was
+    left to print there is dropped, the rest of the work (files asked for, a gate's decision) is done, and the exit
+    status is the command's own when it is not 0, else :data:`EXIT_PIPE`."""
+    _closed_streams.clear()
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, or a bad option (one line, exit 2)
+        _flush_stdout()
+        if _closed_streams and exit_.code in (0, None):
+            raise SystemExit(EXIT_PIPE) from None
+        raise
+    try:
+        status = _dispatch(args)
+    except BrokenPipeError:  # a write not through _say (a progress bar on a closed stderr): the same quiet end
+        _flush_stdout()
+        return EXIT_PIPE
+    _flush_stdout()
+    return EXIT_PIPE if _closed_streams and status == EXIT_OK else status
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
     except SummaryError as err:
@@ -466,6 +542,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         _say(f"lightning-perf: error: the input is too large or too deeply nested to read ({type(err).__name__})",
              sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:
+        raise
     except Exception as err:  # noqa: BLE001 - the last line of defence: a reader's bug is one line and exit 2
         if args.command not in READERS:
             raise

@@ -210,3 +210,22 @@ def test_bench_compare_marks_changes_within_noise_and_noisy_rows(tmp_path):
     assert table.returncode == 0, table.stderr
     flagged = [line.split()[:2] for line in table_lines(table.stdout) if "noisy (std 40% of mean)" in line]
     assert flagged == [["48", "1"]]
+
+
+@pytest.mark.parametrize("unbuffered", [True, False], ids=["unbuffered", "buffered"])
+def test_bench_compare_into_a_closed_pipe_ends_quietly(tmp_path, unbuffered):
+    old = write(tmp_path / "old.csv", [row(32, 1, 100.0), row(32, 2, 100.0)])
+    new = write(tmp_path / "new.csv", [row(32, 1, 90.0), row(32, 2, 50.0)])
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    for args in (["bench-compare", old, new], ["bench", "--from-csv", old]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader went before the first line (`| head -1` once it has its line)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", *args], stdout=write_end,
+                                  stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+        finally:
+            os.close(write_end)
+        assert (proc.returncode, proc.stderr) == (141, ""), (args, proc.stderr)

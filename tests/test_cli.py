@@ -186,3 +186,43 @@ def test_unwritable_outputs_and_bad_timeouts_exit_2_before_any_work(runs):
     assert proc.returncode == 2 and "--csv '/proc/x/b.csv' cannot be written" in proc.stderr
     proc = cli("matrix", "--script", "x.py", "--variant", "baseline", "--timeout", "-1")
     assert proc.returncode == 2 and "--timeout" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def cli_into_closed_pipe(*args, unbuffered=True, cwd=None):
+    """The command with its stdout a pipe whose reader has gone (`| head -1` once head has read its line), the
+    pipe closed before the command writes, so that every write to stdout meets EPIPE. Python buffers stdout into a
+    pipe unless PYTHONUNBUFFERED is set: buffered, the error comes at the final flush; unbuffered, at the write."""
+    env = dict(os.environ)
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([sys.executable, "-m", "lightning_perf.cli", *args], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120, env=env, cwd=cwd)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("unbuffered", [True, False], ids=["unbuffered", "buffered"])
+def test_a_closed_stdout_ends_quietly_and_never_as_a_pass(runs, tmp_path, unbuffered):
+    for args in (["compare", runs["slow"], runs["fast"]], ["report", runs["slow"], runs["fast"], runs["fast"],
+                                                            runs["fast"]], ["--help"], ["compare", "--help"]):
+        proc = cli_into_closed_pipe(*args, unbuffered=unbuffered)
+        assert (proc.returncode, proc.stderr) == (141, ""), (args, proc.stderr)  # 128 + SIGPIPE, not a message
+    # a gate fails closed: the candidate is slower, said on stderr, exit 1; a gate that passed is still no 0
+    proc = cli_into_closed_pipe("compare", runs["fast"], runs["slow"], "--fail-if-slower", "5", unbuffered=unbuffered)
+    assert proc.returncode == 1 and proc.stderr.startswith("lightning-perf: candidate is 200.0% slower than base")
+    assert proc.stderr.count("\n") == 1
+    proc = cli_into_closed_pipe("compare", runs["slow"], runs["fast"], "--fail-if-slower", "5", unbuffered=unbuffered)
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_a_closed_stdout_still_writes_the_files_asked_for(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "report.png"
+    proc = cli_into_closed_pipe("report", runs["slow"], runs["fast"], "--plot", str(png))
+    assert proc.returncode == 141 and proc.stderr == f"plot written to {png}\n"
+    with open(png, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
