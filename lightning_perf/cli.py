@@ -371,9 +371,31 @@ def _one_line(err: BaseException, limit: Optional[int] = 300) -> str:
     return text if limit is None or len(text) <= limit else text[:limit] + "..."
 
 
+def _missing_folders(path: str) -> List[str]:
+    """The folders above ``path`` that do not exist yet: checking an output creates them, as its writer would."""
+    missing = []
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
+def _remove_empty_folders(folders: List[str]) -> None:
+    """Removes the folders a failed command created, deepest first, each only while it is empty."""
+    for folder in sorted(set(folders), key=len, reverse=True):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from lightning_perf.bench.analysis import analysis, read_csv, select_sweep, sweep_ids
-    from lightning_perf.bench.sweep import BenchError, format_table, load_callable, run_sweep
+    from lightning_perf.bench.sweep import BenchError, FactoryError, format_table, load_callable, run_sweep
 
     if args.sweep is not None and not args.from_csv:
         _say("lightning-perf: error: --sweep chooses among the sweeps of --from-csv CSV; a new sweep shows its own"
@@ -407,10 +429,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if args.no_csv:
         args.csv = None
-    for path, flag in ((args.csv, "--csv"), (args.plot, "--plot")):
-        if path:
-            _check_output(path, flag)
+    outputs = [(path, flag) for path, flag in ((args.csv, "--csv"), (args.plot, "--plot")) if path]
+    created = [folder for path, _ in outputs for folder in _missing_folders(path)]
     try:
+        for path, flag in outputs:
+            _check_output(path, flag)
         factory = load_callable(args.model, "--model")
         builder = load_callable(args.inputs, "--inputs") if args.inputs else None
         if args.device is None:
@@ -424,8 +447,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rows = run_sweep(factory, args.input_sizes, args.batch_sizes, mode=args.mode, device=args.device,
                          precision=args.precision, warmup=args.warmup, iters=args.iters, input_builder=builder,
                          csv_path=args.csv, progress=not args.no_progress)
-    except (BenchError, ValueError) as err:
-        _say(f"lightning-perf: error: {err}", sys.stderr)
+    except (BenchError, ValueError) as err:  # SummaryError too: an output that cannot be written
+        _remove_empty_folders(created)  # bad input writes nothing, not even the folder the check made
+        text = f"--model {args.model!r}: {err}" if isinstance(err, FactoryError) else str(err)
+        _say(f"lightning-perf: error: {_one_line(text, limit=None)}", sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         _say("lightning-perf: interrupted; finished rows are in the CSV", sys.stderr)

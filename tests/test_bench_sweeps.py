@@ -212,6 +212,45 @@ def test_bench_compare_marks_changes_within_noise_and_noisy_rows(tmp_path):
     assert flagged == [["48", "1"]]
 
 
+FACTORIES = '''
+def text():
+    return "a string"
+
+
+def number():
+    return 3
+
+
+def nothing():
+    return None
+
+
+def raises():
+    raise TypeError("needs a config path")
+'''
+
+
+@pytest.mark.parametrize("factory, said", [
+    ("text", "the factory returned a str, not a torch.nn.Module"),
+    ("number", "the factory returned an int, not a torch.nn.Module"),
+    ("nothing", "the factory returned None, not a torch.nn.Module"),
+    ("raises", "the factory raised TypeError: needs a config path"),
+])
+def test_a_factory_that_cannot_build_a_model_writes_nothing(tmp_path, factory, said):
+    """Exit 2 with one clean line, the progress bar on: no CSV (not even its header), no folder for it, no bar."""
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    proc = cli("bench", "--model", f"factories:{factory}", "--input-sizes", "8", "--batch-sizes", "1", "2",
+               "--device", "cpu", "--csv", "runs/new.csv", "--warmup", "1", "--iters", "2", cwd=str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr == f"lightning-perf: error: --model 'factories:{factory}': {said}\n"
+    assert not (tmp_path / "runs").exists() and proc.stdout == ""
+    existing = write(tmp_path / "kept.csv", [row(8, 1, 10.0, sweep_id="s1")])  # an existing CSV: untouched
+    before = (tmp_path / "kept.csv").read_text()
+    proc = cli("bench", "--model", f"factories:{factory}", "--input-sizes", "8", "--batch-sizes", "1",
+               "--device", "cpu", "--csv", existing, *QUICK, cwd=str(tmp_path))
+    assert proc.returncode == 2 and (tmp_path / "kept.csv").read_text() == before
+
+
 @pytest.mark.parametrize("unbuffered", [True, False], ids=["unbuffered", "buffered"])
 def test_bench_compare_into_a_closed_pipe_ends_quietly(tmp_path, unbuffered):
     old = write(tmp_path / "old.csv", [row(32, 1, 100.0), row(32, 2, 100.0)])

@@ -32,6 +32,15 @@ class BenchError(ValueError):
     """Bad input to a sweep (model path, factory, sizes, CSV header): a one-line message, exit code 2."""
 
 
+class FactoryError(BenchError):
+    """The model factory cannot build a model: it raised, or returned something that is not a ``torch.nn.Module``."""
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article: "a str", "an int"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def load_callable(spec: str, what: str = "--model") -> Callable[..., Any]:
     """``pkg.module:name`` -> the object; a one-line BenchError when it does not import or is not callable."""
     if ":" not in spec:
@@ -134,8 +143,12 @@ def _loss(output: Any) -> Any:
 
 
 def run_config(factory: Callable[[], Any], size: int, batch_size: int, mode: str, device: Any, precision: str,
-               warmup: int, iters: int, input_builder: Callable[..., Any]) -> Dict[str, Any]:
-    """One configuration: a fresh model, a clean allocator, warm-up, then ``iters`` timed iterations."""
+               warmup: int, iters: int, input_builder: Callable[..., Any], check_factory: bool = False
+               ) -> Dict[str, Any]:
+    """One configuration: a fresh model, a clean allocator, warm-up, then ``iters`` timed iterations.
+
+    A factory that returns no ``nn.Module`` raises :class:`FactoryError`; with ``check_factory`` (the sweep's first,
+    discarded configuration) so does a factory that raises anything but an out-of-memory error."""
     import torch
     from torch import nn
 
@@ -158,9 +171,16 @@ def run_config(factory: Callable[[], Any], size: int, batch_size: int, mode: str
     base_rss = rss()
     model = opt = x = None
     try:
-        model = factory()
+        try:
+            model = factory()
+        except Exception as err:  # noqa: BLE001
+            if not check_factory or is_oom(err):
+                raise
+            text = " ".join(str(err).split())[:300]
+            raise FactoryError(f"the factory raised {type(err).__name__}" + (f": {text}" if text else "")) from None
         if not isinstance(model, nn.Module):
-            raise BenchError(f"the factory returned a {type(model).__name__}, not a torch.nn.Module")
+            what = "None" if model is None else _a(type(model).__name__)
+            raise FactoryError(f"the factory returned {what}, not a torch.nn.Module")
         model = model.to(device)
         params = sum(p.numel() for p in model.parameters())
         row["model_params"] = params
@@ -252,7 +272,8 @@ def run_sweep(
     Every row carries ``sweep_id`` (default :func:`new_sweep_id`), so that sweeps appended to one CSV stay apart.
 
     Rows are appended to ``csv_path`` as each finishes (a header only when the file is new), so an interruption
-    keeps every finished row. Raises BenchError for bad arguments before anything runs.
+    keeps every finished row. Raises BenchError for bad arguments before anything runs, and :class:`FactoryError`
+    when the factory cannot build a model, before anything is written (the CSV untouched, no progress bar drawn).
     """
     import torch
 
@@ -274,15 +295,20 @@ def run_sweep(
     builder = input_builder or default_inputs
     sweep_id = sweep_id or new_sweep_id()
     appending = check_csv(csv_path) if csv_path else False
-    configs = [(s, b) for s in sizes for b in batches]
-    rows: List[Dict[str, Any]] = []
-    fh = writer = None
     if csv_path:
         from lightning_perf.summary.io import special_kind
 
         kind = special_kind(csv_path)
         if kind is not None:  # appending to a named pipe blocks; a device is not ours to write
             raise BenchError(f"--csv {csv_path!r} is {kind}, not a regular file")
+    configs = [(s, b) for s in sizes for b in batches]
+    # one discarded configuration first: libraries load their kernels and threads lazily, once per process, and that
+    # memory and time must not land on the first row. It runs before the CSV is opened and the bar drawn, so that a
+    # factory that cannot build a model writes nothing and is one clean line on stderr.
+    run_config(factory, configs[0][0], configs[0][1], mode, dev, precision, 1, 1, builder, check_factory=True)
+    rows: List[Dict[str, Any]] = []
+    fh = writer = None
+    if csv_path:
         os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
         fh = open(csv_path, "a", newline="", encoding="utf-8")
         writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
@@ -294,9 +320,6 @@ def run_sweep(
         from tqdm import tqdm
 
         bar = tqdm(total=len(configs), desc="bench", unit="config", file=sys.stderr)
-    # one discarded configuration first: libraries load their kernels and threads lazily, once per process,
-    # and that memory and time must not land on the first row
-    run_config(factory, configs[0][0], configs[0][1], mode, dev, precision, 1, 1, builder)
     try:
         for size, batch in configs:
             if bar is not None:
