@@ -6,7 +6,7 @@ import argparse
 import math
 import os
 import sys
-from typing import List, Optional, Set, TextIO
+from typing import Any, Dict, List, Optional, Set, Tuple, TextIO
 
 from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
@@ -22,7 +22,13 @@ _closed_streams: Set[str] = set()
 
 
 class _Parser(argparse.ArgumentParser):
+    #: (name, help) of each command, on the top-level parser only: listed when no command is given.
+    commands: Tuple[Tuple[str, str], ...] = ()
+
     def error(self, message: str) -> None:  # one line, exit 2, as for a bad file
+        if self.commands and "the following arguments are required" in message:  # only COMMAND is, up here
+            self.exit(EXIT_ERROR, self.format_usage() + f"{self.prog}: error: no command given; the commands:\n"
+                      + _command_list(self.commands) + f"\nRun '{self.prog} COMMAND --help' for a command's options.\n")
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
     def print_help(self, file: Optional[TextIO] = None) -> None:  # `--help | head -1`: as any output, quietly
@@ -32,20 +38,30 @@ class _Parser(argparse.ArgumentParser):
         _write_stream(self.format_usage(), file or sys.stdout, newline=False)
 
 
+def _command_list(commands: Tuple[Tuple[str, str], ...]) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.fill(help_text.replace("%%", "%"), width=100, initial_indent=f"  {name:<15}",
+                                    subsequent_indent=" " * 17) for name, help_text in commands)
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        value = math.nan
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:  # one statement of the range, whatever is wrong with the value
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
     return value
 
 
@@ -76,6 +92,16 @@ def _write_text(path: str, flag: str, text: str) -> None:
         raise SummaryError(f"{flag} {path!r} cannot be written: {err.strerror or err}") from None
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -104,9 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lightning-perf",
                      description="Compare and tabulate lightning_perf summary files; sweep models and variants;"
                      " attach the suite to a training command.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    commands: List[Tuple[str, str]] = []
 
-    p = sub.add_parser("compare", help="compare two runs: speedup with a 95%% CI, time saved, memory, quality")
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        commands.append((name, help_text))
+        return sub.add_parser(name, help=help_text)
+
+    p = add("compare", "compare two runs: speedup with a 95%% CI, time saved, memory, quality")
     p.add_argument("base", help="the baseline run's perf_summary.json")
     p.add_argument("candidate", help="the candidate run's perf_summary.json")
     p.add_argument("--iterations", type=_iterations, default=30000,
@@ -123,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         " that cannot be decided (no measured iterations, no iteration_timer section, a run that did not complete)",
     )
 
-    p = sub.add_parser("report", help="one row per run: it/s, change vs the first, peak memory, quality")
+    p = add("report", "one row per run: it/s, change vs the first, peak memory, quality")
     p.add_argument("runs", nargs="+", help="perf_summary.json files, the first is the reference row")
     p.add_argument("--names", nargs="+", help="a name per run (default: run.name, else the part of the paths that"
                    " differs)")
@@ -136,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add the last logged value of scalar KEY (the summary's `logged` block); repeatable")
     p.add_argument("--plot", metavar="PNG", help="also draw it/s, peak memory and quality per run")
 
-    p = sub.add_parser("bench", help="sweep a model over input sizes x batch sizes: time, throughput, memory")
+    p = add("bench", "sweep a model over input sizes x batch sizes: time, throughput, memory")
     p.add_argument("--model", metavar="PKG.MODULE:FACTORY",
                    help="a callable returning an nn.Module or LightningModule (required unless --from-csv)")
     p.add_argument("--from-csv", metavar="CSV", help="no sweep: the table, analysis and --plot of an existing CSV")
@@ -150,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("inference", "train"), default="inference")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda when available")
     p.add_argument("--precision", choices=("32", "16", "bf16"), default="32")
-    p.add_argument("--warmup", type=int, default=None, help="default 10 (inference) / 5 (train)")
+    p.add_argument("--warmup", type=_non_negative_int, default=None, help="default 10 (inference) / 5 (train)")
     p.add_argument("--iters", type=_positive_int, default=None, help="default 50 (inference) / 20 (train)")
     p.add_argument("--csv", default=DEFAULT_BENCH_CSV,
                    help=f"append rows to this CSV, header only when new ({DEFAULT_BENCH_CSV})")
@@ -158,14 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG", help="draw the four panels")
     p.add_argument("--no-progress", action="store_true")
 
-    p = sub.add_parser("bench-compare", help="two sweeps' CSVs: speed and memory change per configuration")
-    p.add_argument("old", help="the earlier sweep's CSV")
-    p.add_argument("new", help="the later sweep's CSV")
+    p = add("bench-compare", "two sweeps' CSVs: speed and memory change per configuration")
+    p.add_argument("old", metavar="OLD", help="the earlier sweep's CSV")
+    p.add_argument("new", metavar="NEW", help="the later sweep's CSV")
     p.add_argument("--old-sweep", metavar="ID|all", help="the sweep of OLD to compare (default its latest)")
     p.add_argument("--new-sweep", metavar="ID|all", help="the sweep of NEW to compare (default its latest)")
     p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
 
-    p = sub.add_parser("matrix", help="run one LightningCLI training under named variants and report them")
+    p = add("matrix", "run one LightningCLI training under named variants and report them")
     p.add_argument("--script", required=True, help="a LightningCLI script (run as: python SCRIPT fit ...)")
     p.add_argument("--config", help="its YAML config")
     p.add_argument("--variant", action="append", required=True, metavar="NAME[=OVERRIDES]",
@@ -179,8 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included (default),"
                         " or by the speed per measured iteration")
 
-    p = sub.add_parser("run", help="run a training command with the suite attached to every Trainer it builds,"
-                       " with no change to its code (the way to measure a baseline checkout)")
+    p = add("run", "run a training command with the suite attached to every Trainer it builds, with no change to"
+            " its code (the way to measure a baseline checkout)")
     p.add_argument("--out", metavar="DIR", help="folder of the summaries (with --name: DIR/NAME); default each"
                    " Trainer's log_dir, as callbacks given by hand")
     p.add_argument("--name", help="the runs' run.name, and with --out the subfolder of DIR")
@@ -191,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                    " file (QualityGate, every metric it holds, warn only)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
                    help="the command, e.g. -- python train.py --lr 0.1 (or python -m pkg.train ...)")
+    parser.commands = tuple(commands)
     return parser
 
 
@@ -235,9 +267,49 @@ def _cmd_run(args: argparse.Namespace) -> int:
         try:
             gate_arguments(baseline)
         except (OSError, ValueError) as err:
-            raise SummaryError(f"--baseline {args.baseline!r}: {err}") from None
+            raise SummaryError(f"--baseline {args.baseline!r}: {_baseline_problem(baseline, err)}") from None
     return run_command(command, callbacks=args.callbacks, out=out, name=name, baseline=baseline,
                        say=lambda text: _say(text, sys.stderr))
+
+
+def _empty_file(path: str) -> bool:
+    """True for a regular file that holds nothing but whitespace (what is not a regular file is never opened)."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > 4096:
+            return False
+        with open(path, "rb") as fh:
+            return not fh.read().strip()
+    except (OSError, ValueError):
+        return False
+
+
+def _read_summary(path: str) -> Any:
+    """:func:`read_summary`, an empty file said as such (not as JSON that expected a value at line 1)."""
+    from lightning_perf.summary.io import read_summary
+
+    if _empty_file(path):
+        raise SummaryError(f"{path}: the file is empty; expected a perf_summary.json")
+    return read_summary(path)
+
+
+def _baseline_problem(path: str, err: Exception) -> str:
+    """Why ``run --baseline`` refuses ``path``: an empty file, or a JSON that is neither a summary nor a baseline
+    file, said as such rather than by the first metric the gate could not use."""
+    import json
+
+    from lightning_perf.summary.baseline import BASELINE_KIND
+
+    expected = "expected a perf_summary.json with a quality_gate section or a file written by record_baseline"
+    if _empty_file(path):
+        return f"the file is empty; {expected}"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, RecursionError):
+        return str(err)
+    if not isinstance(data, dict) or ("schema_version" not in data and data.get("kind") != BASELINE_KIND):
+        return (f"not a summary or baseline file (neither a schema_version nor kind {BASELINE_KIND!r}); {expected}")
+    return str(err)
 
 
 def _say(text: str, stream: Optional[TextIO] = None) -> None:
@@ -301,9 +373,8 @@ def _flush_stdout() -> None:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from lightning_perf.summary.compare import FORMATTERS, compare_summaries, default_names
-    from lightning_perf.summary.io import read_summary
 
-    base, candidate = read_summary(args.base), read_summary(args.candidate)
+    base, candidate = _read_summary(args.base), _read_summary(args.candidate)
     names = args.names or default_names(args.base, args.candidate, [base, candidate])
     result = compare_summaries(base, candidate, iterations=args.iterations, base_name=names[0],
                                candidate_name=names[1], min_effect_pct=args.min_effect)
@@ -334,14 +405,13 @@ def _plain_label(text: str) -> str:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from lightning_perf.summary.fields import run_names
-    from lightning_perf.summary.io import read_summary
     from lightning_perf.summary.report import column_notes, format_report, report_rows
 
     if args.names and len(args.names) != len(args.runs):
         raise SummaryError(f"--names got {len(args.names)} names for {len(args.runs)} runs")
     if args.notes and len(args.notes) != len(args.runs):
         raise SummaryError(f"--notes got {len(args.notes)} notes for {len(args.runs)} runs")
-    summaries = [read_summary(path) for path in args.runs]
+    summaries = [_read_summary(path) for path in args.runs]
     names = args.names or run_names(args.runs, summaries)
     if args.plot:
         _check_output(args.plot, "--plot")
@@ -371,6 +441,22 @@ def _one_line(err: BaseException, limit: Optional[int] = 300) -> str:
     return text if limit is None or len(text) <= limit else text[:limit] + "..."
 
 
+def _read_bench_csv(path: str, what: str) -> List[Dict[str, Any]]:
+    """:func:`~lightning_perf.bench.analysis.read_csv`, its errors naming the argument (``--from-csv 'x.csv': no
+    such file``), a folder or an empty file said as such."""
+    from lightning_perf.bench.analysis import read_csv
+    from lightning_perf.bench.sweep import BenchError
+
+    if os.path.isdir(path):
+        raise BenchError(f"{what} {path!r} is a directory; expected a bench CSV file")
+    if _empty_file(path):
+        raise BenchError(f"{what} {path!r}: the file is empty; expected a CSV written by lightning-perf bench")
+    try:
+        return read_csv(path)
+    except BenchError as err:  # its messages start with the path
+        raise BenchError(f"{what} {err}") from None
+
+
 def _missing_folders(path: str) -> List[str]:
     """The folders above ``path`` that do not exist yet: checking an output creates them, as its writer would."""
     missing = []
@@ -394,7 +480,7 @@ def _remove_empty_folders(folders: List[str]) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from lightning_perf.bench.analysis import analysis, read_csv, select_sweep, sweep_ids
+    from lightning_perf.bench.analysis import analysis, select_sweep, sweep_ids
     from lightning_perf.bench.sweep import BenchError, FactoryError, format_table, load_callable, run_sweep
 
     if args.sweep is not None and not args.from_csv:
@@ -403,7 +489,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if args.from_csv:
         try:
-            every = read_csv(args.from_csv)
+            every = _read_bench_csv(args.from_csv, "--from-csv")
             rows = select_sweep(every, args.sweep)
             ids = sweep_ids(every)
             if args.sweep == "all":
@@ -482,7 +568,11 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     except ValueError as err:
         _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
-    for path, what in ((args.script, "--script"), (args.config, "--config")):
+    for path, what, expected in ((args.script, "--script", "a LightningCLI script"),
+                                 (args.config, "--config", "a YAML config file")):
+        if path and os.path.isdir(path):
+            _say(f"lightning-perf: error: {what} {path!r} is a directory; expected {expected}", sys.stderr)
+            return EXIT_ERROR
         if path and not os.path.isfile(path):
             _say(f"lightning-perf: error: {what} {path!r}: no such file", sys.stderr)
             return EXIT_ERROR
@@ -508,12 +598,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_compare(args: argparse.Namespace) -> int:
-    from lightning_perf.bench.analysis import compare_bench, format_bench_compare, read_csv, select_sweep, sweep_ids
+    from lightning_perf.bench.analysis import compare_bench, format_bench_compare, select_sweep, sweep_ids
     from lightning_perf.bench.sweep import BenchError
     from lightning_perf.summary.fields import csv_text
 
     try:
-        old_rows, new_rows = read_csv(args.old), read_csv(args.new)
+        old_rows, new_rows = _read_bench_csv(args.old, "OLD"), _read_bench_csv(args.new, "NEW")
         old_sweep = args.old_sweep
         if old_sweep is None and args.new_sweep is None and os.path.samefile(args.old, args.new):
             ids = sweep_ids(old_rows)  # one appended CSV: the latest sweep against the one before it

@@ -251,6 +251,38 @@ def test_a_factory_that_cannot_build_a_model_writes_nothing(tmp_path, factory, s
     assert proc.returncode == 2 and (tmp_path / "kept.csv").read_text() == before
 
 
+def test_bench_options_and_files_are_named_as_typed(tmp_path):
+    proc = cli("bench", "--model", "bench_models:small_conv", "--warmup", "-5", "--no-csv")
+    assert proc.returncode == 2
+    assert proc.stderr == "lightning-perf bench: error: argument --warmup: expected an integer >= 0, got '-5'\n"
+    good = write(tmp_path / "good.csv", [row(8, 1, 10.0, sweep_id="s1")])
+    missing = str(tmp_path / "missing.csv")
+    (tmp_path / "empty.csv").write_text("")
+    for args, said in (
+        (["bench", "--from-csv", missing], f"--from-csv {missing!r}: no such file"),
+        (["bench", "--from-csv", str(tmp_path)], f"--from-csv {str(tmp_path)!r} is a directory; expected a bench CSV"
+                                                 " file"),
+        (["bench", "--from-csv", str(tmp_path / "empty.csv")],
+         f"--from-csv {str(tmp_path / 'empty.csv')!r}: the file is empty; expected a CSV written by lightning-perf"
+         " bench"),
+        (["bench-compare", missing, good], f"OLD {missing!r}: no such file"),
+        (["bench-compare", good, missing], f"NEW {missing!r}: no such file"),
+    ):
+        proc = cli(*args)
+        assert (proc.returncode, proc.stderr) == (2, f"lightning-perf: error: {said}\n"), args
+
+
+def test_the_sweep_function_names_its_bad_iteration_counts():
+    from bench_models import small_conv
+
+    from lightning_perf.bench.sweep import BenchError, run_sweep
+
+    with pytest.raises(BenchError, match=r"^warmup must be an integer >= 0, got -5$"):
+        run_sweep(small_conv, [8], [1], warmup=-5, progress=False)
+    with pytest.raises(BenchError, match=r"^iters must be an integer >= 1, got 0$"):
+        run_sweep(small_conv, [8], [1], iters=0, progress=False)
+
+
 @pytest.mark.parametrize("unbuffered", [True, False], ids=["unbuffered", "buffered"])
 def test_bench_compare_into_a_closed_pipe_ends_quietly(tmp_path, unbuffered):
     old = write(tmp_path / "old.csv", [row(32, 1, 100.0), row(32, 2, 100.0)])

@@ -226,3 +226,65 @@ def test_a_closed_stdout_still_writes_the_files_asked_for(runs, tmp_path):
     assert proc.returncode == 141 and proc.stderr == f"plot written to {png}\n"
     with open(png, "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_command_prints_the_usage_and_the_commands():
+    proc = cli(check_rc=2)
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "usage: lightning-perf [-h] COMMAND ..."
+    assert lines[1] == "lightning-perf: error: no command given; the commands:"
+    for name in ("compare", "report", "bench", "bench-compare", "matrix", "run"):
+        assert any(line.split()[:1] == [name] for line in lines[2:]), (name, proc.stderr)
+    assert "compare two runs: speedup with a 95% CI" in proc.stderr  # argparse's %% written as %
+    assert lines[-1] == "Run 'lightning-perf COMMAND --help' for a command's options."
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+
+
+def _options_message(proc):
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    return proc.stderr
+
+
+@pytest.mark.parametrize("value", ["-3", "0", "nan", "inf", "soon"])
+def test_timeout_states_one_range_whatever_the_value(value):
+    message = _options_message(cli("matrix", "--script", "x.py", "--variant", "baseline", "--timeout", value))
+    assert message == (f"lightning-perf matrix: error: argument --timeout: expected a finite number > 0,"
+                       f" got {value!r}\n")
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "fast"])
+def test_a_percentage_states_one_range_whatever_the_value(runs, value):
+    message = _options_message(cli("compare", runs["slow"], runs["fast"], "--min-effect", value))
+    assert message.endswith(f"argument --min-effect: expected a finite number >= 0, got {value!r}\n")
+
+
+def test_bad_files_are_named_with_their_argument_and_what_they_are(runs, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    message = _options_message(cli("matrix", "--script", str(script), "--config", str(folder), "--variant",
+                                   "baseline"))
+    assert message == f"lightning-perf: error: --config {str(folder)!r} is a directory; expected a YAML config file\n"
+    message = _options_message(cli("matrix", "--script", str(folder), "--variant", "baseline"))
+    assert f"--script {str(folder)!r} is a directory; expected a LightningCLI script" in message
+
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    for command in ("compare", "report"):
+        message = _options_message(cli(command, str(empty), runs["fast"]))
+        assert message == f"lightning-perf: error: {empty}: the file is empty; expected a perf_summary.json\n"
+
+    marker = tmp_path / "ran"
+    command = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
+    expected = "expected a perf_summary.json with a quality_gate section or a file written by record_baseline"
+    message = _options_message(cli("run", "--baseline", str(empty), *command))
+    assert message == f"lightning-perf: error: --baseline {str(empty)!r}: the file is empty; {expected}\n"
+    for name, content in (("metrics.json", {"a": 1}), ("list.json", [1, 2]), ("other_kind.json", {"kind": "x"})):
+        (tmp_path / name).write_text(json.dumps(content))
+        message = _options_message(cli("run", "--baseline", str(tmp_path / name), *command))
+        assert message.startswith(f"lightning-perf: error: --baseline {str(tmp_path / name)!r}: not a summary or"
+                                  " baseline file (neither a schema_version nor kind"), message
+        assert message.endswith(f"{expected}\n") and "direction" not in message
+    assert not marker.exists()

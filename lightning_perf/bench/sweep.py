@@ -290,8 +290,9 @@ def run_sweep(
         raise BenchError("device cuda: no CUDA device is available here")
     warmup = DEFAULT_WARMUP[mode] if warmup is None else warmup
     iters = DEFAULT_ITERS[mode] if iters is None else iters
-    if warmup < 0 or iters < 1:
-        raise BenchError(f"warmup must be >= 0 and iters >= 1, got {warmup} and {iters}")
+    for name, value, least in (("warmup", warmup, 0), ("iters", iters, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise BenchError(f"{name} must be an integer >= {least}, got {value!r}")
     builder = input_builder or default_inputs
     sweep_id = sweep_id or new_sweep_id()
     appending = check_csv(csv_path) if csv_path else False
