@@ -141,17 +141,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("base", help="the baseline run's perf_summary.json")
     p.add_argument("candidate", help="the candidate run's perf_summary.json")
     p.add_argument("--iterations", type=_iterations, default=30000,
-                   help=f"N for time to N iterations (30000; at most {MAX_ITERATIONS:.0e})")
-    p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+                   help=f"N for time to N iterations, at most {MAX_ITERATIONS:.0e} (default: 30000)")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text", help="(default: text)")
     p.add_argument("--names", nargs=2, metavar=("BASE", "CANDIDATE"), help="names to show for the two runs")
     p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
-                   help="a change smaller than PCT percent is called within noise even when the CI excludes 1 (2)")
+                   help="a change smaller than PCT percent is called within noise even when the CI excludes 1"
+                   " (default: 2)")
     p.add_argument(
         "--fail-if-slower",
         type=_non_negative_float,
         metavar="PCT",
         help="exit 1 when the candidate is more than PCT percent slower than the base (the headline speed), or when"
-        " that cannot be decided (no measured iterations, no iteration_timer section, a run that did not complete)",
+        " that cannot be decided (no measured iterations, no iteration_timer section, a run that did not complete)"
+        " (default: no gate)",
     )
 
     p = add("report", "one row per run: it/s, change vs the first, peak memory, quality")
@@ -159,10 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--names", nargs="+", help="a name per run (default: run.name, else the part of the paths that"
                    " differs)")
     p.add_argument("--notes", nargs="+", help="a free-text note per run (default: each run's run.notes)")
-    p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    p.add_argument("--format", choices=("markdown", "csv"), default="markdown", help="(default: markdown)")
     p.add_argument("--change-vs", choices=("first", "previous"), default="first",
-                   help="the row each change (speed, it/s, memory) is taken against: the first row (default) or the"
-                   " row before")
+                   help="the row each change (speed, it/s, memory) is taken against: the first row or the row before"
+                   " (default: first)")
     p.add_argument("--column", action="append", metavar="KEY",
                    help="add the last logged value of scalar KEY (the summary's `logged` block); repeatable")
     p.add_argument("--plot", metavar="PNG", help="also draw it/s, peak memory and quality per run")
@@ -172,54 +174,62 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a callable returning an nn.Module or LightningModule (required unless --from-csv)")
     p.add_argument("--from-csv", metavar="CSV", help="no sweep: the table, analysis and --plot of an existing CSV")
     p.add_argument("--sweep", metavar="ID|all",
-                   help="with --from-csv: the sweep to show (default the latest in the file; 'all': every sweep, one"
-                   " plot line per sweep)")
+                   help="with --from-csv: the sweep to show ('all': every sweep, one plot line per sweep; default:"
+                   " the latest in the file)")
     p.add_argument("--inputs", metavar="PKG.MODULE:BUILDER",
-                   help="builder(batch_size, size, device) -> model input; default images (batch, 3, size, size)")
-    p.add_argument("--input-sizes", type=_positive_int, nargs="+", default=[256, 384], metavar="N")
-    p.add_argument("--batch-sizes", type=_positive_int, nargs="+", default=[1, 2, 4], metavar="N")
-    p.add_argument("--mode", choices=("inference", "train"), default="inference")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda when available")
-    p.add_argument("--precision", choices=("32", "16", "bf16"), default="32")
-    p.add_argument("--warmup", type=_non_negative_int, default=None, help="default 10 (inference) / 5 (train)")
-    p.add_argument("--iters", type=_positive_int, default=None, help="default 50 (inference) / 20 (train)")
+                   help="builder(batch_size, size, device) -> model input (default: images, torch.randn(batch, 3,"
+                   " size, size))")
+    p.add_argument("--input-sizes", type=_positive_int, nargs="+", default=[256, 384], metavar="N",
+                   help="positive integers; every pair with a batch size is one configuration (default: 256 384)")
+    p.add_argument("--batch-sizes", type=_positive_int, nargs="+", default=[1, 2, 4], metavar="N",
+                   help="positive integers (default: 1 2 4)")
+    p.add_argument("--mode", choices=("inference", "train"), default="inference", help="(default: inference)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="(default: cuda when available, else cpu)")
+    p.add_argument("--precision", choices=("32", "16", "bf16"), default="32",
+                   help="16 and bf16 run the forward under torch.autocast (default: 32)")
+    p.add_argument("--warmup", type=_non_negative_int, default=None, metavar="N",
+                   help="untimed iterations per configuration, >= 0 (default: 10 inference, 5 train)")
+    p.add_argument("--iters", type=_positive_int, default=None, metavar="N",
+                   help="timed iterations per configuration, >= 1 (default: 50 inference, 20 train)")
     p.add_argument("--csv", default=DEFAULT_BENCH_CSV,
-                   help=f"append rows to this CSV, header only when new ({DEFAULT_BENCH_CSV})")
+                   help=f"append rows to this CSV, header only when new (default: {DEFAULT_BENCH_CSV})")
     p.add_argument("--no-csv", action="store_true", help="write no CSV")
-    p.add_argument("--plot", metavar="PNG", help="draw the four panels")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--plot", metavar="PNG", help="draw the four panels (default: no plot)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     p = add("bench-compare", "two sweeps' CSVs: speed and memory change per configuration")
     p.add_argument("old", metavar="OLD", help="the earlier sweep's CSV")
     p.add_argument("new", metavar="NEW", help="the later sweep's CSV")
-    p.add_argument("--old-sweep", metavar="ID|all", help="the sweep of OLD to compare (default its latest)")
-    p.add_argument("--new-sweep", metavar="ID|all", help="the sweep of NEW to compare (default its latest)")
-    p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    p.add_argument("--old-sweep", metavar="ID|all", help="the sweep of OLD to compare (default: its latest; OLD and"
+                   " NEW the same file: the sweep before its latest)")
+    p.add_argument("--new-sweep", metavar="ID|all", help="the sweep of NEW to compare (default: its latest)")
+    p.add_argument("--format", choices=("markdown", "csv"), default="markdown", help="(default: markdown)")
 
     p = add("matrix", "run one LightningCLI training under named variants and report them")
     p.add_argument("--script", required=True, help="a LightningCLI script (run as: python SCRIPT fit ...)")
     p.add_argument("--config", help="its YAML config")
     p.add_argument("--variant", action="append", required=True, metavar="NAME[=OVERRIDES]",
                    help="a preset name, or name='--trainer.precision=bf16-mixed ...'; the first is the baseline")
-    p.add_argument("--out", default="runs/matrix", help="one folder per variant (runs/matrix)")
-    p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
-    p.add_argument("--report", help="also write the report to this file (markdown)")
-    p.add_argument("--csv", help="also write the rows to this CSV")
-    p.add_argument("--timeout", type=_positive_float, default=None, help="seconds per variant (> 0)")
+    p.add_argument("--out", default="runs/matrix", help="one folder per variant (default: runs/matrix)")
+    p.add_argument("--format", choices=("markdown", "csv"), default="markdown", help="(default: markdown)")
+    p.add_argument("--report", help="also write the report to this file, in markdown (default: none)")
+    p.add_argument("--csv", help="also write the rows to this CSV (default: none)")
+    p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
+                   help="seconds per variant, a finite number > 0 (default: none, no limit)")
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
-                   help="rank Best by the whole fit at the run's length, warm-up and evaluation included (default),"
-                        " or by the speed per measured iteration")
+                   help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
+                        " speed per measured iteration (default: end-to-end)")
 
     p = add("run", "run a training command with the suite attached to every Trainer it builds, with no change to"
             " its code (the way to measure a baseline checkout)")
-    p.add_argument("--out", metavar="DIR", help="folder of the summaries (with --name: DIR/NAME); default each"
-                   " Trainer's log_dir, as callbacks given by hand")
+    p.add_argument("--out", metavar="DIR", help="folder of the summaries (with --name: DIR/NAME) (default: each"
+                   " Trainer's log_dir, as callbacks given by hand)")
     p.add_argument("--name", help="the runs' run.name, and with --out the subfolder of DIR")
     p.add_argument("--callbacks", type=_callback_names, metavar="LIST",
                    help="comma-separated, from IterationTimer, SectionProfiler, VRAMMonitor, EvalNoGradGuard,"
-                   " QualityGate (default the first four, PerfSuite's)")
+                   " QualityGate (default: the first four, PerfSuite's)")
     p.add_argument("--baseline", metavar="FILE", help="also gate quality against this perf_summary.json or baseline"
-                   " file (QualityGate, every metric it holds, warn only)")
+                   " file (QualityGate, every metric it holds, warn only; default: none)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
                    help="the command, e.g. -- python train.py --lr 0.1 (or python -m pkg.train ...)")
     parser.commands = tuple(commands)

@@ -1,5 +1,6 @@
 """The real `lightning-perf` command in subprocesses, on summaries written by real fits."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -288,3 +289,34 @@ def test_bad_files_are_named_with_their_argument_and_what_they_are(runs, tmp_pat
                                   " baseline file (neither a schema_version nor kind"), message
         assert message.endswith(f"{expected}\n") and "direction" not in message
     assert not marker.exists()
+
+
+def _default_text(default):
+    if isinstance(default, (list, tuple)):
+        return " ".join(str(v) for v in default)
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def test_help_shows_every_default():
+    from lightning_perf.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    checked = 0
+    for name, sub in commands.items():
+        for action in sub._actions:
+            if not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+                continue
+            assert f"(default: {_default_text(action.default)})" in (action.help or ""), (name, action.dest)
+            checked += 1
+    assert checked >= 12
+    # what the audit found missing, as `--help` prints it (lines joined: argparse wraps them)
+    shown = {command: " ".join(cli(command, "--help", check_rc=0).stdout.split())
+             for command in ("bench", "compare", "report", "matrix", "bench-compare")}
+    for option, default in (("--input-sizes", "256 384"), ("--batch-sizes", "1 2 4"), ("--mode", "inference"),
+                            ("--precision", "32"), ("--warmup", "10 inference, 5 train"),
+                            ("--iters", "50 inference, 20 train"), ("--device", "cuda when available")):
+        assert f"(default: {default}" in shown["bench"].split(option + " ", 2)[2].split(" --", 1)[0], option
+    assert "(default: text)" in shown["compare"].split("--format ", 2)[2].split(" --", 1)[0]
+    assert "(default: none, no limit)" in shown["matrix"].split("--timeout ", 2)[2].split(" --", 1)[0]
+    assert "(default: markdown)" in shown["report"] and "(default: markdown)" in shown["bench-compare"]
