@@ -87,8 +87,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = cli("bench", *args, "--csv", str(out_csv), "--device", "cpu", *QUICK)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0
-    if "not a torch" not in message:
-        assert not out_csv.exists()
+    assert not out_csv.exists()  # a factory that returns no module too: found before the CSV is opened
 
 
 def test_a_csv_with_another_header_is_refused_untouched(tmp_path):
