@@ -345,8 +345,9 @@ def test_attach_failures_leave_the_trainer_as_the_script_built_it(tmp_path, monk
     assert hook.with_suite(theirs, "lightning.pytorch") is theirs  # lightning_perf callbacks given: left alone
 
 
-def test_attached_suite_stands_aside_when_its_summary_cannot_be_written(tmp_path):
-    (tmp_path / "out" / "perf_summary.json").mkdir(parents=True)  # a folder where its file would go
+def test_attached_suite_stands_aside_when_its_summary_cannot_be_written(tmp_path, monkeypatch):
+    monkeypatch.setitem(hook._count, "trainers", 0)  # the process's first Trainer, whatever ran before: its file is
+    (tmp_path / "out" / "perf_summary.json").mkdir(parents=True)  # perf_summary.json, and a folder is there
     suite = AttachedSuite([IterationTimer()], out=str(tmp_path / "out"))
     trainer = fit(tmp_path / "logs", [suite], model=TinyModel(), max_epochs=1, logger=False)
     assert trainer.global_step == 8  # the fit ran to its end
