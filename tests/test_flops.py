@@ -189,11 +189,13 @@ class KeepsGraphs(LinearStack):
         super().__init__()
         self.kept = []
         self.by_name = {"losses": []}
+        self.total = torch.zeros(())
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
         self.kept.append(loss)
         self.by_name["losses"].append(loss * 2)
+        self.total += loss  # in place: the copy's step must change the copy's total, not this one
         return loss
 
 
@@ -216,6 +218,10 @@ def test_auto_counts_a_model_that_keeps_its_graphs(tmp_path, clock, model_class)
     assert "tflops_per_s" not in t["unavailable"]
     assert len(model.kept) == len(model.by_name["losses"]) == model.steps == 8  # the copy appended to its own lists
     assert all(loss.grad_fn is not None for loss in model.kept + model.by_name["losses"])
+    expected = torch.zeros(())
+    for loss in model.kept:  # the model's own steps' losses, added in the order its steps added them
+        expected = expected + loss
+    assert torch.equal(model.total.detach(), expected.detach())  # nothing of the counted step in it
 
 
 class LockedModel(LinearStack):

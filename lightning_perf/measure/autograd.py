@@ -237,7 +237,9 @@ def graph_saved_bytes(tensor: torch.Tensor, seen: Set[int], max_nodes: int = 10_
     return total
 
 
-def _tensors_with_graphs(value: Any, depth: int) -> Iterator[torch.Tensor]:
+def tensors_with_graphs(value: Any, depth: int) -> Iterator[torch.Tensor]:
+    """The tensors with an autograd graph in ``value``: a tensor, or lists, tuples and dicts of them nested ``depth``
+    levels."""
     if isinstance(value, torch.Tensor):
         if value.grad_fn is not None:
             yield value
@@ -248,7 +250,7 @@ def _tensors_with_graphs(value: Any, depth: int) -> Iterator[torch.Tensor]:
         value = list(value.values())
     if isinstance(value, (list, tuple)):
         for item in value:
-            yield from _tensors_with_graphs(item, depth - 1)
+            yield from tensors_with_graphs(item, depth - 1)
 
 
 def find_retained_graphs(obj: Any, depth: int = 3, skip: Tuple[str, ...] = ()) -> Dict[str, Dict[str, int]]:
@@ -258,7 +260,7 @@ def find_retained_graphs(obj: Any, depth: int = 3, skip: Tuple[str, ...] = ()) -
     for name, value in vars(obj).items():
         if name in skip or name.startswith("_") or not isinstance(value, (list, dict, tuple)):
             continue
-        tensors = list(_tensors_with_graphs(value, depth))
+        tensors = list(tensors_with_graphs(value, depth))
         if not tensors:
             continue
         seen: Set[int] = set()

@@ -63,35 +63,28 @@ _OWN_STATE = frozenset({"_parameters", "_buffers", "_modules"})
 
 def held_graphs(module: torch.nn.Module, depth: int = 3) -> dict:
     """id -> tensor for every tensor with an autograd graph (not a leaf) that ``module`` or a submodule holds in an
-    attribute, or in lists, tuples and dicts there (``depth`` levels): ``copy.deepcopy`` refuses such a tensor, so a
-    model that keeps its losses with their graphs (what EvalNoGradGuard's retained-graph check looks for) could not
-    be copied to count on."""
+    attribute, or in lists, tuples and dicts there (``depth`` levels, as EvalNoGradGuard's retained-graph check
+    looks): ``copy.deepcopy`` refuses such a tensor, so a model that keeps its losses with their graphs could not be
+    copied to count on."""
+    from lightning_perf.measure.autograd import tensors_with_graphs
+
     found: dict = {}
-
-    def walk(obj: Any, left: int) -> None:
-        if isinstance(obj, torch.Tensor):
-            if obj.grad_fn is not None:
-                found[id(obj)] = obj
-        elif left and isinstance(obj, (list, tuple)):
-            for item in obj:
-                walk(item, left - 1)
-        elif left and isinstance(obj, Mapping):
-            for item in obj.values():
-                walk(item, left - 1)
-
     for sub in module.modules():
         for name, value in vars(sub).items():
             if name not in _OWN_STATE:
-                walk(value, depth)
+                for tensor in tensors_with_graphs(value, depth):
+                    found[id(tensor)] = tensor
     return found
 
 
-def _copy_memo(module: torch.nn.Module, keep: Iterable[Any]) -> dict:
-    """The memo both copies start from: the objects in ``keep`` shared, and each tensor with a graph that the module
-    holds given to the copy detached (its values, no graph: the counted step does not backpropagate through it)."""
+def _copy_memo(module: torch.nn.Module, keep: Iterable[Any], meta: bool) -> dict:
+    """The memo a copy starts from: the objects in ``keep`` shared, and each tensor with a graph that the module
+    holds given to the copy as its own tensor without the graph (on the meta device for the meta copy; else a
+    detached clone, which the copy's step may change in place, ``self.total += loss``, leaving the model's as it
+    was)."""
     memo = {id(obj): obj for obj in keep}
     for key, tensor in held_graphs(module).items():
-        memo[key] = tensor.detach()
+        memo[key] = _meta_like(tensor) if meta else tensor.detach().clone()
     return memo
 
 
@@ -99,7 +92,7 @@ def meta_copy(module: torch.nn.Module, keep: Iterable[Any] = ()) -> torch.nn.Mod
     """A deep copy of ``module`` whose parameters and buffers live on the meta device (no memory, no compute); the
     objects in ``keep`` (the trainer it points at) are shared, not copied, and tensors with a graph that it holds
     are copied detached."""
-    memo = _copy_memo(module, keep)
+    memo = _copy_memo(module, keep, meta=True)
     for param in module.parameters():
         memo[id(param)] = torch.nn.Parameter(_meta_like(param), requires_grad=param.requires_grad)
     for buf in module.buffers():
@@ -148,7 +141,7 @@ def count_step_flops(
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
-        return run(copy.deepcopy(module, _copy_memo(module, keep)), batch)
+        return run(copy.deepcopy(module, _copy_memo(module, keep, meta=False)), batch)
     finally:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
