@@ -322,10 +322,19 @@ def _baseline_problem(path: str, err: Exception) -> str:
     return str(err)
 
 
-def _say(text: str, stream: Optional[TextIO] = None) -> None:
+#: ``_say``'s default stream: ``sys.stdout`` as it is when the line is written.
+_STDOUT: Any = object()
+
+
+def _say(text: str, stream: Any = _STDOUT) -> None:
     """Prints ``text`` whatever the stream can encode: a run name with a lone surrogate or a character outside the
-    terminal's encoding is shown with a replacement character, not answered with UnicodeEncodeError."""
-    stream = stream or sys.stdout
+    terminal's encoding is shown with a replacement character, not answered with UnicodeEncodeError. A line for
+    stderr never goes to stdout, also where the process has no stderr (``2>&-``: ``sys.stderr`` is None)."""
+    name = "stdout" if stream is _STDOUT else _stream_name(stream)
+    stream = sys.stdout if stream is _STDOUT else stream
+    if stream is None:
+        _write_stream(text, stream, name=name)
+        return
     encoding = getattr(stream, "encoding", None) or "utf-8"
     try:
         text.encode(encoding)
@@ -334,19 +343,24 @@ def _say(text: str, stream: Optional[TextIO] = None) -> None:
             text = text.encode(encoding, errors="replace").decode(encoding, errors="replace")
         except LookupError:
             text = text.encode("ascii", errors="replace").decode("ascii")
-    _write_stream(text, stream)
+    _write_stream(text, stream, name=name)
 
 
 def _stream_name(stream: Optional[TextIO]) -> Optional[str]:
-    return "stdout" if stream is sys.stdout else "stderr" if stream is sys.stderr else None
+    return "stderr" if stream is sys.stderr else "stdout" if stream is sys.stdout else None
 
 
-def _write_stream(text: str, stream: TextIO, newline: bool = True) -> None:
+def _write_stream(text: str, stream: Optional[TextIO], newline: bool = True, name: Optional[str] = None) -> None:
     """Writes ``text`` and flushes it now, so that a reader that went away (``| head -1``) is found here and not by
     the interpreter's flush at exit. A closed stdout or stderr is then dropped quietly: what follows for it is not
-    written, and the command goes on with its other work (files it was asked to write, a gate's decision)."""
-    name = _stream_name(stream)
+    written, and the command goes on with its other work (files it was asked to write, a gate's decision). A
+    stream the process started without (``>&-``: None) counts as closed."""
+    name = name or _stream_name(stream)
     if name in _closed_streams:
+        return
+    if stream is None:
+        if name is not None:
+            _closed_streams.add(name)
         return
     try:
         stream.write(text + "\n" if newline else text)
@@ -654,6 +668,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         _flush_stdout()
         return EXIT_PIPE
     _flush_stdout()
+    if args.command == "run":  # its exit status is the command's, whatever became of run's own few lines
+        return status
     return EXIT_PIPE if _closed_streams and status == EXIT_OK else status
 
 

@@ -220,6 +220,28 @@ def test_a_closed_stdout_ends_quietly_and_never_as_a_pass(runs, tmp_path, unbuff
     assert (proc.returncode, proc.stderr) == (141, "")
 
 
+def cli_without(fd, *args):
+    """The command started without stdout (fd 1) or stderr (fd 2), as a shell's ``>&-`` or ``2>&-`` starts it:
+    Python's ``sys.stdout`` or ``sys.stderr`` is then None."""
+    keep = {1: {"stderr": subprocess.PIPE}, 2: {"stdout": subprocess.PIPE}}[fd]
+    return subprocess.run(["bash", "-c", f'"$0" -m lightning_perf.cli "$@" {fd}>&-', sys.executable, *args],
+                          text=True, timeout=120, **keep)
+
+
+def test_a_command_started_without_stdout_or_stderr_ends_as_a_closed_one(runs):
+    """``>&-``: as a closed pipe, no traceback, no 'internal error', never 0; ``2>&-``: the gate's line and errors
+    do not fall into stdout, which keeps exactly the JSON asked for."""
+    for args in (["--help"], ["compare", runs["slow"], runs["fast"]]):
+        proc = cli_without(1, *args)
+        assert (proc.returncode, proc.stderr) == (141, ""), (args, proc.stderr)
+    proc = cli_without(1, "compare", runs["fast"], runs["slow"], "--fail-if-slower", "5")
+    assert proc.returncode == 1 and proc.stderr.startswith("lightning-perf: candidate is 200.0% slower than base")
+    proc = cli_without(2, "compare", runs["fast"], runs["slow"], "--format", "json", "--fail-if-slower", "5")
+    assert proc.returncode == 1 and json.loads(proc.stdout)["speedup"] < 1  # the gate's line went nowhere
+    proc = cli_without(2, "compare", runs["fast"], "missing.json")
+    assert proc.returncode == 2 and proc.stdout == ""
+
+
 def test_a_closed_stdout_still_writes_the_files_asked_for(runs, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "report.png"
@@ -320,3 +342,12 @@ def test_help_shows_every_default():
     assert "(default: text)" in shown["compare"].split("--format ", 2)[2].split(" --", 1)[0]
     assert "(default: none, no limit)" in shown["matrix"].split("--timeout ", 2)[2].split(" --", 1)[0]
     assert "(default: markdown)" in shown["report"] and "(default: markdown)" in shown["bench-compare"]
+
+
+def test_run_exits_with_the_commands_status_even_without_its_own_stderr(tmp_path):
+    """``run`` writes a few lines of its own on stderr; without a stderr its exit status is still the command's."""
+    for code in (0, 3):
+        proc = subprocess.run(["bash", "-c", f'"$0" -m lightning_perf.cli run --out "$1" -- "$0" -c "raise'
+                               f' SystemExit({code})" 2>&-', sys.executable, str(tmp_path / "out")],
+                              stdout=subprocess.PIPE, text=True, timeout=120)
+        assert proc.returncode == code, (code, proc.stdout)
