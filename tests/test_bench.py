@@ -421,3 +421,15 @@ def test_presets_combine_by_name():
                          "--data.persistent_workers=true", "--data.prefetch_factor=4"]
     with pytest.raises(ValueError, match="'turbo' is no preset"):
         parse_variants(["amp+turbo"])
+
+
+def test_matrix_says_which_callbacks_measured_after_set_up_dropped_some():
+    """The module's configure_callbacks gave the Trainer an IterationTimer: the matrix's own, attached at the
+    Trainer's construction, was dropped at set-up, and the variant's note says the config's own measured."""
+    from lightning_perf.bench.matrix import SUITE, _callbacks_note
+
+    attached = {"event": "attached", "callbacks": list(SUITE)}
+    dropped = {"event": "left_alone", "reason": "the Trainer has IterationTimer of its own", "dropped": ["IterationTimer"]}
+    assert _callbacks_note([attached]) == ", ".join(SUITE) + " attached by the matrix"
+    assert _callbacks_note([attached, dropped]) == (", ".join(SUITE[1:]) + " attached by the matrix, the config's own"
+                                                    " IterationTimer")

@@ -386,3 +386,19 @@ def test_the_windows_of_one_log_step_reach_tensorboard_as_one_event(tmp_path, in
         tags = events[step][0]
         assert {"perf/it_per_s", "time/iteration_ms", "time/forward_ms"} <= tags
         assert any(t.startswith("vram/") for t in tags)
+
+
+def test_a_failure_of_the_suites_own_work_is_recorded_or_warned_never_raised():
+    """The suite's logging and gathering record a failure on its first callback; an empty suite (allowed:
+    ``PerfSuite([])``) has none to record it on and warns once instead of raising into training."""
+    timer = IterationTimer()
+    PerfSuite([timer])._record_failure(None, "on_train_batch_end (logging)", OSError("disk full"))
+    assert timer._failures == {"on_train_batch_end (logging)": "OSError: disk full"}
+    empty = PerfSuite([])
+    with pytest.warns(UserWarning, match=r"PerfSuite on_train_batch_end \(logging\) failed: OSError: disk full"):
+        empty._record_failure(None, "on_train_batch_end (logging)", OSError("disk full"))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        empty._record_failure(None, "on_train_end (gather)", OSError("again"))  # once: no second warning

@@ -117,8 +117,8 @@ class AttachedSuite(PerfSuite):
         others = [cb for cb in trainer.callbacks if cb is not self and is_lightning_perf_callback(cb)]
         keep = [cb for cb in self.callbacks if not already_there(type(cb), others)]
         if len(keep) < len(self.callbacks):
-            record("left_alone", reason="the Trainer has " + ", ".join(
-                type(cb).__name__ for cb in self.callbacks if cb not in keep) + " of its own")
+            gone = [type(cb).__name__ for cb in self.callbacks if cb not in keep]
+            record("left_alone", reason="the Trainer has " + ", ".join(gone) + " of its own", dropped=gone)
             self.callbacks = keep
             self._build_dispatch()
 

@@ -12,7 +12,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -108,9 +107,12 @@ def _callbacks_note(events: List[Dict[str, Any]]) -> Optional[str]:
     """What the variant's Trainer was measured with, from its manifest: the suite attached, the config's own
     lightning_perf callbacks, or both; and why the suite could not be attached, if it could not."""
     notes: List[str] = []
+    dropped = {str(name) for event in events if event.get("event") == "left_alone"
+               for name in (event.get("dropped") if isinstance(event.get("dropped"), list) else [])}
     for event in events:
         if event.get("event") == "attached" and isinstance(event.get("callbacks"), list):
-            added = [str(name) for name in event["callbacks"]]
+            # less those dropped at set-up: the module's configure_callbacks gave the Trainer its own
+            added = [str(name) for name in event["callbacks"] if str(name) not in dropped]
             own = [name for name in SUITE if name not in added]
             if not added:
                 notes.append("the config's own lightning_perf callbacks (the matrix attached none)")
@@ -180,8 +182,9 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
             os.unlink(summary_path)
         cmd = variant_command(python, script, config, overrides, run_dir)
         log(f"[matrix] {name}: {' '.join(shlex.quote(c) for c in cmd)}")
-        fd, manifest = tempfile.mkstemp(prefix="lightning_perf_matrix.", suffix=".jsonl")
-        os.close(fd)
+        # in the variant's folder, already checked writable (a temporary folder that is not would end the matrix)
+        manifest = os.path.join(run_dir, ".lightning_perf_manifest.jsonl")
+        open(manifest, "w").close()
         try:
             env = variant_env(summary_path, manifest)
             start = time.perf_counter()

@@ -4,6 +4,7 @@ once for all of them."""
 from __future__ import annotations
 
 import types
+import warnings
 from typing import Any, Dict, List, Optional
 
 from lightning.pytorch import Callback
@@ -136,6 +137,16 @@ class PerfSuite(Callback):
             elif cb.state_key in state_dict:
                 cb.load_state_dict(state_dict[cb.state_key])
 
+    def _record_failure(self, cb: Optional[PerfCallback], where: str, err: BaseException) -> None:
+        """A failure of the suite's own work (logging, a gather) on ``cb``, else on its first callback; a suite with
+        none (``PerfSuite([])``) warns once instead: it never raises into training."""
+        target = cb or (self.callbacks[0] if self.callbacks else None)
+        if target is not None:
+            target._record_failure(where, err)
+        elif not getattr(self, "_warned_empty", False):
+            self._warned_empty = True
+            warnings.warn(f"lightning_perf: PerfSuite {where} failed: {type(err).__name__}: {err}", stacklevel=2)
+
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Dict[str, Any]) -> None:
         """Lightning gives ``load_state_dict`` only the suite's own entry: a callback whose state is not there (the
         checkpoint was saved with separate callbacks, or by another suite) finds it by its own ``state_key``."""
@@ -188,15 +199,15 @@ def _forwarder(name: str) -> Any:
                 if gathers:  # also after a failed check: every rank must reach the one collective
                     try:
                         for cb, err in close_gather_batch(trainer):
-                            (cb or self.callbacks[0])._record_failure(name, err)
+                            self._record_failure(cb, name, err)
                     except Exception as err:  # noqa: BLE001
-                        self.callbacks[0]._record_failure(f"{name} (gather)", err)
+                        self._record_failure(None, f"{name} (gather)", err)
                 try:
                     close_log_batch(trainer)
                     if WAITING.count and flushes:  # the end of training: everything still queued
                         flush_scalars(trainer)
                 except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
-                    self.callbacks[0]._record_failure(f"{name} (logging)", err)
+                    self._record_failure(None, f"{name} (logging)", err)
 
         plain = _plain_forwarder(name)
         logging_hook.__name__ = logging_hook.__qualname__ = name
@@ -224,7 +235,7 @@ def _plain_forwarder(name: str, drains: bool = False) -> Any:
             try:
                 drain_scalars(args[0], batch_end=True)
             except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
-                self.callbacks[0]._record_failure(f"{name} (logging)", err)
+                self._record_failure(None, f"{name} (logging)", err)
         if failed is not None:
             raise failed
 
