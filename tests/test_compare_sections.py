@@ -93,6 +93,20 @@ def test_a_run_against_itself_names_no_section_that_moved(runs):
     assert "Moved most" not in cli(runs["base"], runs["base"])
 
 
+def test_a_change_that_prints_as_zero_is_no_move(runs, tmp_path):
+    """A section 0.001 ms slower per iteration (the table's +0.00) is not named; 0.01 ms is."""
+    from lightning_perf.summary.compare import compare_summaries
+
+    with open(runs["base"]) as fh:
+        base = json.load(fh)
+    iterations = base["section_profiler"]["iterations"]
+    for extra_ms, named in ((0.001, False), (0.01, True)):
+        cand = json.loads(json.dumps(base))
+        cand["section_profiler"]["sections"]["render"]["total_s"] += extra_ms * iterations / 1000.0
+        moved = compare_summaries(base, cand)["sections"]["moved_most"]
+        assert moved == ("render" if named else None), (extra_ms, moved)
+
+
 def test_no_section_table_where_a_run_has_no_profiler(runs, tmp_path):
     with open(runs["base"]) as fh:
         data = json.load(fh)

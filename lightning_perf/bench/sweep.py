@@ -334,10 +334,12 @@ def run_sweep(
             if bar is not None:
                 bar.update(1)
     finally:
-        if bar is not None:
-            bar.close()
-        if fh is not None:
-            fh.close()
+        try:
+            if bar is not None:
+                bar.close()  # on a closed stderr this raises again: the CSV is closed all the same
+        finally:
+            if fh is not None:
+                fh.close()
     return rows
 
 

@@ -259,7 +259,8 @@ def section_changes(base: PerfSummary, candidate: PerfSummary) -> Optional[Dict[
                      "base_share_pct": (b.get(name) or {}).get("share_pct"),
                      "candidate_share_pct": (c.get(name) or {}).get("share_pct"),
                      "delta_ms": d["delta"], "delta_pct": d["delta_pct"]})
-    moved = [r for r in rows if r["delta_ms"]]  # a section that did not move (or is in one run only) moved least
+    # a section whose change prints as +0.00 ms (or that is in one run only) did not move
+    moved = [r for r in rows if r["delta_ms"] is not None and abs(r["delta_ms"]) >= 0.005]
     means = [run.section_profiler.iteration_ms.mean if run.section_profiler.iteration_ms is not None else None
              for run in (base, candidate)]
     return {"rows": rows,
