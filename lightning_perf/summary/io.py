@@ -242,6 +242,8 @@ def _decode(path: str) -> Any:
         raise SummaryError(f"{path}: is a directory, expected a perf_summary.json file") from None
     except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: a NUL byte in the path
         raise SummaryError(f"{path!r}: cannot read: {err}" if "\0" in path else f"{path}: cannot read: {err}") from None
+    if not text.strip():  # said as such, not as JSON that expected a value at line 1
+        raise SummaryError(f"{path}: the file is empty; expected a perf_summary.json")
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
