@@ -45,24 +45,24 @@ def _command_list(commands: Tuple[Tuple[str, str], ...]) -> str:
                                     subsequent_indent=" " * 17) for name, help_text in commands)
 
 
-def _non_negative_float(text: str) -> float:
+def _bounded(text: str, convert: Any, allowed: Any, expected: str) -> Any:
+    """``convert(text)`` where ``allowed`` says yes; else one statement of the range, whatever is wrong with the
+    value (not a number, NaN, out of range)."""
     try:
-        value = float(text)
+        value = convert(text)
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+        value = None
+    if value is None or not allowed(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _non_negative_float(text: str) -> float:
+    return _bounded(text, float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:  # one statement of the range, whatever is wrong with the value
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+    return _bounded(text, float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 
 
 def _check_output(path: str, flag: str) -> None:
@@ -93,23 +93,11 @@ def _write_text(path: str, flag: str, text: str) -> None:
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+    return _bounded(text, int, lambda v: v >= 0, "an integer >= 0")
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _bounded(text, int, lambda v: v >= 1, "a positive integer")
 
 
 #: More iterations than any run makes; beyond it the time to N would overflow a float.
@@ -293,15 +281,6 @@ def _empty_file(path: str) -> bool:
         return False
 
 
-def _read_summary(path: str) -> Any:
-    """:func:`read_summary`, an empty file said as such (not as JSON that expected a value at line 1)."""
-    from lightning_perf.summary.io import read_summary
-
-    if _empty_file(path):
-        raise SummaryError(f"{path}: the file is empty; expected a perf_summary.json")
-    return read_summary(path)
-
-
 def _baseline_problem(path: str, err: Exception) -> str:
     """Why ``run --baseline`` refuses ``path``: an empty file, or a JSON that is neither a summary nor a baseline
     file, said as such rather than by the first metric the gate could not use."""
@@ -397,8 +376,9 @@ def _flush_stdout() -> None:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from lightning_perf.summary.compare import FORMATTERS, compare_summaries, default_names
+    from lightning_perf.summary.io import read_summary
 
-    base, candidate = _read_summary(args.base), _read_summary(args.candidate)
+    base, candidate = read_summary(args.base), read_summary(args.candidate)
     names = args.names or default_names(args.base, args.candidate, [base, candidate])
     result = compare_summaries(base, candidate, iterations=args.iterations, base_name=names[0],
                                candidate_name=names[1], min_effect_pct=args.min_effect)
@@ -429,13 +409,14 @@ def _plain_label(text: str) -> str:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from lightning_perf.summary.fields import run_names
+    from lightning_perf.summary.io import read_summary
     from lightning_perf.summary.report import column_notes, format_report, report_rows
 
     if args.names and len(args.names) != len(args.runs):
         raise SummaryError(f"--names got {len(args.names)} names for {len(args.runs)} runs")
     if args.notes and len(args.notes) != len(args.runs):
         raise SummaryError(f"--notes got {len(args.notes)} notes for {len(args.runs)} runs")
-    summaries = [_read_summary(path) for path in args.runs]
+    summaries = [read_summary(path) for path in args.runs]
     names = args.names or run_names(args.runs, summaries)
     if args.plot:
         _check_output(args.plot, "--plot")
