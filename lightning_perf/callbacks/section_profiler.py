@@ -134,21 +134,23 @@ def _printed_rows(table: Dict[str, Dict[str, Any]]) -> List[tuple]:
     rows: List[tuple] = []
     placed = set()
 
-    def place(parent: Optional[str], depth: int) -> None:
-        for name in sorted(children.get(parent, ()), key=lambda n: -(present[n]["total_s"] or 0)):
-            if name in placed:
-                continue
-            placed.add(name)
-            r = present[name]
-            label = name if r["kind"] == "auto" or r["parent"] is None else f"{name} (in {r['parent']})"
-            rows.append(("  " * depth + label, r))
-            place(name, depth + 1)
+    def by_total(names: Any) -> List[str]:
+        return sorted(names, key=lambda n: -(present[n]["total_s"] or 0))
 
-    place(None, 0)
-    for name in sorted(set(present) - placed, key=lambda n: -(present[n]["total_s"] or 0)):  # parents in a loop
-        if name not in placed:  # (not made by a fit; a hand-edited checkpoint): listed, never lost
-            children[None] = [name]
-            place(None, 0)
+    def place(name: str, depth: int) -> None:
+        placed.add(name)
+        r = present[name]
+        label = name if r["kind"] == "auto" or r["parent"] is None else f"{name} (in {r['parent']})"
+        rows.append(("  " * depth + label, r))
+        for child in by_total(children.get(name, ())):
+            if child not in placed:
+                place(child, depth + 1)
+
+    for name in by_total(children.get(None, ())):
+        place(name, 0)
+    for name in by_total(set(present) - placed):  # parents in a loop (not made by a fit; a hand-edited
+        if name not in placed:  # checkpoint): listed, never lost
+            place(name, 0)
     return rows
 
 
