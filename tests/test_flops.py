@@ -199,13 +199,8 @@ class KeepsGraphs(LinearStack):
         return loss
 
 
-class KeepsGraphsReadsItsLoss(KeepsGraphs):
-    """Also reads a value in its step: counted on a real copy, not on the meta one."""
-
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        self.last_loss = loss.item()
-        return loss
+class KeepsGraphsReadsItsLoss(KeepsGraphs, ReadsItsLoss):
+    """Also reads a value in its step (ReadsItsLoss's): counted on a real copy, not on the meta one."""
 
 
 @pytest.mark.parametrize("model_class", [KeepsGraphs, KeepsGraphsReadsItsLoss], ids=["meta_copy", "real_copy"])
