@@ -1,8 +1,9 @@
 """The suite's own time, step by step: where its mean above its median goes, and which steps it makes slow.
 
 One fit of the benchmark's ~1 ms CPU loop (``overhead.py``'s, torch on one thread, TensorBoard on) with the four
-defaults in one ``PerfSuite``. Every step hook of the suite, and SectionProfiler's iteration close in the strategy's
-``batch_to_device`` (where its fold and its window report run), is timed call by call (``perf_counter``) and summed
+defaults in one ``PerfSuite``. Every step hook of the suite, and SectionProfiler's mark in the strategy's
+``batch_to_device`` (where its iterations close, its tape is replayed, its fold and its window report run; and its
+close wherever else one runs), is timed call by call (``perf_counter``) and summed
 per step (a step ends at its batch end). Printed: the median, mean, p99, p99.9 and max of that time a step; how much
 of the mean the steps over 5x the median carry; those steps by where they fall (a report step: the first of each
 ``report_every_n_steps`` window, where SectionProfiler's report runs; the step before it, where IterationTimer's and
@@ -43,9 +44,9 @@ STEP_HOOKS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backward
 
 def own_time_per_step(suite: Any, steps: int, root: str,
                       clock: Callable[[], float] = time.perf_counter) -> List[float]:
-    """Seconds spent in ``suite``'s step hooks (and its SectionProfiler's iteration close, where it holds one) in
-    each of ``steps`` steps of the benchmark's loop, in step order, read on ``clock`` (wall time; a test passes a
-    clock it moves itself)."""
+    """Seconds spent in ``suite``'s step hooks (and its SectionProfiler's transfer mark and iteration close, where it
+    holds one) in each of ``steps`` steps of the benchmark's loop, in step order, read on ``clock`` (wall time; a
+    test passes a clock it moves itself)."""
     per: List[float] = [0.0]
     inside = [False]  # the close runs inside a hook (a dataloader_iter step's batch start): timed there once
 
@@ -68,6 +69,7 @@ def own_time_per_step(suite: Any, steps: int, root: str,
     for cb in suite.callbacks:
         if isinstance(cb, lightning_perf.SectionProfiler):
             cb._close_iteration = timed(cb._close_iteration)
+            cb._batch_transfer = timed(cb._batch_transfer)  # installed at setup from this attribute
     overhead.fit([suite], steps, None, root)
     return per[:steps]
 

@@ -244,6 +244,7 @@ class SimulatedDevice(Callback):
         from lightning_perf.measure.clock import DeviceIntervalClock
 
         self.target._clock = DeviceIntervalClock(event_factory=self.event)
+        self.target._taping = False  # as SectionProfiler's on_train_start decides with a device clock: events live
 
 
 def hold_until_sampled(trainer: Any, timeout_s: float = 10.0) -> bool:

@@ -2,6 +2,7 @@
 row (issue 23, seed 004). On the virtual clock (helpers.VirtualClock): every figure is the cost the test injects."""
 
 import pytest
+from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader
@@ -196,3 +197,59 @@ def test_device_time_labels_follow_the_host_pieces_across_the_iteration_close(tm
         assert table["data_loading"]["mean_ms"] == pytest.approx(fetch_ms)
         assert table["other"]["mean_ms"] == pytest.approx(2.0)
     assert table[where]["count"] == 14
+
+
+def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_path, monkeypatch):
+    """SectionProfiler's step path tapes its events and replays them in batches (automatic optimization,
+    ``batch_gap``, no CUDA events). The same rich fit, taped and with taping switched off (each switch and close
+    made as its hook runs, as with ``fetch`` or CUDA events): data loading, gradient accumulation, user sections in
+    the step and in the module's batch-end hook, a checkpoint every 4 steps with costly writes (its state read at the
+    batch end, mid-tape), a validation each epoch, a report every 3 steps (the limit's replays: the tape's own test
+    in test_section_profiler.py). Every figure of the summary and every scalar logged, with its step, is the
+    same."""
+
+    class Rich(Sampler):
+        def train_dataloader(self):
+            return DataLoader(ClockedItems(self.clock, FETCH_S), batch_size=8)
+
+        def training_step(self, batch, batch_idx):
+            with profile_section("noise"):
+                self.clock.advance(0.0003 * (1 + batch_idx % 3))
+            return super().training_step(batch, batch_idx)
+
+    def run(root, taping):
+        clock = use_virtual_clock(monkeypatch)
+        sp = profiler(report_every_n_steps=3)
+        if not taping:
+            start = SectionProfiler.on_train_start
+
+            def live(self, trainer, pl_module):
+                start(self, trainer, pl_module)
+                self._taping = False
+
+            monkeypatch.setattr(SectionProfiler, "on_train_start", live)
+        seen = []
+
+        class Watch(Callback):
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                seen.append(bool(sp._tape))
+
+        ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=4, save_top_k=-1)
+        fit(root, [sp, ckpt, Watch()], model=Rich(clock, every=3), max_epochs=2, accumulate_grad_batches=2,
+            plugins=[CostlySaves(clock)])
+        monkeypatch.undo()
+        return find_summary(root)["section_profiler"], read_scalars(root), any(seen)
+
+    taped, taped_scalars, taped_seen = run(tmp_path / "taped", True)
+    live, live_scalars, live_seen = run(tmp_path / "live", False)
+    assert taped_seen and not live_seen  # the first run taped, the second did not
+    for summary in (taped, live):
+        assert summary.pop("overhead_us_per_step") is not None  # its own time: not on the virtual clock
+    assert taped["iterations"] == 8 and taped["sections"]["noise"]["count"] == 16
+    assert taped["sections"]["sampling"]["count"] >= 2 and taped["sections"]["checkpointing"]["count"] >= 2
+    assert taped["validation"]["runs"] == 2
+    assert taped == live
+    keys = {key for key in live_scalars if key.startswith("time")}
+    assert keys and {key for key in taped_scalars if key.startswith("time")} == keys
+    for key in keys:
+        assert taped_scalars[key] == live_scalars[key], key

@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, Dataset
 
-from helpers import (ClockedItems, HostEvent, ManualModel, SimulatedDevice, TinyModel, find_summary, fit,
+from helpers import (ClockedItems, HostEvent, ManualModel, SimulatedDevice, TinyModel, find_summary, fit, make_loader,
                      read_scalars, use_virtual_clock)
 from lightning_perf import IterationTimer, SectionProfiler, profile_section
 from lightning_perf.measure import sections as sections_module
@@ -697,6 +697,47 @@ def test_a_sink_that_fails_to_start_a_section_never_reaches_the_users_code():
     assert ran and Failing.ended == [("ema", None)]
 
 
+def test_the_tape_is_replayed_at_its_limit_and_its_figures_are_those_measured_live(tmp_path, monkeypatch):
+    """The step path writes its events down (automatic optimization, ``batch_gap``, no CUDA events) and replays them
+    in batches: without a report to make it due, at TAPE_LIMIT events, in training and in a validation (whose batches
+    are transferred too), so the tape stays bounded; replayed, the figures are the costs put in, a user section's
+    too, to the virtual clock's last bit, as measured live (where CUDA events are recorded: SimulatedDevice's test
+    above)."""
+    from lightning_perf.callbacks import section_profiler as module
+
+    clock = use_virtual_clock(monkeypatch)
+    monkeypatch.setattr(module, "TAPE_LIMIT", 20)
+    sp = profiler(warmup_steps=0, report_every_n_steps=10**6)
+    lengths, in_validation = [], []
+
+    class Watch(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            lengths.append(len(sp._tape))
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            in_validation.append(len(sp._tape))
+
+    class LongValidation(EverySection):
+        def val_dataloader(self):
+            return make_loader(n=8 * 30)  # 30 batches
+
+    fit(tmp_path, [sp, Watch()], model=LongValidation(clock, ema=0.0007), max_epochs=3, enable_checkpointing=False,
+        num_sanity_val_steps=0)
+    assert sp._taping is False and not sp._tape  # replayed at the end
+    # events of one iteration: the transfer, the batch start, the user section, four switches, the batch end (8);
+    # replayed at the first of the transfer, the batch start and the user section that finds 20 or more
+    assert 20 <= max(lengths) < 20 + 8 and min(lengths) <= 8, lengths
+    assert sum(b < a for a, b in zip(lengths, lengths[1:])) >= 3  # replayed again and again, not only at the end
+    assert len(in_validation) == 90 and max(in_validation) < 20, in_validation
+    s = find_summary(tmp_path)["section_profiler"]
+    assert s["iterations"] == 24 and s["validation"]["runs"] == 3
+    assert s["sections"]["ema"]["mean_ms"] == pytest.approx(0.7, rel=1e-6)
+    assert s["sections"]["ema"]["parent"] == "forward"
+    for name, cost in EverySection.COSTS.items():  # the user section carved out of forward's piece
+        assert s["sections"][name]["mean_ms"] == pytest.approx(1000.0 * cost, rel=1e-6), name
+    assert s["iteration_ms"]["mean"] == pytest.approx(1000.0 * (sum(EverySection.COSTS.values()) + 0.0007), rel=1e-6)
+
+
 def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatch):
     """Per-iteration pieces wait for at most FOLD_EVERY iterations and each section's raw times for fewer than its
     limit (HISTOGRAM_EVERY plus an eighth of it per phase), however far apart the reports are; the sections' batches
@@ -709,6 +750,7 @@ def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatc
     clock = use_virtual_clock(monkeypatch)
     monkeypatch.setattr(module, "FOLD_EVERY", 4)
     monkeypatch.setattr(module, "HISTOGRAM_EVERY", 8)
+    monkeypatch.setattr(module, "TAPE_LIMIT", 1)  # the tape replayed at each iteration's start (its own test below)
     sp = profiler(warmup_steps=0, report_every_n_steps=10**6)
     unfolded, raw, counts = [], [], []
 

@@ -37,6 +37,12 @@ SLOWEST_KEPT = 20
 HISTOGRAM_EVERY = 512
 #: The switch-only step hooks time their own cost (``overhead_us_per_step``) in one iteration of this many.
 OVERHEAD_SAMPLE = 8
+#: Events of the step path written down while taping (see ``_replay``): a switch is (section, t); the others
+#: (code, ...) with these codes.
+_TRANSFER, _BATCH_START, _STEP_END, _USER_SECTION, _CHECKPOINT = range(5)
+#: The tape is replayed at the latest once it holds this many events (a long gradient accumulation, many user
+#: sections, a large ``report_every_n_steps``): O(1) memory per step.
+TAPE_LIMIT = 1024
 
 # Insight thresholds (documented in docs/section_profiler.md).
 DATA_LOADING_PCT = 15.0
@@ -272,6 +278,12 @@ class SectionProfiler(PerfCallback):
         self._val_start: Optional[float] = None
         self._overhead_s = 0.0
         self._timing = True  # the switch-only step hooks time themselves in this iteration (1 in OVERHEAD_SAMPLE)
+        self._taping = False  # the step path writes its events down, replayed in batches (see ``_replay``)
+        self._tape: List[Any] = []
+        self._tape_timing = True  # the taping hooks time themselves in this iteration (1 in OVERHEAD_SAMPLE)
+        self._closes_due = 0  # ``_iterations`` once the tape is replayed, its iteration that ended included
+        self._replay_due = False  # the next iteration's start replays the tape: a report falls due there
+        self._own_in_replay = 0.0  # of the replay running, what its folds and reports told OWN_WORK already
         self._clock: Optional[DeviceIntervalClock] = None
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
@@ -351,8 +363,15 @@ class SectionProfiler(PerfCallback):
         return self._clock.stamp()
 
     def section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
-        if not self._active:
-            return
+        if self._taping:
+            tape = self._tape
+            tape.append((_USER_SECTION, name, parent, seconds, failed))
+            if len(tape) >= TAPE_LIMIT:
+                self._replay()
+        elif self._active:
+            self._section_ended(name, parent, seconds, token, failed)
+
+    def _section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
         if self._ending:  # a batch-end hook's section, nested ones with their parents: IterationTimer's next
             self._end_pieces[name] = self._end_pieces.get(name, 0.0) + seconds
         if parent is None:
@@ -427,7 +446,16 @@ class SectionProfiler(PerfCallback):
 
     def _checkpoint_written(self, seconds: float) -> None:
         """A checkpoint write or removal, from the strategy's CheckpointIO: carved out of the running section."""
-        if self._active and self._current is not None:
+        if self._taping:
+            tape = self._tape
+            tape.append((_CHECKPOINT, seconds))
+            if len(tape) >= TAPE_LIMIT:
+                self._replay()
+        elif self._active:
+            self._checkpoint_at(seconds)
+
+    def _checkpoint_at(self, seconds: float) -> None:
+        if self._current is not None:
             self._carved += seconds
             self._piece["checkpointing"] = self._piece.get("checkpointing", 0.0) + seconds
             if self._ending:
@@ -440,15 +468,73 @@ class SectionProfiler(PerfCallback):
         ``on_train_batch_start`` (one boundary more per batch); in a validation or the sanity check no section is
         running and the transfer stays in evaluation."""
         try:
-            if self._active and self._current is not None:
-                if self._ending:  # the next iteration starts: the one whose step ended closes, its batch-end work in
-                    t = now()
-                    self._close_iteration(self._trainer_ref(), "transfer", t)
-                    self._overhead_s += now() - t
-                else:
-                    self._switch("transfer")
+            if self._taping:
+                t = now()
+                tape = self._tape
+                tape.append((_TRANSFER, t))
+                self._overhead_s += now() - t
+                if self._replay_due or len(tape) >= TAPE_LIMIT:  # (validation batches are transferred too)
+                    self._replay_due = False
+                    self._replay()
+            elif self._active and self._current is not None:
+                t = now()
+                self._transfer_at(t)
+                self._overhead_s += now() - t
         except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
             self._record_failure("batch_to_device", err)
+
+    def _transfer_at(self, t: float) -> None:
+        if self._current is not None:
+            if self._ending:  # the next iteration starts: the one whose step ended closes, its batch-end work in
+                self._close_iteration(self._trainer_ref(), "transfer", t)
+            else:
+                self._switch("transfer", t)
+
+    # -- the tape ------------------------------------------------------------------------------------------------
+    def _replay(self) -> None:
+        """Runs the events the step path wrote down, in order, with the times they were read at.
+
+        While taping (automatic optimization, ``batch_gap`` boundary, no CUDA events), each step hook only reads the
+        clock and appends an event; the section switches, the iteration's close and its fold run here, in one
+        batch, where a report falls due (the start of the iteration after the one that reaches it: where the close
+        reports, as it would live), before anything reads or changes the state (every other hook, a read of a
+        figure, a checkpoint's state), and at ``TAPE_LIMIT`` events. Run right after a step, a few lines of Python
+        cost several times what they cost in a loop, and each step hook runs right after torch's work: one clock
+        read and one append there instead of a switch."""
+        tape = self._tape
+        if not tape:
+            return
+        self._tape = []
+        start, self._own_in_replay = now(), 0.0
+        switch = self._switch
+        for event in tape:
+            code = event[0]
+            if code.__class__ is str:
+                switch(code, event[1])
+            elif code == _STEP_END:
+                switch("data_loading", event[1], True)
+                self._ending = True
+            elif code == _TRANSFER:
+                self._transfer_at(event[1])
+            elif code == _BATCH_START:
+                self._batch_start_at(self._trainer_ref(), event[1])
+            elif code == _USER_SECTION:
+                self._section_ended(event[1], event[2], event[3], None, event[4])
+            else:
+                self._checkpoint_at(event[1])
+        spent = now() - start
+        self._overhead_s += spent
+        # lightning_perf's own work in the iteration it runs in (IterationTimer may name it), the fold and report
+        # inside it told already
+        OWN_WORK.add(spent - self._own_in_replay)
+
+    def _own_work(self, seconds: float) -> None:
+        OWN_WORK.add(seconds)
+        self._own_in_replay += seconds
+
+    def _stop_taping(self) -> None:
+        self._replay()
+        self._taping = False
 
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
@@ -506,6 +592,11 @@ class SectionProfiler(PerfCallback):
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
         self._switch("other")
         self._arm_fetch_watch()
+        # the step path tapes its events where nothing live depends on them: no fetch to watch for (the gap is data
+        # loading), no CUDA events to record at the boundaries, one iteration a batch-or-accumulation known from
+        # on_before_optimizer_step
+        self._taping = self._gap_mode and not self._manual and self._clock is None
+        self._closes_due, self._tape_timing = self._iterations, True
 
     def _between_batches(self) -> str:
         """The section that runs from the end of a batch (or a validation) until the next batch starts."""
@@ -513,6 +604,7 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._replay()
         # what follows is the new epoch's dataloader iterator (workers starting) and its first fetch
         if self._active and (self._current is None or self._gap_mode):
             self._switch(self._between_batches())
@@ -520,6 +612,7 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._replay()
         if not self._active or self._current is None:
             return
         if self._ending:  # the epoch's last iteration closes; epoch-end hooks go to the next one (or the final row)
@@ -529,42 +622,89 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._active:
+        if self._taping:
             t = now()
-            section = "training_step" if self._manual else "forward"
-            if self._ending:  # no transfer or fetch was seen (a dataloader_iter step): the iteration closes here
-                self._close_iteration(trainer, section, t)
-            else:
-                self._switch(section, t)
+            tape = self._tape
+            tape.append((_BATCH_START, t))
+            self._overhead_s += now() - t
+            if self._replay_due or len(tape) >= TAPE_LIMIT:
+                self._replay_due = False
+                self._replay()
+        elif self._active:
+            t = now()
+            self._batch_start_at(trainer, t)
             self._overhead_s += now() - t
 
-    # The four hooks inside the step only switch sections. Their own time is read in one iteration of
-    # OVERHEAD_SAMPLE (``_timing``, set where an iteration closes) and counted that many times: a clock read fewer a
-    # hook in the others.
+    def _batch_start_at(self, trainer: Optional[Trainer], t: float) -> None:
+        section = "training_step" if self._manual else "forward"
+        if self._ending:  # no transfer or fetch was seen (a dataloader_iter step): the iteration closes here
+            self._close_iteration(trainer, section, t)
+        else:
+            self._switch(section, t)
+
+    # The four hooks inside the step only switch sections (while taping: append the switch). Their own time is read
+    # in one iteration of OVERHEAD_SAMPLE (``_timing``, set where an iteration closes; ``_tape_timing``, set at the
+    # batch end) and counted that many times: a clock read fewer a hook in the others.
     @guarded
     def on_before_zero_grad(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        if self._active and not self._manual:
+        if self._taping:
+            t = now()
+            self._tape.append(("optimizer_step", t))
+            if self._tape_timing:
+                self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
+        elif self._active and not self._manual:
             self._switch("optimizer_step", None, None, True)
 
     @guarded
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
-        if self._active and not self._manual:
+        if self._taping:
+            t = now()
+            self._tape.append(("backward", t))
+            if self._tape_timing:
+                self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
+        elif self._active and not self._manual:
             self._switch("backward", None, None, True)
 
     @guarded
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._active and not self._manual:
+        if self._taping:
+            t = now()
+            self._tape.append(("other", t))
+            if self._tape_timing:
+                self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
+        elif self._active and not self._manual:
             self._switch("other", None, None, True)
 
     @guarded
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True  # this batch ends an iteration (automatic optimization calls this once per step)
-        if self._active and not self._manual:
+        if self._taping:
+            t = now()
+            self._tape.append(("optimizer_step", t))
+            if self._tape_timing:
+                self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
+        elif self._active and not self._manual:
             self._switch("optimizer_step", None, None, True)
 
     @guarded
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        if self._taping:
+            t = now()
+            tape = self._tape
+            if self._stepped:
+                self._stepped = False
+                tape.append((_STEP_END, t))
+                due = self._closes_due = self._closes_due + 1
+                if not due % self.report_every_n_steps:
+                    self._replay_due = True
+                self._tape_timing = not due % OVERHEAD_SAMPLE
+            else:  # accumulating: the iteration goes on with the next batch
+                tape.append(("data_loading", t))
+            if WAITING.count:
+                self._drain_scalars(trainer)
+            self._overhead_s += now() - t
+            return
         if not self._active:
             return
         t = now()
@@ -604,7 +744,7 @@ class SectionProfiler(PerfCallback):
             if len(unfolded) >= FOLD_EVERY:
                 start = now()
                 self._fold(histograms=False)
-                OWN_WORK.add(now() - start)
+                self._own_work(now() - start)
         elif not self._unfolded:  # a warm-up iteration's batch-end work is the first counted one's
             self._prev_end = (self._end_s, self._end_pieces) if self._end_pieces else None
             self._last_folded = self._iterations + 1
@@ -625,12 +765,14 @@ class SectionProfiler(PerfCallback):
             self._fold(histograms=False)
             if self._iteration.window_n:
                 self._report_window(trainer)
-            OWN_WORK.add(now() - start)  # in the iteration that starts here: IterationTimer may name it
+            self._own_work(now() - start)  # in the iteration that starts here: IterationTimer may name it
 
     def _fold(self, histograms: bool = True) -> None:
         """The iterations' pieces into raw host times, and those into the window sums and the histograms: before
         every read of a figure. ``histograms=False`` (at a report, on the step path): the histograms only take the
         raw times of a section where its ``limit`` wait."""
+        if self._tape:
+            self._replay()
         if self._unfolded:
             sections, iteration, slowest = self._sections, self._iteration.raw, self._slowest
             prev_end, last, offset = self._prev_end, self._last_folded, self._step_offset
@@ -711,6 +853,7 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._replay()
         if self._active and not trainer.sanity_checking and self._current is not None:
             t = now()
             self._switch(None, t)  # the piece so far stays with its section; validation is off the table
@@ -718,6 +861,7 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._replay()
         if self._active and self._val_start is not None:
             t = now()
             self._validation_s += t - self._val_start
@@ -728,6 +872,7 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_taping()
         if not self._active:
             gather_floats_then(trainer, [None] * len(AUTO_SECTIONS), lambda rows: None, self)  # every rank joins it
             return
@@ -776,6 +921,7 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_taping()
         if self._active:
             self._close_final(now())
         self._write_summary(trainer)
@@ -784,11 +930,13 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._stop_taping()
         self._restore()
         self._flush_summary(trainer)
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._stop_taping()
         self._restore()  # no teardown hook follows an exception
         self._write_summary(trainer, exception)
 
