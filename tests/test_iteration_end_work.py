@@ -199,14 +199,16 @@ def test_device_time_labels_follow_the_host_pieces_across_the_iteration_close(tm
     assert table[where]["count"] == 14
 
 
-def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("every, validation", [(2, 4), (3, 1.0)])
+def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_path, monkeypatch, every, validation):
     """SectionProfiler's step path tapes its events and replays them in batches (automatic optimization,
     ``batch_gap``, no CUDA events). The same rich fit, taped and with taping switched off (each switch and close
     made as its hook runs, as with ``fetch`` or CUDA events): data loading, gradient accumulation, user sections in
     the step and in the module's batch-end hook, a checkpoint every 4 steps with costly writes (its state read at the
-    batch end, mid-tape), a validation each epoch, a report every 3 steps (the limit's replays: the tape's own test
-    in test_section_profiler.py). Every figure of the summary and every scalar logged, with its step, is the
-    same."""
+    batch end, mid-tape), a report every 2 steps and a validation every 4 batches, each one right after a report's
+    step (its batches are transferred before the due iteration closes), and a report every 3 steps with a validation
+    at each epoch's end (the limit's replays: the tape's own test in test_section_profiler.py). Every figure of the
+    summary and every scalar logged, with its step, is the same."""
 
     class Rich(Sampler):
         def train_dataloader(self):
@@ -219,7 +221,7 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
 
     def run(root, taping):
         clock = use_virtual_clock(monkeypatch)
-        sp = profiler(report_every_n_steps=3)
+        sp = profiler(report_every_n_steps=every)
         if not taping:
             start = SectionProfiler.on_train_start
 
@@ -236,7 +238,7 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
 
         ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=4, save_top_k=-1)
         fit(root, [sp, ckpt, Watch()], model=Rich(clock, every=3), max_epochs=2, accumulate_grad_batches=2,
-            plugins=[CostlySaves(clock)])
+            plugins=[CostlySaves(clock)], val_check_interval=validation)
         monkeypatch.undo()
         return find_summary(root)["section_profiler"], read_scalars(root), any(seen)
 
@@ -247,7 +249,7 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
         assert summary.pop("overhead_us_per_step") is not None  # its own time: not on the virtual clock
     assert taped["iterations"] == 8 and taped["sections"]["noise"]["count"] == 16
     assert taped["sections"]["sampling"]["count"] >= 2 and taped["sections"]["checkpointing"]["count"] >= 2
-    assert taped["validation"]["runs"] == 2
+    assert taped["validation"]["runs"] == (4 if validation == 4 else 2)
     assert taped == live
     keys = {key for key in live_scalars if key.startswith("time")}
     assert keys and {key for key in taped_scalars if key.startswith("time")} == keys

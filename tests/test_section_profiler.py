@@ -738,6 +738,32 @@ def test_the_tape_is_replayed_at_its_limit_and_its_figures_are_those_measured_li
     assert s["iteration_ms"]["mean"] == pytest.approx(1000.0 * (sum(EverySection.COSTS.values()) + 0.0007), rel=1e-6)
 
 
+def test_a_replay_that_fails_is_recorded_and_keeps_the_events_after_the_failed_one(monkeypatch):
+    """A replay started by a checkpoint write at the tape's limit (inside the user's save) fails on one event: the
+    failure is recorded and warned about, not raised into the save, and the events after the failed one wait for the
+    next replay instead of being lost."""
+    from lightning_perf.callbacks import section_profiler as module
+
+    monkeypatch.setattr(module, "TAPE_LIMIT", 3)
+    sp = profiler()
+    sp._active = sp._taping = True
+    replayed = []
+
+    def carve(seconds):
+        replayed.append(seconds)
+        if seconds == 2.0:
+            raise RuntimeError("broken")
+
+    monkeypatch.setattr(sp, "_checkpoint_at", carve)
+    with pytest.warns(UserWarning, match="checkpoint write"):
+        for seconds in (1.0, 2.0, 3.0):
+            sp._checkpoint_written(seconds)
+    assert replayed == [1.0, 2.0] and sp._failures == {"checkpoint write": "RuntimeError: broken"}
+    assert [event[1] for event in sp._tape] == [3.0] and not sp._replaying
+    sp._replay()
+    assert replayed == [1.0, 2.0, 3.0] and sp._tape == []
+
+
 def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatch):
     """Per-iteration pieces wait for at most FOLD_EVERY iterations and each section's raw times for fewer than its
     limit (HISTOGRAM_EVERY plus an eighth of it per phase), however far apart the reports are; the sections' batches

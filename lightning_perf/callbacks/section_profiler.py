@@ -284,6 +284,7 @@ class SectionProfiler(PerfCallback):
         self._closes_due = 0  # ``_iterations`` once the tape is replayed, its iteration that ended included
         self._replay_due = False  # the next iteration's start replays the tape: a report falls due there
         self._own_in_replay = 0.0  # of the replay running, what its folds and reports told OWN_WORK already
+        self._replaying = False
         self._clock: Optional[DeviceIntervalClock] = None
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
@@ -367,7 +368,7 @@ class SectionProfiler(PerfCallback):
             tape = self._tape
             tape.append((_USER_SECTION, name, parent, seconds, failed))
             if len(tape) >= TAPE_LIMIT:
-                self._replay()
+                self._replay_guarded("profile_section")
         elif self._active:
             self._section_ended(name, parent, seconds, token, failed)
 
@@ -450,7 +451,7 @@ class SectionProfiler(PerfCallback):
             tape = self._tape
             tape.append((_CHECKPOINT, seconds))
             if len(tape) >= TAPE_LIMIT:
-                self._replay()
+                self._replay_guarded("checkpoint write")
         elif self._active:
             self._checkpoint_at(seconds)
 
@@ -474,8 +475,7 @@ class SectionProfiler(PerfCallback):
                 tape.append((_TRANSFER, t))
                 self._overhead_s += now() - t
                 if self._replay_due or len(tape) >= TAPE_LIMIT:  # (validation batches are transferred too)
-                    self._replay_due = False
-                    self._replay()
+                    self._replay_at_start()
             elif self._active and self._current is not None:
                 t = now()
                 self._transfer_at(t)
@@ -502,31 +502,54 @@ class SectionProfiler(PerfCallback):
         cost several times what they cost in a loop, and each step hook runs right after torch's work: one clock
         read and one append there instead of a switch."""
         tape = self._tape
-        if not tape:
+        if not tape or self._replaying:  # (a fold inside the replay: the replay goes on)
             return
-        self._tape = []
+        self._replaying, done = True, 0
         start, self._own_in_replay = now(), 0.0
         switch = self._switch
-        for event in tape:
-            code = event[0]
-            if code.__class__ is str:
-                switch(code, event[1])
-            elif code == _STEP_END:
-                switch("data_loading", event[1], True)
-                self._ending = True
-            elif code == _TRANSFER:
-                self._transfer_at(event[1])
-            elif code == _BATCH_START:
-                self._batch_start_at(self._trainer_ref(), event[1])
-            elif code == _USER_SECTION:
-                self._section_ended(event[1], event[2], event[3], None, event[4])
-            else:
-                self._checkpoint_at(event[1])
-        spent = now() - start
-        self._overhead_s += spent
-        # lightning_perf's own work in the iteration it runs in (IterationTimer may name it), the fold and report
-        # inside it told already
-        OWN_WORK.add(spent - self._own_in_replay)
+        try:
+            # the list itself, not a copy: a section another thread ends meanwhile is appended and replayed too
+            for event in tape:
+                done += 1
+                code = event[0]
+                if code.__class__ is str:
+                    switch(code, event[1])
+                elif code == _STEP_END:
+                    switch("data_loading", event[1], True)
+                    self._ending = True
+                elif code == _TRANSFER:
+                    self._transfer_at(event[1])
+                elif code == _BATCH_START:
+                    self._batch_start_at(self._trainer_ref(), event[1])
+                elif code == _USER_SECTION:
+                    self._section_ended(event[1], event[2], event[3], None, event[4])
+                else:
+                    self._checkpoint_at(event[1])
+        finally:
+            del tape[:done]  # after a failure, the events that follow the failed one are replayed next time
+            self._replaying = False
+            spent = now() - start
+            self._overhead_s += spent
+            # lightning_perf's own work in the iteration it runs in (IterationTimer may name it), the fold and
+            # report inside it told already
+            OWN_WORK.add(spent - self._own_in_replay)
+
+    def _replay_at_start(self) -> None:
+        """At an iteration's first boundary (a transfer, or the batch start without one): where a report that fell
+        due is made. The flag stays up until the due iteration has closed: a validation after the due step
+        transfers its batches first, and the iteration closes at the next training batch's transfer."""
+        due = self._replay_due
+        self._replay()
+        if due:
+            self._replay_due = self._ending
+
+    def _replay_guarded(self, where: str) -> None:
+        """A replay at the tape's limit from a user section or a checkpoint write: a failure is recorded, never
+        raised into the user's code."""
+        try:
+            self._replay()
+        except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's code
+            self._record_failure(where, err)
 
     def _own_work(self, seconds: float) -> None:
         OWN_WORK.add(seconds)
@@ -628,8 +651,7 @@ class SectionProfiler(PerfCallback):
             tape.append((_BATCH_START, t))
             self._overhead_s += now() - t
             if self._replay_due or len(tape) >= TAPE_LIMIT:
-                self._replay_due = False
-                self._replay()
+                self._replay_at_start()
         elif self._active:
             t = now()
             self._batch_start_at(trainer, t)
