@@ -243,6 +243,46 @@ def test_matrix_measures_with_the_configs_own_lightning_perf_callbacks(tmp_path)
     assert "copied to runs/m2/separate/perf_summary.json" in proc.stderr
 
 
+@pytest.mark.slow
+def test_a_summary_the_matrix_cannot_copy_is_read_at_once_and_no_path_to_it_is_kept(tmp_path, monkeypatch):
+    """The config's callbacks write every variant's summary to one shared file. When the matrix cannot copy it into
+    the variant's folder (a full disk: a cut-off file, then ENOSPC), each variant's figures are those read right
+    after it, and no recorded path leads to the shared file, which the next variant overwrites."""
+    import errno
+    import shutil
+
+    from lightning_perf.bench.matrix import matrix_rows, parse_variants, run_matrix
+
+    def disk_full(src, dst, *args, **kwargs):
+        with open(src, "rb") as fh, open(dst, "wb") as out:
+            out.write(fh.read(100))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), dst)
+
+    (tmp_path / "cli_toy.py").write_text(TOY_CLI)
+    (tmp_path / "both.yaml").write_text(SUITE_CONFIG)
+    (tmp_path / "separate.yaml").write_text(SEPARATE_CONFIG)
+    monkeypatch.chdir(tmp_path)  # the config's summary_path is relative: the variants share tmp_path/shared
+    monkeypatch.setattr(shutil, "copyfile", disk_full)
+    lines = []
+    variants = parse_variants(["short=--config separate.yaml --trainer.max_steps=5",
+                               "long=--config separate.yaml --trainer.max_steps=9"])
+    results = run_matrix("cli_toy.py", variants, "runs", config="both.yaml", log=lines.append)
+    shared = tmp_path / "shared" / "perf_summary.json"
+    assert json.loads(shared.read_text())["iteration_timer"]["iterations"] == 9  # the last variant's figures
+    for result, steps in zip(results, (5, 9)):
+        assert result["exit_code"] == 0, (tmp_path / "runs" / result["name"] / "output.log").read_text()[-3000:]
+        assert result["summary"]["iteration_timer"]["iterations"] == steps  # its own, read before the next ran
+        assert result["summary_path"] is None and os.path.samefile(result["summary_from"], shared)
+        own = os.path.join("runs", result["name"], "perf_summary.json")
+        assert not os.path.lexists(own)  # the cut-off copy is not left for a reader to take as the summary
+        assert result["summary_path_reason"] == (
+            f"not copied to {own} (No space left on device); the figures were read from {result['summary_from']}"
+            " right after the variant, a file the next variant may overwrite")
+        assert any(line.startswith(f"[matrix] {result['name']}: ") and f"not copied to {own}" in line
+                   and "keeps no summary file of its own" in line for line in lines), lines
+    assert [row["status"] for row in matrix_rows(results)] == ["completed", "completed"]
+
+
 def test_matrix_fill_mode_adds_only_what_the_trainer_lacks(tmp_path, monkeypatch):
     """The matrix's attaching (``lightning-perf run``'s hook in fill mode), in one process: a QualityGate alone gets
     the four; a PerfSuite of the four gets none; one the module adds in ``configure_callbacks`` is dropped at set-up."""

@@ -137,6 +137,16 @@ def _written_elsewhere(events: List[Dict[str, Any]], summary_path: str) -> Optio
     return None
 
 
+def _remove_partial_copy(path: str) -> None:
+    """Removes what a failed copy left at ``path`` (a cut-off file that no reader should take for the variant's
+    summary); nothing stood there before the copy, so a regular file there is the copy's own."""
+    try:
+        if os.path.isfile(path) and not os.path.islink(path):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 def variant_dir(out_dir: str, name: str) -> str:
     """The folder of variant ``name``: directly under ``out_dir``, never elsewhere, whatever the name."""
     if (not name or name in (os.curdir, os.pardir) or "\0" in name
@@ -171,7 +181,13 @@ def check_outputs(out_dir: str, variants: List[Tuple[str, List[str]]]) -> None:
 def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str, config: Optional[str] = None,
                python: str = sys.executable, timeout_s: Optional[float] = None,
                log=print) -> List[Dict[str, Any]]:
-    """Runs each variant in its own process; returns one result per variant (summary or the reason it has none)."""
+    """Runs each variant in its own process; returns one result per variant (summary or the reason it has none).
+
+    A result's ``summary_path`` is the variant's own file, ``<out_dir>/<name>/perf_summary.json``. Where the
+    config's callbacks wrote their summary elsewhere, ``summary_from`` names that file and the matrix copies it to
+    ``summary_path``; when the copy fails, ``summary`` still holds the figures read from ``summary_from`` right after
+    the variant, ``summary_path`` is None (no file holds them for certain: the next variant may overwrite
+    ``summary_from``) and ``summary_path_reason`` says why."""
     check_outputs(out_dir, variants)
     results = []
     for name, overrides in variants:
@@ -206,19 +222,26 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
                                   "measured_with": _callbacks_note(events)}
         if result["measured_with"]:
             log(f"[matrix] {name}: measured with {result['measured_with']}")
+        read_from = summary_path
         elsewhere = _written_elsewhere(events, summary_path)
         if elsewhere is not None:  # each variant keeps its own copy: the next one may write the same file again
-            result["summary_from"] = elsewhere
+            result["summary_from"] = read_from = elsewhere
             try:
                 shutil.copyfile(elsewhere, summary_path)
                 log(f"[matrix] {name}: the config's callbacks wrote their summary to {elsewhere}; copied to"
                     f" {summary_path}")
             except OSError as err:
-                result["summary_path"] = summary_path = elsewhere
-                log(f"[matrix] {name}: the config's callbacks wrote their summary to {elsewhere}; read there (not"
-                    f" copied: {err.strerror or err})")
+                _remove_partial_copy(summary_path)
+                # read now, before the next variant runs, but recorded nowhere: the next one may overwrite the file
+                result["summary_path"] = None
+                result["summary_path_reason"] = (f"not copied to {summary_path} ({err.strerror or err}); the figures"
+                                                 f" were read from {elsewhere} right after the variant, a file the"
+                                                 " next variant may overwrite")
+                log(f"[matrix] {name}: the config's callbacks wrote their summary to {elsewhere}; read there, but"
+                    f" not copied to {summary_path} ({err.strerror or err}), so the variant keeps no summary file of"
+                    " its own: the next variant may overwrite that one")
         try:
-            result["summary"] = load_summary(summary_path)
+            result["summary"] = load_summary(read_from)
         except SummaryError as err:
             result["problem"] = str(err)
         results.append(result)
