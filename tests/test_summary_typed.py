@@ -6,6 +6,10 @@ the callbacks write but the model forgets passes through unchecked, and readers 
 next one: real short fits that reach as many fields as a CPU run can, parsed with the model, walked to the bottom; any
 ``model_extra`` left anywhere fails with its dotted path. A field typed ``Any`` would hide what is under it from that
 walk, so the model has none.
+
+A CPU run leaves null the figures the callbacks write only on CUDA (allocator peaks, NVML memory and activity, CUDA
+event times, allocator retries): a field among them the model forgot would pass unnoticed. One more fit reaches them
+with only the hardware simulated, by the fakes the callbacks' own tests use, and is walked the same way.
 """
 
 import typing
@@ -16,11 +20,17 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from pydantic import BaseModel
 from torch import nn
 
-from helpers import ImageModel, TinyModel, find_summary, fit
+import lightning_perf.callbacks.vram_monitor as vram_module
+import lightning_perf.measure.memory as memory_module
+from helpers import ImageModel, SimulatedDevice, TinyModel, find_summary, fit
 from lightning_perf import (EvalNoGradGuard, IterationTimer, PerfSuite, QualityGate, SectionProfiler, VRAMMonitor,
                             profile_section)
+from lightning_perf.measure.clock import DeviceIntervalClock
 from lightning_perf.summary.baseline import write_baseline
 from lightning_perf.summary.model import PerfSummary, parse
+from test_device_activity import ActiveNvml, Ticker
+from test_tail import Allocator
+from test_vram_monitor import FakeCuda
 
 
 def untyped(node, path=""):
@@ -132,6 +142,81 @@ def test_a_ddp_fit_leaves_no_field_untyped(tmp_path):
     fit(tmp_path, callbacks, strategy="ddp_spawn", devices=2, max_epochs=1)
     summary = find_summary(tmp_path)
     assert all(summary[s]["ranks"] for s in ("iteration_timer", "section_profiler", "vram"))
+    assert_all_typed(summary)
+
+
+# -- the figures written only on CUDA, with the hardware simulated ----------------------------------------------------
+class SimulatedTimerDevice(SimulatedDevice):
+    """IterationTimer's CUDA event clock, made of HostEvents at train start as SimulatedDevice makes SectionProfiler's
+    (IterationTimer tapes nothing: only the clock is set)."""
+
+    def on_train_start(self, trainer, pl_module):
+        self.target._clock = DeviceIntervalClock(event_factory=self.event)
+
+
+class OnSimulatedGpu(TinyModel):
+    """Drives the fake allocator (test_vram_monitor.FakeCuda) in training and validation, retries it once an epoch
+    (test_tail.Allocator) and runs a user section, whose device time the simulated events give."""
+
+    cuda: FakeCuda  # set by the test; not init arguments, so checkpoints stay plain
+    allocator: Allocator
+
+    def training_step(self, batch, batch_idx):
+        self.cuda.alloc(100)
+        if batch_idx == 3:
+            self.allocator.retries += 1
+        with profile_section("sampling"):
+            pass
+        self.cuda.free(100)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.cuda.alloc(300)
+        self.cuda.free(300)
+        return super().validation_step(batch, batch_idx)
+
+
+def test_a_fit_on_a_simulated_gpu_leaves_no_cuda_only_field_untyped(tmp_path, monkeypatch):
+    """The CUDA and NVML paths of the callbacks, reached on the CPU with the fakes of their own tests: VRAMMonitor on
+    test_vram_monitor's allocator and test_device_activity's NVML (memory, utilisation, power, clock, temperature,
+    ticked per batch as there), IterationTimer's and SectionProfiler's CUDA event clocks of helpers.HostEvent, the
+    allocator's retries as test_tail reads them, and MFU against a peak FLOP/s. Every CUDA-only figure is filled, then
+    the whole summary is walked."""
+    cuda, nvml, allocator = FakeCuda(), ActiveNvml(), Allocator()
+    cuda.alloc(500)  # weights already on the device
+    monkeypatch.setattr(vram_module, "cuda_backend", lambda: cuda)
+    monkeypatch.setattr(VRAMMonitor, "_device", lambda self, trainer: torch.device("cuda", 0))
+    monkeypatch.setattr(memory_module, "load_pynvml", lambda: nvml)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)  # HostEvents are always complete
+    model = OnSimulatedGpu()
+    model.cuda, model.allocator = cuda, allocator
+    timer = IterationTimer(warmup_steps=1, flops_per_batch="auto", available_flops=312e12)
+    timer._read_alloc_retries = allocator.read  # on CUDA, torch.cuda.memory_stats_as_nested_dict's num_alloc_retries
+    profiler = SectionProfiler(warmup_steps=1, print_reports=False)
+    monitor = VRAMMonitor(nvml_interval_s=60)  # the Ticker samples activity, once a batch
+    ticker = Ticker(monitor, nvml, {"train": [70, 0, 90], "validation": [20]})
+    fit(tmp_path, [ticker, PerfSuite([timer, profiler, monitor]), SimulatedTimerDevice(timer),
+                   SimulatedDevice(profiler)], model=model, max_epochs=2, limit_val_batches=2)
+    summary = find_summary(tmp_path)
+    timer_s, profiler_s, vram = summary["iteration_timer"], summary["section_profiler"], summary["vram"]
+    # what the run must reach for the walk to mean something: every CUDA-only figure, filled
+    for section in (timer_s, profiler_s, vram):
+        assert not section.get("measurement_failures"), section["measurement_failures"]
+    assert timer_s["device_ms_per_iter"]["mean"] is not None and timer_s["device_events_dropped"] == 0
+    assert timer_s["tail"]["alloc_retries"] == 2 and timer_s["mfu_pct"] is not None
+    assert timer_s["available_flops"] == 312e12 and timer_s["tflops_per_s"] is not None
+    assert all(profiler_s["sections"][name]["device_mean_ms"] is not None
+               for name in ("forward", "backward", "optimizer_step", "sampling"))
+    assert vram["source"] == "torch allocator + NVML + host RSS" and vram["resets_torch_peak_stats"] is True
+    assert vram["lifetime_peak_allocated_mb"] and vram["lifetime_peak_reserved_mb"] and vram["device_total_mb"]
+    for phase in ("train", "validation"):
+        figures = vram["phases"][phase]
+        assert None not in [figures[f] for f in ("peak_allocated_mb", "peak_reserved_mb", "nvml_peak_used_mb",
+                                                 "nvml_process_peak_mb", "usage_pct")], (phase, figures)
+    activity = vram["activity"]
+    assert activity["source"] == "NVML + psutil" and activity["unavailable"] == {}
+    assert all(activity["phases"][phase][name]["samples"] for phase in ("train", "validation")
+               for name in ("gpu_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "temperature_c"))
     assert_all_typed(summary)
 
 
