@@ -267,3 +267,59 @@ def hold_until_sampled(trainer: Any, timeout_s: float = 10.0) -> bool:
             return False
         time.sleep(0.001)
     return True
+
+
+#: The toy LightningCLI script of :func:`write_toy_cli`: a linear model on random rows of 4 features, batches of 4.
+TOY_CLI = '''import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LightningCLI
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(LightningModule):
+    def __init__(self, lr: float = {lr!r}):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn({samples}, 4)), batch_size=4)
+{cli_class}
+
+if __name__ == "__main__":
+    {cli}(Net, save_config_callback=None)
+'''
+
+#: The CLI of a toy script that prints, after its fit, every lightning_perf callback its Trainer ran (suites opened).
+TOY_CLI_PRINTS_CALLBACKS = '''
+
+class CLI(LightningCLI):
+    def after_fit(self):
+        from lightning_perf import PerfSuite
+        from lightning_perf.callbacks._base import PerfCallback
+
+        ran = []
+        for cb in self.trainer.callbacks:
+            ran += [type(c).__name__ for c in (cb.callbacks if isinstance(cb, PerfSuite) else [cb])
+                    if isinstance(c, PerfCallback)]
+        print("RAN:", ",".join(sorted(ran)), flush=True)
+'''
+
+
+def write_toy_cli(path: Any, lr: float, samples: int, print_callbacks: bool = False) -> Any:
+    """Writes a LightningCLI script to ``path`` (its folders made) and returns ``path``: ``Net``, a linear model
+    trained by SGD at ``lr`` (the default of ``--model.lr``) on ``samples`` random rows in batches of 4, so an epoch
+    is ``samples / 4`` steps (what the callers' step counts rest on). With ``print_callbacks`` it runs a ``CLI``
+    that prints ``RAN: A,B,...`` after the fit: every lightning_perf callback the Trainer ran, suites opened."""
+    text = TOY_CLI.format(lr=lr, samples=samples, cli="CLI" if print_callbacks else "LightningCLI",
+                          cli_class=TOY_CLI_PRINTS_CALLBACKS if print_callbacks else "")
+    os.makedirs(os.path.dirname(os.path.abspath(str(path))), exist_ok=True)
+    with open(str(path), "w") as fh:
+        fh.write(text)
+    return path

@@ -141,46 +141,6 @@ def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
         assert section in summary
 
 
-#: A LightningCLI script that prints, after its fit, every lightning_perf callback its Trainer ran (suites opened).
-TOY_CLI = """
-import torch
-from lightning.pytorch import LightningModule
-from lightning.pytorch.cli import LightningCLI
-from torch.utils.data import DataLoader, TensorDataset
-
-
-class Net(LightningModule):
-    def __init__(self, lr: float = 0.05):
-        super().__init__()
-        self.net = torch.nn.Linear(4, 1)
-        self.lr = lr
-
-    def training_step(self, batch, batch_idx):
-        return self.net(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
-
-    def train_dataloader(self):
-        return DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4)
-
-
-class CLI(LightningCLI):
-    def after_fit(self):
-        from lightning_perf import PerfSuite
-        from lightning_perf.callbacks._base import PerfCallback
-
-        ran = []
-        for cb in self.trainer.callbacks:
-            ran += [type(c).__name__ for c in (cb.callbacks if isinstance(cb, PerfSuite) else [cb])
-                    if isinstance(c, PerfCallback)]
-        print("RAN:", ",".join(sorted(ran)), flush=True)
-
-
-if __name__ == "__main__":
-    CLI(Net, save_config_callback=None)
-"""
-
 #: README's LightningCLI example (a PerfSuite entry) in a short CPU config.
 SUITE_CONFIG = """
 trainer:
@@ -217,7 +177,9 @@ def test_matrix_measures_with_the_configs_own_lightning_perf_callbacks(tmp_path)
     """A config that already has the suite (README's LightningCLI example): each variant runs with one set of
     callbacks, the config's own, and the matrix adds only what the config lacks; its summary is where the matrix
     reads it, also when the config's callbacks write to a summary_path of their own."""
-    (tmp_path / "cli_toy.py").write_text(TOY_CLI)
+    from helpers import write_toy_cli
+
+    write_toy_cli(tmp_path / "cli_toy.py", lr=0.05, samples=64, print_callbacks=True)  # 16 steps an epoch, > 12
     (tmp_path / "both.yaml").write_text(SUITE_CONFIG)
     (tmp_path / "separate.yaml").write_text(SEPARATE_CONFIG)
     proc = cli("matrix", "--script", "cli_toy.py", "--config", "both.yaml", "--variant", "baseline",
@@ -251,6 +213,7 @@ def test_a_summary_the_matrix_cannot_copy_is_read_at_once_and_no_path_to_it_is_k
     import errno
     import shutil
 
+    from helpers import write_toy_cli
     from lightning_perf.bench.matrix import matrix_rows, parse_variants, run_matrix
 
     def disk_full(src, dst, *args, **kwargs):
@@ -258,7 +221,7 @@ def test_a_summary_the_matrix_cannot_copy_is_read_at_once_and_no_path_to_it_is_k
             out.write(fh.read(100))
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), dst)
 
-    (tmp_path / "cli_toy.py").write_text(TOY_CLI)
+    write_toy_cli(tmp_path / "cli_toy.py", lr=0.05, samples=64, print_callbacks=True)  # 16 steps an epoch, > 9
     (tmp_path / "both.yaml").write_text(SUITE_CONFIG)
     (tmp_path / "separate.yaml").write_text(SEPARATE_CONFIG)
     monkeypatch.chdir(tmp_path)  # the config's summary_path is relative: the variants share tmp_path/shared

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import TinyModel, fit
+from helpers import TinyModel, fit, write_toy_cli
 from lightning.pytorch.callbacks import Timer
 from lightning_perf import IterationTimer, PerfSuite, SectionProfiler
 from lightning_perf._attach import gate_arguments, hook, parse_callbacks
@@ -176,32 +176,7 @@ def test_module_form_with_lightning_cli_and_chosen_callbacks(tmp_path):
     pytest.importorskip("jsonargparse")
     project = tmp_path / "project"
     write(project / "pkg" / "__init__.py", "")
-    write(project / "pkg" / "train_cli.py", '''
-        import torch
-        from lightning.pytorch import LightningModule
-        from lightning.pytorch.cli import LightningCLI
-        from torch.utils.data import DataLoader, TensorDataset
-
-
-        class Net(LightningModule):
-            def __init__(self, lr: float = 0.1):
-                super().__init__()
-                self.net = torch.nn.Linear(4, 1)
-                self.lr = lr
-
-            def training_step(self, batch, batch_idx):
-                return self.net(batch[0]).pow(2).mean()
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=self.lr)
-
-            def train_dataloader(self):
-                return DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4)
-
-
-        if __name__ == "__main__":
-            LightningCLI(Net, save_config_callback=None)
-        ''')
+    write_toy_cli(project / "pkg" / "train_cli.py", lr=0.1, samples=32)
     out = tmp_path / "runs"
     proc = run_cli("--out", str(out), "--callbacks", "iterationtimer,SectionProfiler", "--", sys.executable, "-m",
                    "pkg.train_cli", "fit", "--trainer.max_steps=7", "--trainer.logger=false",
