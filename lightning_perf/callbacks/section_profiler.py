@@ -666,7 +666,8 @@ class SectionProfiler(PerfCallback):
 
     # The four hooks inside the step only switch sections (while taping: append the switch). Their own time is read
     # in one iteration of OVERHEAD_SAMPLE (``_timing``, set where an iteration closes; ``_tape_timing``, set at the
-    # batch end) and counted that many times: a clock read fewer a hook in the others.
+    # batch end) and counted that many times: a clock read fewer a hook in the others. Inline, not one shared method:
+    # the frame more cost ~0.45 µs a hook right after torch's work (--hooks-only SectionProfiler: 19.0 against 17.2).
     @guarded
     def on_before_zero_grad(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         if self._taping:
