@@ -255,3 +255,37 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
     assert keys and {key for key in taped_scalars if key.startswith("time")} == keys
     for key in keys:
         assert taped_scalars[key] == live_scalars[key], key
+
+
+def test_a_replayed_section_that_fails_stops_no_hook_and_a_crash_still_writes_the_summary(tmp_path, monkeypatch):
+    """A user section whose handling fails (injected) in a later callback's batch-end hook, which then raises: the
+    failure is recorded where the tape is replayed (``on_exception``), and that hook goes on as live: the summary is
+    written and SectionProfiler's marks on the strategy and the section sink are given back."""
+    from lightning_perf.measure import sections
+
+    handle = SectionProfiler._section_ended
+
+    def failing(self, name, *args):
+        if name == "bad":
+            raise RuntimeError("injected")
+        return handle(self, name, *args)
+
+    monkeypatch.setattr(SectionProfiler, "_section_ended", failing)
+    clock = use_virtual_clock(monkeypatch)
+    sp = profiler(report_every_n_steps=2)
+
+    class Late(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 3:
+                assert sp._taping
+                with profile_section("bad"):
+                    clock.advance(0.001)
+                raise ValueError("the user's own error")
+
+    with pytest.raises(ValueError, match="the user's own error"):
+        fit(tmp_path, [sp, Late()], model=Sampler(clock, every=3), max_epochs=1, enable_checkpointing=False)
+    summary = find_summary(tmp_path)
+    assert summary["section_profiler"]["measurement_failures"] == {"profile_section": "RuntimeError: injected"}
+    assert summary["section_profiler"]["iterations"] == 3  # the fourth never closed: the fit failed in its batch end
+    assert sp._taping is False and sp._transfer is None and sp._strategy is None
+    assert sections.current_sink() is not sp

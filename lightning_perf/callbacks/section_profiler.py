@@ -43,6 +43,9 @@ _TRANSFER, _BATCH_START, _STEP_END, _USER_SECTION, _CHECKPOINT = range(5)
 #: The tape is replayed at the latest once it holds this many events (a long gradient accumulation, many user
 #: sections, a large ``report_every_n_steps``): O(1) memory per step.
 TAPE_LIMIT = 1024
+#: Where a replayed event came from, for ``measurement_failures`` (a switch: "step switch").
+_EVENT_PLACES = {_TRANSFER: "batch_to_device", _BATCH_START: "on_train_batch_start", _STEP_END: "on_train_batch_end",
+                 _USER_SECTION: "profile_section", _CHECKPOINT: "checkpoint write"}
 
 # Insight thresholds (documented in docs/section_profiler.md).
 DATA_LOADING_PCT = 15.0
@@ -368,7 +371,7 @@ class SectionProfiler(PerfCallback):
             tape = self._tape
             tape.append((_USER_SECTION, name, parent, seconds, failed))
             if len(tape) >= TAPE_LIMIT:
-                self._replay_guarded("profile_section")
+                self._replay()
         elif self._active:
             self._section_ended(name, parent, seconds, token, failed)
 
@@ -451,7 +454,7 @@ class SectionProfiler(PerfCallback):
             tape = self._tape
             tape.append((_CHECKPOINT, seconds))
             if len(tape) >= TAPE_LIMIT:
-                self._replay_guarded("checkpoint write")
+                self._replay()
         elif self._active:
             self._checkpoint_at(seconds)
 
@@ -512,21 +515,24 @@ class SectionProfiler(PerfCallback):
             for event in tape:
                 done += 1
                 code = event[0]
-                if code.__class__ is str:
-                    switch(code, event[1])
-                elif code == _STEP_END:
-                    switch("data_loading", event[1], True)
-                    self._ending = True
-                elif code == _TRANSFER:
-                    self._transfer_at(event[1])
-                elif code == _BATCH_START:
-                    self._batch_start_at(self._trainer_ref(), event[1])
-                elif code == _USER_SECTION:
-                    self._section_ended(event[1], event[2], event[3], None, event[4])
-                else:
-                    self._checkpoint_at(event[1])
+                try:
+                    if code.__class__ is str:
+                        switch(code, event[1])
+                    elif code == _STEP_END:
+                        switch("data_loading", event[1], True)
+                        self._ending = True
+                    elif code == _TRANSFER:
+                        self._transfer_at(event[1])
+                    elif code == _BATCH_START:
+                        self._batch_start_at(self._trainer_ref(), event[1])
+                    elif code == _USER_SECTION:
+                        self._section_ended(event[1], event[2], event[3], None, event[4])
+                    else:
+                        self._checkpoint_at(event[1])
+                except Exception as err:  # noqa: BLE001 - as live: one event's failure is its own, the rest go on
+                    self._record_failure(_EVENT_PLACES.get(code, "step switch"), err)
         finally:
-            del tape[:done]  # after a failure, the events that follow the failed one are replayed next time
+            del tape[:done]  # (an interrupt: the events after the one it stopped wait for the next replay)
             self._replaying = False
             spent = now() - start
             self._overhead_s += spent
@@ -543,21 +549,15 @@ class SectionProfiler(PerfCallback):
         if due:
             self._replay_due = self._ending
 
-    def _replay_guarded(self, where: str) -> None:
-        """A replay at the tape's limit from a user section or a checkpoint write: a failure is recorded, never
-        raised into the user's code."""
-        try:
-            self._replay()
-        except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's code
-            self._record_failure(where, err)
-
     def _own_work(self, seconds: float) -> None:
         OWN_WORK.add(seconds)
         self._own_in_replay += seconds
 
     def _stop_taping(self) -> None:
-        self._replay()
-        self._taping = False
+        try:
+            self._replay()
+        finally:
+            self._taping = False
 
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
