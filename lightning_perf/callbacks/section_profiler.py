@@ -794,8 +794,7 @@ class SectionProfiler(PerfCallback):
         """The iterations' pieces into raw host times, and those into the window sums and the histograms: before
         every read of a figure. ``histograms=False`` (at a report, on the step path): the histograms only take the
         raw times of a section where its ``limit`` wait."""
-        if self._tape:
-            self._replay()
+        self._replay()
         if self._unfolded:
             sections, iteration, slowest = self._sections, self._iteration.raw, self._slowest
             prev_end, last, offset = self._prev_end, self._last_folded, self._step_offset
