@@ -232,8 +232,8 @@ class HostEvent:
 
 
 class SimulatedDevice(Callback):
-    """Gives a callback listed before it (SectionProfiler) a device clock made of ``event`` (HostEvent) objects at
-    train start: its device times must then equal its host times."""
+    """Gives a callback listed before it (SectionProfiler, IterationTimer) a device clock made of ``event``
+    (HostEvent) objects at train start: its device times must then equal its host times."""
 
     event = HostEvent
 
@@ -244,7 +244,8 @@ class SimulatedDevice(Callback):
         from lightning_perf.measure.clock import DeviceIntervalClock
 
         self.target._clock = DeviceIntervalClock(event_factory=self.event)
-        self.target._taping = False  # as SectionProfiler's on_train_start decides with a device clock: events live
+        if hasattr(self.target, "_taping"):  # as SectionProfiler's on_train_start decides with a device clock: live
+            self.target._taping = False
 
 
 def hold_until_sampled(trainer: Any, timeout_s: float = 10.0) -> bool:

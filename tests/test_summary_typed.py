@@ -25,7 +25,6 @@ import lightning_perf.measure.memory as memory_module
 from helpers import ImageModel, SimulatedDevice, TinyModel, find_summary, fit
 from lightning_perf import (EvalNoGradGuard, IterationTimer, PerfSuite, QualityGate, SectionProfiler, VRAMMonitor,
                             profile_section)
-from lightning_perf.measure.clock import DeviceIntervalClock
 from lightning_perf.summary.baseline import write_baseline
 from lightning_perf.summary.model import PerfSummary, parse
 from test_device_activity import ActiveNvml, Ticker
@@ -146,14 +145,6 @@ def test_a_ddp_fit_leaves_no_field_untyped(tmp_path):
 
 
 # -- the figures written only on CUDA, with the hardware simulated ----------------------------------------------------
-class SimulatedTimerDevice(SimulatedDevice):
-    """IterationTimer's CUDA event clock, made of HostEvents at train start as SimulatedDevice makes SectionProfiler's
-    (IterationTimer tapes nothing: only the clock is set)."""
-
-    def on_train_start(self, trainer, pl_module):
-        self.target._clock = DeviceIntervalClock(event_factory=self.event)
-
-
 class OnSimulatedGpu(TinyModel):
     """Drives the fake allocator (test_vram_monitor.FakeCuda) in training and validation, retries it once an epoch
     (test_tail.Allocator) and runs a user section, whose device time the simulated events give."""
@@ -195,7 +186,7 @@ def test_a_fit_on_a_simulated_gpu_leaves_no_cuda_only_field_untyped(tmp_path, mo
     profiler = SectionProfiler(warmup_steps=1, print_reports=False)
     monitor = VRAMMonitor(nvml_interval_s=60)  # the Ticker samples activity, once a batch
     ticker = Ticker(monitor, nvml, {"train": [70, 0, 90], "validation": [20]})
-    fit(tmp_path, [ticker, PerfSuite([timer, profiler, monitor]), SimulatedTimerDevice(timer),
+    fit(tmp_path, [ticker, PerfSuite([timer, profiler, monitor]), SimulatedDevice(timer),
                    SimulatedDevice(profiler)], model=model, max_epochs=2, limit_val_batches=2)
     summary = find_summary(tmp_path)
     timer_s, profiler_s, vram = summary["iteration_timer"], summary["section_profiler"], summary["vram"]
