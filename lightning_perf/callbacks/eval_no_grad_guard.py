@@ -164,24 +164,30 @@ class EvalNoGradGuard(PerfCallback):
         # ~1 µs right after a backward
         self._automatic = pl_module.automatic_optimization
 
-    @guarded
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._watch.disarm()  # the training step's own forward takes PyTorch's fast path
+        try:
+            self._watch.disarm()  # the training step's own forward takes PyTorch's fast path
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_train_batch_start", err)
 
-    @guarded
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Automatic optimization: the training step is over once backward returns, so callbacks listed before
-        # this one are watched in their on_train_batch_end. Under manual optimization more forwards may follow
-        # inside training_step (an eval-mode discriminator with grad on is legitimate there).
-        if self._automatic:
-            self._watch.arm()
+        try:
+            # Automatic optimization: the training step is over once backward returns, so callbacks listed before
+            # this one are watched in their on_train_batch_end. Under manual optimization more forwards may follow
+            # inside training_step (an eval-mode discriminator with grad on is legitimate there).
+            if self._automatic:
+                self._watch.arm()
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_after_backward", err)
 
-    @guarded
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        watch = self._watch
-        if not watch.armed:  # armed after the backward already, under automatic optimization
-            watch.arm()
+        try:
+            watch = self._watch
+            if not watch.armed:  # armed after the backward already, under automatic optimization
+                watch.arm()
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_train_batch_end", err)
 
     def _eval_batch(self) -> None:
         """Global module hooks put every nn.Module call on PyTorch's slow path, so an evaluation run is watched

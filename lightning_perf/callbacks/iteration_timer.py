@@ -401,39 +401,41 @@ class IterationTimer(PerfCallback):
         self._epoch_prior_s = 0.0
         self._trainer_epoch = trainer.current_epoch
 
-    @guarded
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         # automatic optimization calls this once per optimizer step: the batch that ends here ends an iteration (a
-        # flag, where reading trainer.global_step at every batch end costs a chain of five properties)
+        # flag, where reading trainer.global_step at every batch end costs a chain of five properties). One
+        # assignment, nothing to guard (a step hook: see `guarded`)
         self._stepped = True
 
-    @guarded
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.batches += 1
-        self._iter_batches += 1
-        if self._samples_unknown is None:
-            size = self._batch_size(batch)
-            if size is not None:
-                self.samples += size
-                self._iter_samples += size
-        if self.items_fn is not None and self._items_unknown is None:
-            items = self._items(batch)
-            if items is not None:
-                self.items += items
-                self._iter_items += items
-        if not self._manual:
-            if not self._stepped:
-                return  # still accumulating: the iteration ends with the optimizer step
-            self._stepped = False
-        else:  # an iteration is a batch; the optimizer steps taken convert a target from max_steps
-            self._last_global_step = trainer.global_step
-        self._end_iteration(trainer)
-        if WAITING.count:
-            self._drain_scalars(trainer)
-        if self._fit_iterations == self._flops_due:
-            self._count_flops(trainer, pl_module, batch, batch_idx)
+        try:
+            self.batches += 1
+            self._iter_batches += 1
+            if self._samples_unknown is None:
+                size = self._batch_size(batch)
+                if size is not None:
+                    self.samples += size
+                    self._iter_samples += size
+            if self.items_fn is not None and self._items_unknown is None:
+                items = self._items(batch)
+                if items is not None:
+                    self.items += items
+                    self._iter_items += items
+            if not self._manual:
+                if not self._stepped:
+                    return  # still accumulating: the iteration ends with the optimizer step
+                self._stepped = False
+            else:  # an iteration is a batch; the optimizer steps taken convert a target from max_steps
+                self._last_global_step = trainer.global_step
+            self._end_iteration(trainer)
+            if WAITING.count:
+                self._drain_scalars(trainer)
+            if self._fit_iterations == self._flops_due:
+                self._count_flops(trainer, pl_module, batch, batch_idx)
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_train_batch_end", err)
 
     # -- FLOPs ---------------------------------------------------------------------------------------------------
     def _start_flops(self, trainer: Trainer) -> None:

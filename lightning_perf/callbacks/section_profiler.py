@@ -367,13 +367,16 @@ class SectionProfiler(PerfCallback):
         return self._clock.stamp()
 
     def section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
-        if self._taping:
-            tape = self._tape
-            tape.append((_USER_SECTION, name, parent, seconds, failed))
-            if len(tape) >= TAPE_LIMIT:
-                self._replay()
-        elif self._active:
-            self._section_ended(name, parent, seconds, token, failed)
+        try:
+            if self._taping:
+                tape = self._tape
+                tape.append((_USER_SECTION, name, parent, seconds, failed))
+                if len(tape) >= TAPE_LIMIT:
+                    self._replay()
+            elif self._active:
+                self._section_ended(name, parent, seconds, token, failed)
+        except Exception as err:  # noqa: BLE001 - recorded where it came from, as a replayed one is
+            self._record_failure(_EVENT_PLACES[_USER_SECTION], err)
 
     def _section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
         if self._ending:  # a batch-end hook's section, nested ones with their parents: IterationTimer's next
@@ -449,14 +452,18 @@ class SectionProfiler(PerfCallback):
             del self._profiler.start
 
     def _checkpoint_written(self, seconds: float) -> None:
-        """A checkpoint write or removal, from the strategy's CheckpointIO: carved out of the running section."""
-        if self._taping:
-            tape = self._tape
-            tape.append((_CHECKPOINT, seconds))
-            if len(tape) >= TAPE_LIMIT:
-                self._replay()
-        elif self._active:
-            self._checkpoint_at(seconds)
+        """A checkpoint write or removal, from the strategy's CheckpointIO: carved out of the running section. Called
+        in the ``finally`` of the write: a failure here is recorded, never raised over the write's own outcome."""
+        try:
+            if self._taping:
+                tape = self._tape
+                tape.append((_CHECKPOINT, seconds))
+                if len(tape) >= TAPE_LIMIT:
+                    self._replay()
+            elif self._active:
+                self._checkpoint_at(seconds)
+        except Exception as err:  # noqa: BLE001 - recorded where it came from, as a replayed one is
+            self._record_failure(_EVENT_PLACES[_CHECKPOINT], err)
 
     def _checkpoint_at(self, seconds: float) -> None:
         if self._current is not None:
@@ -643,19 +650,21 @@ class SectionProfiler(PerfCallback):
         elif self._gap_mode:
             self._switch("other")  # epoch-end hooks, epoch-level logging: not data loading
 
-    @guarded
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._taping:
-            t = now()
-            tape = self._tape
-            tape.append((_BATCH_START, t))
-            self._overhead_s += now() - t
-            if self._replay_due or len(tape) >= TAPE_LIMIT:
-                self._replay_at_start()
-        elif self._active:
-            t = now()
-            self._batch_start_at(trainer, t)
-            self._overhead_s += now() - t
+        try:
+            if self._taping:
+                t = now()
+                tape = self._tape
+                tape.append((_BATCH_START, t))
+                self._overhead_s += now() - t
+                if self._replay_due or len(tape) >= TAPE_LIMIT:
+                    self._replay_at_start()
+            elif self._active:
+                t = now()
+                self._batch_start_at(trainer, t)
+                self._overhead_s += now() - t
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_train_batch_start", err)
 
     def _batch_start_at(self, trainer: Optional[Trainer], t: float) -> None:
         section = "training_step" if self._manual else "forward"
@@ -668,91 +677,101 @@ class SectionProfiler(PerfCallback):
     # in one iteration of OVERHEAD_SAMPLE (``_timing``, set where an iteration closes; ``_tape_timing``, set at the
     # batch end) and counted that many times: a clock read fewer a hook in the others. Inline, not one shared method:
     # the frame more cost ~0.45 µs a hook right after torch's work (--hooks-only SectionProfiler: 19.0 against 17.2).
-    @guarded
     def on_before_zero_grad(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        if self._taping:
-            t = now()
-            self._tape.append(("optimizer_step", t))
-            if self._tape_timing:
-                self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
-        elif self._active and not self._manual:
-            self._switch("optimizer_step", None, None, True)
+        try:
+            if self._taping:
+                t = now()
+                self._tape.append(("optimizer_step", t))
+                if self._tape_timing:
+                    self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
+            elif self._active and not self._manual:
+                self._switch("optimizer_step", None, None, True)
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_before_zero_grad", err)
 
-    @guarded
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
-        if self._taping:
-            t = now()
-            self._tape.append(("backward", t))
-            if self._tape_timing:
-                self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
-        elif self._active and not self._manual:
-            self._switch("backward", None, None, True)
+        try:
+            if self._taping:
+                t = now()
+                self._tape.append(("backward", t))
+                if self._tape_timing:
+                    self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
+            elif self._active and not self._manual:
+                self._switch("backward", None, None, True)
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_before_backward", err)
 
-    @guarded
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._taping:
-            t = now()
-            self._tape.append(("other", t))
-            if self._tape_timing:
-                self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
-        elif self._active and not self._manual:
-            self._switch("other", None, None, True)
+        try:
+            if self._taping:
+                t = now()
+                self._tape.append(("other", t))
+                if self._tape_timing:
+                    self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
+            elif self._active and not self._manual:
+                self._switch("other", None, None, True)
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_after_backward", err)
 
-    @guarded
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        self._stepped = True  # this batch ends an iteration (automatic optimization calls this once per step)
-        if self._taping:
-            t = now()
-            self._tape.append(("optimizer_step", t))
-            if self._tape_timing:
-                self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
-        elif self._active and not self._manual:
-            self._switch("optimizer_step", None, None, True)
+        try:
+            self._stepped = True  # this batch ends an iteration (automatic optimization calls this once per step)
+            if self._taping:
+                t = now()
+                self._tape.append(("optimizer_step", t))
+                if self._tape_timing:
+                    self._overhead_s += OVERHEAD_SAMPLE * (now() - t)
+            elif self._active and not self._manual:
+                self._switch("optimizer_step", None, None, True)
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_before_optimizer_step", err)
 
-    @guarded
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self._taping:
+        try:
+            if self._taping:
+                t = now()
+                tape = self._tape
+                if self._stepped:
+                    self._stepped = False
+                    tape.append((_STEP_END, t))
+                    due = self._closes_due = self._closes_due + 1
+                    if not due % self.report_every_n_steps:
+                        self._replay_due = True
+                    self._tape_timing = not due % OVERHEAD_SAMPLE
+                else:  # accumulating: the iteration goes on with the next batch
+                    tape.append(("data_loading", t))
+                if WAITING.count:
+                    self._drain_scalars(trainer)
+                self._overhead_s += now() - t
+                return
+            if not self._active:
+                return
             t = now()
-            tape = self._tape
-            if self._stepped:
+            if not self._manual:
+                if not self._stepped:  # accumulating: the iteration goes on with the next batch
+                    self._switch(self._between_batches(), t)
+                    self._arm_fetch_watch()
+                    self._overhead_s += now() - t
+                    return
                 self._stepped = False
-                tape.append((_STEP_END, t))
-                due = self._closes_due = self._closes_due + 1
-                if not due % self.report_every_n_steps:
-                    self._replay_due = True
-                self._tape_timing = not due % OVERHEAD_SAMPLE
-            else:  # accumulating: the iteration goes on with the next batch
-                tape.append(("data_loading", t))
+            if not self._gap_mode and self._fit_iterations == 2 and self._fetches == 0:
+                self._gap_mode = True  # 3 iterations without a fetch seen: the gap that starts now is the wait for data
+                self._warn_once("fetch", GAP_REASON)
+            # The step is done, the iteration is not: batch-end work (later callbacks' and the module's batch-end hooks,
+            # a checkpoint save, a validation's checkpoint) belongs to it. It closes where the next iteration starts. In
+            # batch_gap mode the gap now running is the wait for the next batch: it belongs to the next iteration, and
+            # what is carved out of it (sections, checkpoint writes) to this one.
+            gap = self._gap_mode
+            self._switch("data_loading" if gap else "other", t, gap)  # _between_batches, inline on the step path
+            self._ending = True
+            if self._fetch_watch_toggles:
+                self._arm_fetch_watch()
             if WAITING.count:
                 self._drain_scalars(trainer)
             self._overhead_s += now() - t
-            return
-        if not self._active:
-            return
-        t = now()
-        if not self._manual:
-            if not self._stepped:  # accumulating: the iteration goes on with the next batch
-                self._switch(self._between_batches(), t)
-                self._arm_fetch_watch()
-                self._overhead_s += now() - t
-                return
-            self._stepped = False
-        if not self._gap_mode and self._fit_iterations == 2 and self._fetches == 0:
-            self._gap_mode = True  # 3 iterations without a fetch seen: the gap that starts now is the wait for data
-            self._warn_once("fetch", GAP_REASON)
-        # The step is done, the iteration is not: batch-end work (later callbacks' and the module's batch-end hooks,
-        # a checkpoint save, a validation's checkpoint) belongs to it. It closes where the next iteration starts. In
-        # batch_gap mode the gap now running is the wait for the next batch: it belongs to the next iteration, and
-        # what is carved out of it (sections, checkpoint writes) to this one.
-        gap = self._gap_mode
-        self._switch("data_loading" if gap else "other", t, gap)  # _between_batches, inline on the step path
-        self._ending = True
-        if self._fetch_watch_toggles:
-            self._arm_fetch_watch()
-        if WAITING.count:
-            self._drain_scalars(trainer)
-        self._overhead_s += now() - t
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_train_batch_end", err)
 
     def _close_iteration(self, trainer: Optional[Trainer], section: str, t: float) -> None:
         """The iteration whose step ended closes at ``t``, where ``section`` of the next one starts: its pieces go

@@ -418,26 +418,28 @@ class VRAMMonitor(PerfCallback):
         self._in_training = True
         self._enter("train")
 
-    @guarded
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        steps = self._steps = self._steps + 1
-        leak, window = steps % self._leak_stride == 0, steps % self._log_every == 0
-        if leak or window:
-            start = now()
-            if leak:  # one reading every few iterations: O(1) cost per step
-                self._leak_sample(self._train_leak, "train")
-            if window:
-                metrics = self._phase_metrics("train", live=True)
-                log_scalars(trainer, metrics)
-                if self.show_in_progress_bar:
-                    peak = metrics.get("vram/train_peak_allocated_mb") or metrics.get("vram/host_rss_peak_mb")
-                    if peak is not None:
-                        pl_module.log("vram_peak_mb", peak, prog_bar=True, logger=False)
-            OWN_WORK.add(now() - start)  # lightning_perf's own work (IterationTimer may name its iteration for it)
-        if WAITING.count:
-            self._drain_scalars(trainer)
+        try:
+            steps = self._steps = self._steps + 1
+            leak, window = steps % self._leak_stride == 0, steps % self._log_every == 0
+            if leak or window:
+                start = now()
+                if leak:  # one reading every few iterations: O(1) cost per step
+                    self._leak_sample(self._train_leak, "train")
+                if window:
+                    metrics = self._phase_metrics("train", live=True)
+                    log_scalars(trainer, metrics)
+                    if self.show_in_progress_bar:
+                        peak = metrics.get("vram/train_peak_allocated_mb") or metrics.get("vram/host_rss_peak_mb")
+                        if peak is not None:
+                            pl_module.log("vram_peak_mb", peak, prog_bar=True, logger=False)
+                OWN_WORK.add(now() - start)  # lightning_perf's own work (IterationTimer may name its iteration for it)
+            if WAITING.count:
+                self._drain_scalars(trainer)
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
+            self._record_failure("on_train_batch_end", err)
 
     def _leak_sample(self, detector: LeakDetector, phase: str) -> None:
         if self._allocator is not None:

@@ -1,0 +1,91 @@
+"""The step hooks guard themselves inline (see ``lightning_perf.callbacks._base.guarded``): each one, broken, is
+recorded under its own name, warns, and the fit goes on to write its summary; and no other hook goes unguarded."""
+
+import warnings
+
+import pytest
+from lightning.pytorch import Callback
+
+import lightning_perf
+from lightning_perf import EvalNoGradGuard, IterationTimer, SectionProfiler, VRAMMonitor
+from tests.helpers import find_summary, fit
+
+#: callback -> (the attribute broken after its on_train_start, the step hooks that guard themselves inline)
+INLINE = {
+    SectionProfiler: ("_tape", ["on_train_batch_start", "on_before_zero_grad", "on_before_backward",
+                                "on_after_backward", "on_before_optimizer_step", "on_train_batch_end"]),
+    IterationTimer: ("batches", ["on_train_batch_end"]),
+    VRAMMonitor: ("_steps", ["on_train_batch_end"]),
+    EvalNoGradGuard: ("_watch", ["on_train_batch_start", "on_after_backward", "on_train_batch_end"]),
+}
+#: hooks with neither guard: nothing in them can fail
+UNGUARDED = {(IterationTimer, "on_before_optimizer_step")}  # one assignment
+
+
+class Breaker(Callback):
+    def __init__(self, target, attribute):
+        self.target, self.attribute = target, attribute
+
+    def on_train_start(self, trainer, pl_module):
+        setattr(self.target, self.attribute, None)  # the next use raises (None.append, None + 1, None.arm)
+
+
+@pytest.mark.parametrize("cls", list(INLINE), ids=lambda c: c.__name__)
+def test_a_broken_step_hook_is_recorded_under_its_name_and_the_fit_goes_on(tmp_path, cls):
+    attribute, hooks = INLINE[cls]
+    cb = cls(print_reports=False) if cls is SectionProfiler else cls()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer = fit(tmp_path, [cb, Breaker(cb, attribute)], max_epochs=1)
+    assert trainer.global_step == 8
+    section = find_summary(tmp_path)[cb.section_name]
+    failures = section["measurement_failures"]
+    if cls is SectionProfiler:  # its two marks outside Lightning's hooks: the transfer, the checkpoint write
+        assert {"batch_to_device", "checkpoint write"} <= set(failures)
+    for hook in hooks:
+        assert hook in failures, f"{cls.__name__}.{hook} was not recorded: {sorted(failures)}"
+        assert any(f"measurement failed in `{hook}`" in str(w.message) for w in seen)
+
+
+@pytest.mark.parametrize("taping", [True, False])
+def test_a_section_or_checkpoint_write_that_fails_is_recorded_not_raised_into_the_users_code(tmp_path, monkeypatch,
+                                                                                            taping):
+    """SectionProfiler's sinks for ``profile_section`` and for the strategy's checkpoint writes run in the user's code
+    (a write's ``finally``): live (taping off, as with CUDA events) as taped, a failure there is recorded where it came
+    from and the fit goes on."""
+    def broken(self, *args):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(SectionProfiler, "_section_ended", broken)
+    monkeypatch.setattr(SectionProfiler, "_checkpoint_at", broken)
+    sp = SectionProfiler(print_reports=False)
+
+    class User(Callback):
+        def on_train_start(self, trainer, pl_module):
+            sp._taping = taping
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            with lightning_perf.profile_section("ema"):
+                pass
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = fit(tmp_path, [sp, User()], max_epochs=1)
+    assert trainer.global_step == 8
+    failures = find_summary(tmp_path)["section_profiler"]["measurement_failures"]
+    assert failures == {"profile_section": "RuntimeError: injected", "checkpoint write": "RuntimeError: injected"}
+
+
+def test_every_other_hook_keeps_its_guard():
+    """A hook added later without ``@guarded`` (and not guarding itself, listed above) fails here."""
+    base = vars(Callback)
+    for name in lightning_perf.CALLBACKS:
+        cls = getattr(lightning_perf, name)
+        inline = set(INLINE.get(cls, (None, []))[1])
+        for hook, fn in vars(cls).items():
+            if hook not in base or not (hook.startswith("on_") or hook == "setup") or hook == "on_load_checkpoint":
+                continue  # (teardown writes the summary and on_load_checkpoint reads state, each in a try of its own)
+            if hook in inline or (cls, hook) in UNGUARDED:
+                assert not hasattr(fn, "__guarded__"), f"{name}.{hook}: guarded twice"
+            else:
+                assert hasattr(fn, "__guarded__"), f"{name}.{hook} has no guard"
