@@ -7,7 +7,7 @@ import pytest
 from lightning.pytorch import Callback
 
 import lightning_perf
-from lightning_perf import EvalNoGradGuard, IterationTimer, SectionProfiler, VRAMMonitor
+from lightning_perf import EvalNoGradGuard, IterationTimer, PerfSuite, SectionProfiler, VRAMMonitor
 from tests.helpers import find_summary, fit
 
 #: callback -> (the attribute broken after its on_train_start, the step hooks that guard themselves inline)
@@ -30,13 +30,15 @@ class Breaker(Callback):
         setattr(self.target, self.attribute, None)  # the next use raises (None.append, None + 1, None.arm)
 
 
+@pytest.mark.parametrize("in_suite", [False, True], ids=["apart", "in_suite"])
 @pytest.mark.parametrize("cls", list(INLINE), ids=lambda c: c.__name__)
-def test_a_broken_step_hook_is_recorded_under_its_name_and_the_fit_goes_on(tmp_path, cls):
+def test_a_broken_step_hook_is_recorded_under_its_name_and_the_fit_goes_on(tmp_path, cls, in_suite):
+    """Apart, Lightning calls the hook itself; in a suite, the suite's forwarder does."""
     attribute, hooks = INLINE[cls]
     cb = cls(print_reports=False) if cls is SectionProfiler else cls()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        trainer = fit(tmp_path, [cb, Breaker(cb, attribute)], max_epochs=1)
+        trainer = fit(tmp_path, [PerfSuite([cb]) if in_suite else cb, Breaker(cb, attribute)], max_epochs=1)
     assert trainer.global_step == 8
     section = find_summary(tmp_path)[cb.section_name]
     failures = section["measurement_failures"]
