@@ -268,10 +268,11 @@ def test_the_periodic_table_is_not_built_where_lightnings_info_logging_is_off(tm
 
     from lightning_utilities.core import rank_zero
 
-    from lightning_perf.callbacks import section_profiler
+    from lightning_perf.callbacks import _printer, section_profiler
 
     printed = []
-    monkeypatch.setattr(section_profiler, "rank_zero_info", lambda text, *a, **k: printed.append(text))
+    for module in (section_profiler, _printer):  # the final table; the periodic ones, on the printer's thread
+        monkeypatch.setattr(module, "rank_zero_info", lambda text, *a, **k: printed.append(text))
     lightning_log = rank_zero.log  # the logger rank_zero_info writes to (Lightning's, under lightning.pytorch)
     level = lightning_log.level
     try:

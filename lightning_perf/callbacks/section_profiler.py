@@ -15,6 +15,7 @@ from lightning_perf.callbacks import _batch_transfer as batch_transfer
 from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks._printer import PRINTER
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
@@ -62,6 +63,15 @@ SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, 
                " part of `backward`; timing it apart would need a DDP communication hook installed on your model,"
                " which a measurement must not do. `ranks` shows each rank's sections: a straggler's data loading or"
                " forward is what the others wait for.")
+
+
+def _report_table(step: int, iters: int, mean_ms: float, rows: List[tuple]) -> str:
+    """The periodic report's table (built on the printer's thread: see ``_printer``), sections by total time."""
+    lines = [f"=== SectionProfiler report (step {step}, last {iters} iterations, {mean_ms:.2f} ms mean) ===",
+             f"{'section':<22}{'count':>7}{'total s':>9}{'mean ms':>9}{'min ms':>9}{'max ms':>9}{'share':>8}"]
+    for name, n, total, mean, low, high, pct in sorted(rows, key=lambda r: -r[2]):
+        lines.append(f"{name:<22}{n:>7}{total:>9.3f}{mean:>9.2f}{low:>9.2f}{high:>9.2f}{pct or 0:>7.1f}%")
+    return "\n".join(lines)
 
 
 def _info_shown() -> bool:
@@ -885,12 +895,11 @@ class SectionProfiler(PerfCallback):
         self._iteration.window_reset()
         log_scalars(trainer, metrics)
         if self.print_reports and trainer.is_global_zero and _info_shown():
-            lines = [f"=== SectionProfiler report (step {trainer.global_step}, last {iters} iterations,"
-                     f" {metrics['time/iteration_ms']:.2f} ms mean) ===",
-                     f"{'section':<22}{'count':>7}{'total s':>9}{'mean ms':>9}{'min ms':>9}{'max ms':>9}{'share':>8}"]
-            for name, n, total, mean, low, high, pct in sorted(rows, key=lambda r: -r[2]):
-                lines.append(f"{name:<22}{n:>7}{total:>9.3f}{mean:>9.2f}{low:>9.2f}{high:>9.2f}{pct or 0:>7.1f}%")
-            rank_zero_info("\n".join(lines))
+            PRINTER.put(_report_table, (trainer.global_step, iters, metrics["time/iteration_ms"], rows),
+                        self._report_failed)
+
+    def _report_failed(self, err: BaseException) -> None:
+        self._record_failure("report table", err)
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -914,6 +923,7 @@ class SectionProfiler(PerfCallback):
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._stop_taping()
+        PRINTER.flush()  # the periodic tables before anything printed at the end
         if not self._active:
             gather_floats_then(trainer, [None] * len(AUTO_SECTIONS), lambda rows: None, self)  # every rank joins it
             return
@@ -978,6 +988,7 @@ class SectionProfiler(PerfCallback):
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._stop_taping()
+        PRINTER.flush()
         self._restore()  # no teardown hook follows an exception
         self._write_summary(trainer, exception)
 

@@ -1,0 +1,69 @@
+"""SectionProfiler's periodic tables are printed from the printer's thread: in the order of the reports, every one
+before anything printed at the end of training, a failure recorded on the callback, and a flush never hangs."""
+
+import logging
+import threading
+import time
+
+import pytest
+
+from lightning_perf import SectionProfiler
+from lightning_perf.callbacks import _printer, section_profiler
+from tests.helpers import find_summary, fit
+
+
+def test_the_periodic_tables_come_from_the_printers_thread_in_order_and_before_the_final_table(tmp_path, caplog,
+                                                                                                 monkeypatch):
+    build = section_profiler._report_table
+
+    def slow(*args):  # a slow stream: the last tables are still queued when training ends
+        time.sleep(0.02)
+        return build(*args)
+
+    monkeypatch.setattr(section_profiler, "_report_table", slow)
+    with caplog.at_level(logging.INFO):
+        fit(tmp_path, [SectionProfiler(warmup_steps=0, report_every_n_steps=2)], max_epochs=2)
+    ours = [r for r in caplog.records if "=== SectionProfiler" in r.getMessage()]
+    reports = [r for r in ours if "SectionProfiler report" in r.getMessage()]
+    assert [r.getMessage().split("(step ")[1].split(",")[0] for r in reports] == [str(s) for s in range(2, 17, 2)]
+    assert {r.threadName for r in reports} == {"lightning_perf-report"}
+    assert ours[-1].getMessage().startswith("=== SectionProfiler: ")  # the final table, on the training thread
+    assert ours[-1].threadName == threading.current_thread().name and len(ours) == len(reports) + 1
+
+
+def test_a_table_that_fails_is_recorded_and_training_goes_on(tmp_path, monkeypatch):
+    def broken(*args):
+        raise ValueError("no table")
+
+    monkeypatch.setattr(section_profiler, "_report_table", broken)
+    with pytest.warns(UserWarning, match="measurement failed in `report table`"):
+        trainer = fit(tmp_path, [SectionProfiler(warmup_steps=0, report_every_n_steps=2)], max_epochs=1)
+    assert trainer.global_step == 8
+    summary = find_summary(tmp_path)["section_profiler"]
+    assert summary["measurement_failures"] == {"report table": "ValueError: no table"}
+    assert summary["iterations"] == 8  # the figures are not the table's: all there
+
+
+def test_a_flush_waits_for_the_tables_handed_over_and_never_longer_than_its_timeout():
+    printer = _printer._Printer()
+    assert printer.flush()  # nothing started: nothing to wait for
+    release, printed = threading.Event(), []
+
+    def slow(text):
+        release.wait(10.0)  # a logger's stream that blocks
+        return text
+
+    failures = []
+    original = _printer.rank_zero_info
+    _printer.rank_zero_info = printed.append
+    try:
+        printer.put(slow, ("first",), failures.append)
+        printer.put(lambda: 1 / 0, (), failures.append)
+        printer.put(str.upper, ("third",), failures.append)
+        assert printer.flush(timeout=0.05) is False  # the stream blocks: the flush gives up, training goes on
+        release.set()
+        assert printer.flush(timeout=10.0)
+    finally:
+        _printer.rank_zero_info = original
+    assert printed == ["first", "THIRD"]  # in order; the one that failed told its callback and was skipped
+    assert [type(err) for err in failures] == [ZeroDivisionError]
