@@ -2,6 +2,7 @@
 before anything printed at the end of training, a failure recorded on the callback, and a flush never hangs."""
 
 import logging
+import os
 import threading
 import time
 
@@ -23,6 +24,9 @@ def test_the_periodic_tables_come_from_the_printers_thread_in_order_and_before_t
     monkeypatch.setattr(section_profiler, "_report_table", slow)
     with caplog.at_level(logging.INFO):
         fit(tmp_path, [SectionProfiler(warmup_steps=0, report_every_n_steps=2)], max_epochs=2)
+    stopped = [i for i, r in enumerate(caplog.records) if r.getMessage().startswith("`Trainer.fit` stopped")]
+    last_table = max(i for i, r in enumerate(caplog.records) if "SectionProfiler report" in r.getMessage())
+    assert len(stopped) == 1 and last_table < stopped[0]  # flushed at the epoch's end, before Lightning's line
     ours = [r for r in caplog.records if "=== SectionProfiler" in r.getMessage()]
     reports = [r for r in ours if "SectionProfiler report" in r.getMessage()]
     assert [r.getMessage().split("(step ")[1].split(",")[0] for r in reports] == [str(s) for s in range(2, 17, 2)]
@@ -67,3 +71,34 @@ def test_a_flush_waits_for_the_tables_handed_over_and_never_longer_than_its_time
         _printer.rank_zero_info = original
     assert printed == ["first", "THIRD"]  # in order; the one that failed told its callback and was skipped
     assert [type(err) for err in failures] == [ZeroDivisionError]
+    inner = []
+    printer.put(lambda: inner.append(printer.flush(timeout=10.0)) or "x", (), failures.append)
+    start = time.perf_counter()
+    assert printer.flush(timeout=10.0) and inner == [False]  # on its own thread: no wait for itself
+    assert time.perf_counter() - start < 5.0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_waits_for_the_table_being_written_and_the_child_can_write(monkeypatch):
+    """A DataLoader forks its workers right after an epoch's last report: a child forked mid-write would inherit the
+    stream's lock held by a thread it does not have, and hang at its first write."""
+    entered, release, printed = threading.Event(), threading.Event(), []
+
+    def write(text):
+        entered.set()
+        release.wait(10.0)  # the stream is slow: the write takes a while
+        printed.append(text)
+
+    monkeypatch.setattr(_printer, "rank_zero_info", write)
+    _printer.PRINTER.put(str, ("table",), lambda err: None)
+    assert entered.wait(10.0)
+    threading.Timer(0.3, release.set).start()
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the child: the lock it inherited is its own and free, a new printer thread can start
+        os._exit(3 if _printer.PRINTER._writing.locked() else 0)
+    waited = time.perf_counter() - start
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert waited >= 0.2 and printed == ["table"]  # the fork waited until the table was written
+    assert _printer.PRINTER.flush()

@@ -659,6 +659,17 @@ class SectionProfiler(PerfCallback):
             self._close_iteration(trainer, "other", now())
         elif self._gap_mode:
             self._switch("other")  # epoch-end hooks, epoch-level logging: not data loading
+        self._flush_tables()  # the epoch's tables before what Lightning prints at its end (`Trainer.fit` stopped...)
+
+    def _flush_tables(self) -> None:
+        """Waits for the periodic tables still being printed (see ``_printer``), if any: lightning_perf's own time,
+        in ``overhead_us_per_step`` and told to IterationTimer, as a report is."""
+        if PRINTER.pending():
+            start = now()
+            PRINTER.flush()
+            spent = now() - start
+            OWN_WORK.add(spent)
+            self._overhead_s += spent
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         try:
@@ -923,7 +934,7 @@ class SectionProfiler(PerfCallback):
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._stop_taping()
-        PRINTER.flush()  # the periodic tables before anything printed at the end
+        self._flush_tables()  # the periodic tables before anything printed at the end
         if not self._active:
             gather_floats_then(trainer, [None] * len(AUTO_SECTIONS), lambda rows: None, self)  # every rank joins it
             return
@@ -988,7 +999,7 @@ class SectionProfiler(PerfCallback):
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._stop_taping()
-        PRINTER.flush()
+        self._flush_tables()
         self._restore()  # no teardown hook follows an exception
         self._write_summary(trainer, exception)
 
