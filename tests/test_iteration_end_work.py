@@ -199,8 +199,9 @@ def test_device_time_labels_follow_the_host_pieces_across_the_iteration_close(tm
     assert table[where]["count"] == 14
 
 
-@pytest.mark.parametrize("every, validation", [(2, 4), (3, 1.0)])
-def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_path, monkeypatch, every, validation):
+@pytest.mark.parametrize("every, validation, plain", [(2, 4, False), (3, 1.0, False), (2, 4, True)])
+def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_path, monkeypatch, every, validation,
+                                                                           plain):
     """SectionProfiler's step path tapes its events and replays them in batches (automatic optimization,
     ``batch_gap``, no CUDA events). The same rich fit, taped and with taping switched off (each switch and close
     made as its hook runs, as with ``fetch`` or CUDA events): data loading, gradient accumulation, user sections in
@@ -208,16 +209,26 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
     batch end, mid-tape), a report every 2 steps and a validation every 4 batches, each one right after a report's
     step (its batches are transferred before the due iteration closes), and a report every 3 steps with a validation
     at each epoch's end (the limit's replays: the tape's own test in test_section_profiler.py). Every figure of the
-    summary and every scalar logged, with its step, is the same."""
+    summary and every scalar logged, with its step, is the same. ``plain``: no section in the step and no
+    accumulation, so that most steps are plain ones, which the replay works out as arithmetic (``_plain_step``)."""
 
     class Rich(Sampler):
         def train_dataloader(self):
             return DataLoader(ClockedItems(self.clock, FETCH_S), batch_size=8)
 
         def training_step(self, batch, batch_idx):
-            with profile_section("noise"):
-                self.clock.advance(0.0003 * (1 + batch_idx % 3))
+            if not plain:
+                with profile_section("noise"):
+                    self.clock.advance(0.0003 * (1 + batch_idx % 3))
             return super().training_step(batch, batch_idx)
+
+    plain_steps = []
+    arithmetic = SectionProfiler._plain_step
+
+    def counted(self, tape, i):
+        done = arithmetic(self, tape, i)
+        plain_steps.append(done)
+        return done
 
     def run(root, taping):
         clock = use_virtual_clock(monkeypatch)
@@ -230,6 +241,8 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
                 self._taping = False
 
             monkeypatch.setattr(SectionProfiler, "on_train_start", live)
+        else:
+            monkeypatch.setattr(SectionProfiler, "_plain_step", counted)
         seen = []
 
         class Watch(Callback):
@@ -237,8 +250,8 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
                 seen.append(bool(sp._tape))
 
         ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=4, save_top_k=-1)
-        fit(root, [sp, ckpt, Watch()], model=Rich(clock, every=3), max_epochs=2, accumulate_grad_batches=2,
-            plugins=[CostlySaves(clock)], val_check_interval=validation)
+        fit(root, [sp, ckpt, Watch()], model=Rich(clock, every=3), max_epochs=2,
+            accumulate_grad_batches=1 if plain else 2, plugins=[CostlySaves(clock)], val_check_interval=validation)
         monkeypatch.undo()
         return find_summary(root)["section_profiler"], read_scalars(root), any(seen)
 
@@ -247,7 +260,11 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
     assert taped_seen and not live_seen  # the first run taped, the second did not
     for summary in (taped, live):
         assert summary.pop("overhead_us_per_step") is not None  # its own time: not on the virtual clock
-    assert taped["iterations"] == 8 and taped["sections"]["noise"]["count"] == 16
+    if plain:  # most steps plain (the others: a sampling section, a checkpoint, a validation, an epoch's start)
+        assert taped["iterations"] == 16 and "noise" not in taped["sections"]
+        assert sum(plain_steps) >= 6 and not all(plain_steps)
+    else:
+        assert taped["iterations"] == 8 and taped["sections"]["noise"]["count"] == 16 and not any(plain_steps)
     assert taped["sections"]["sampling"]["count"] >= 2 and taped["sections"]["checkpointing"]["count"] >= 2
     assert taped["validation"]["runs"] == (4 if validation == 4 else 2)
     assert taped == live
