@@ -306,3 +306,55 @@ def test_a_replayed_section_that_fails_stops_no_hook_and_a_crash_still_writes_th
     assert summary["section_profiler"]["iterations"] == 3  # the fourth never closed: the fit failed in its batch end
     assert sp._taping is False and sp._transfer is None and sp._strategy is None
     assert sections.current_sink() is not sp
+
+
+def _plain_tape():
+    from lightning_perf.callbacks.section_profiler import _BATCH_START, _STEP_END, _TRANSFER
+
+    return [(_TRANSFER, 1.0), (_BATCH_START, 2.0), ("optimizer_step", 3.0), ("backward", 4.0), ("other", 5.0),
+            ("optimizer_step", 6.0), (_STEP_END, 7.0)]
+
+
+def _taping_profiler(piece=None):
+    sp = profiler()
+    sp._active = sp._taping = True
+    sp._current, sp._t0, sp._tape = "data_loading", 0.0, _plain_tape()
+    if piece is not None:
+        sp._piece = piece
+    return sp
+
+
+def test_a_copy_replays_a_plain_step_as_event_by_event_with_no_trainer(monkeypatch):
+    """A deepcopy holds no trainer: the plain step's arithmetic and the events one by one give the same pieces, and
+    neither records a failure (the batch start's switch needs no trainer)."""
+    import copy
+
+    pieces = []
+    for arithmetic in (True, False):
+        sp = copy.deepcopy(_taping_profiler())
+        sp._trainer_ref = None  # as a copy of a running profiler has it (its trainer is not copied)
+        if not arithmetic:
+            monkeypatch.setattr(SectionProfiler, "_plain_step", lambda self, tape, i: False)
+        sp._replay()
+        pieces.append((list(sp._piece.items()), sp._current, sp._t0, sp._ending, dict(sp._failures)))
+    assert pieces[0] == pieces[1]
+    assert pieces[0][0] == [("data_loading", 1.0), ("transfer", 1.0), ("forward", 1.0), ("optimizer_step", 2.0),
+                            ("backward", 1.0), ("other", 1.0)] and not pieces[0][4]
+
+
+def test_an_interrupt_inside_a_plain_steps_arithmetic_never_applies_it_twice():
+    """Ctrl-C (or a signal handler's exception) landing mid-arithmetic: the step's events are consumed before they
+    are applied, so the replay that follows (``on_exception``) does not add them again."""
+    class Interrupting(dict):
+        def __setitem__(self, key, value):
+            if key == "forward":
+                raise KeyboardInterrupt
+            super().__setitem__(key, value)
+
+    sp = _taping_profiler(Interrupting())
+    sp._trainer_ref = None
+    with pytest.raises(KeyboardInterrupt):
+        sp._replay()
+    assert sp._tape == [] and not sp._replaying
+    sp._replay()
+    assert dict(sp._piece) == {"data_loading": 1.0, "transfer": 1.0}  # counted once; the rest of the step is lost

@@ -443,7 +443,7 @@ class SectionProfiler(PerfCallback):
             t = now()
             self._disarm_fetch_watch()
             if self._ending:  # the fetch starts the next iteration: the one whose step ended closes here
-                self._close_iteration(self._trainer_ref(), "data_loading", t)
+                self._close_iteration(self._trainer(), "data_loading", t)
             else:
                 self._switch("data_loading", t)  # the fetch, until the transfer (or on_train_batch_start)
             self._overhead_s += now() - t
@@ -506,7 +506,7 @@ class SectionProfiler(PerfCallback):
     def _transfer_at(self, t: float) -> None:
         if self._current is not None:
             if self._ending:  # the next iteration starts: the one whose step ended closes, its batch-end work in
-                self._close_iteration(self._trainer_ref(), "transfer", t)
+                self._close_iteration(self._trainer(), "transfer", t)
             else:
                 self._switch("transfer", t)
 
@@ -542,9 +542,10 @@ class SectionProfiler(PerfCallback):
                     elif code == _TRANSFER:
                         self._transfer_at(event[1])
                         if self._plain_step(tape, done):
-                            done += 6
+                            done += 6  # (counted before they are applied: an interrupt never applies them twice)
+                            self._apply_plain_step(tape[done - 6:done])
                     elif code == _BATCH_START:
-                        self._batch_start_at(self._trainer_ref(), event[1])
+                        self._batch_start_at(self._trainer(), event[1])
                     elif code == _USER_SECTION:
                         self._section_ended(event[1], event[2], event[3], None, event[4])
                     else:
@@ -560,18 +561,25 @@ class SectionProfiler(PerfCallback):
             # report inside it told already
             OWN_WORK.add(spent - self._own_in_replay)
 
+    def _trainer(self) -> Optional[Trainer]:
+        ref = getattr(self, "_trainer_ref", None)  # (None in a copy, none before setup: no report is made there)
+        return ref() if ref is not None else None
+
     def _plain_step(self, tape: List[tuple], i: int) -> bool:
-        """After a transfer's event: where the next six events are a plain step's (its batch start, the four
-        switches inside it, its end; no section, write or other event among them), their switches as arithmetic on
-        their times, with exactly the pieces, state and float operations ``_switch`` would give event by event (a
-        Python call and a dozen attribute reads less for each). False, with nothing done, for anything else: the
-        events then take their own way."""
-        if len(tape) < i + 6 or self._ending or self._current != "transfer" or self._carved or self._clock is not None:
+        """After a transfer's event: whether the next six events are a plain step's (its batch start, the four
+        switches inside it, its end; no section, write or other event among them), which ``_apply_plain_step``
+        works out at once. Anything else takes its own way, event by event."""
+        if (len(tape) < i + 6 or self._ending or self._current != "transfer" or self._carved or self._manual
+                or self._clock is not None):
             return False
         start, zero, backward, after, step, end = tape[i:i + 6]
-        if (start[0] != _BATCH_START or zero[0] != "optimizer_step" or backward[0] != "backward"
-                or after[0] != "other" or step[0] != "optimizer_step" or end[0] != _STEP_END):
-            return False
+        return (start[0] == _BATCH_START and zero[0] == "optimizer_step" and backward[0] == "backward"
+                and after[0] == "other" and step[0] == "optimizer_step" and end[0] == _STEP_END)
+
+    def _apply_plain_step(self, events: List[tuple]) -> None:
+        """A plain step's switches as arithmetic on their times, with exactly the pieces, state and float operations
+        ``_switch`` would give event by event (a Python call and a dozen attribute reads less for each)."""
+        start, zero, backward, after, step, end = events
         t = self._t0
         piece = self._ahead if self._next_owner else self._piece
         get = piece.get
@@ -583,7 +591,6 @@ class SectionProfiler(PerfCallback):
         piece["optimizer_step"] += end[1] - step[1]
         self._current, self._t0, self._carved, self._next_owner = "data_loading", end[1], 0.0, True
         self._ending = True
-        return True
 
     def _replay_at_start(self) -> None:
         """At an iteration's first boundary (a transfer, or the batch start without one): where a report that fell
