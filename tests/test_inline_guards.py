@@ -4,6 +4,7 @@ recorded under its own name, warns, and the fit goes on to write its summary; an
 import warnings
 
 import pytest
+import torch
 from lightning.pytorch import Callback
 
 import lightning_perf
@@ -27,7 +28,12 @@ class Breaker(Callback):
         self.target, self.attribute = target, attribute
 
     def on_train_start(self, trainer, pl_module):
+        self.saved = getattr(self.target, self.attribute)
         setattr(self.target, self.attribute, None)  # the next use raises (None.append, None + 1, None.arm)
+
+    def on_train_end(self, trainer, pl_module):
+        # given back before teardown: EvalNoGradGuard's watch, left armed, must leave torch's global hooks
+        setattr(self.target, self.attribute, self.saved)
 
 
 @pytest.mark.parametrize("in_suite", [False, True], ids=["apart", "in_suite"])
@@ -40,6 +46,7 @@ def test_a_broken_step_hook_is_recorded_under_its_name_and_the_fit_goes_on(tmp_p
         warnings.simplefilter("always")
         trainer = fit(tmp_path, [PerfSuite([cb]) if in_suite else cb, Breaker(cb, attribute)], max_epochs=1)
     assert trainer.global_step == 8
+    assert not torch.nn.modules.module._global_forward_pre_hooks  # nothing left behind for the next test
     section = find_summary(tmp_path)[cb.section_name]
     failures = section["measurement_failures"]
     if cls is SectionProfiler:  # its two marks outside Lightning's hooks: the transfer, the checkpoint write
