@@ -95,8 +95,9 @@ def test_a_fork_waits_for_the_table_being_written_and_the_child_can_write(monkey
     threading.Timer(0.3, release.set).start()
     start = time.perf_counter()
     pid = os.fork()
-    if pid == 0:  # the child: the lock it inherited is its own and free, a new printer thread can start
-        os._exit(3 if _printer.PRINTER._writing.locked() else 0)
+    if pid == 0:  # the child: the lock it inherited is its own and free, none of the parent's tables is pending
+        child = _printer.PRINTER
+        os._exit(3 if child._writing.locked() or child.pending() or child._thread is not None else 0)
     waited = time.perf_counter() - start
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0

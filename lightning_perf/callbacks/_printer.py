@@ -38,16 +38,14 @@ class _Printer:
     def put(self, build: Callable[..., str], args: tuple, on_failure: Callable[[BaseException], None]) -> None:
         """``build(*args)`` is the text; ``on_failure(err)`` where building or printing it fails (on that thread)."""
         thread = self._thread
-        if thread is None or not thread.is_alive():  # (the first table, or a process forked since)
+        if thread is None or not thread.is_alive():  # the first table (a forked child's too), or a thread lost
             self._start()
         self._put += 1
         self._queue.put((build, args, on_failure))
 
     def _start(self) -> None:
         with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._queue = queue.SimpleQueue()  # (a forked child's copy may hold its parent's items)
-                self._put = self._done = 0
+            if self._thread is None or not self._thread.is_alive():  # (what is queued waits for the new one)
                 self._thread = threading.Thread(target=self._run, name="lightning_perf-report", daemon=True)
                 self._thread.start()
 
@@ -94,8 +92,10 @@ class _Printer:
             self._writing.release()
 
     def _after_fork_in_child(self) -> None:
+        """The child has no printer thread: it starts its own at its first table, with none of the parent's queued."""
         self._writing, self._held_for_fork = threading.Lock(), False
-        self._start_lock = threading.Lock()
+        self._start_lock, self._thread = threading.Lock(), None
+        self._queue, self._put, self._done = queue.SimpleQueue(), 0, 0
 
 
 PRINTER = _Printer()
