@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from helpers import read_scalars
+from lightning_perf.callbacks.section_profiler import BACKWARD_OVER_FORWARD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,9 +32,17 @@ def test_demo_writes_tensorboard_and_summary(tmp_path):
     assert summary["iteration_timer"]["iterations"] == 40
     assert summary["iteration_timer"]["target_steps"] == 30000
     assert "perf/it_per_s" in read_scalars(tmp_path / "t")
-    # the demo times its forward in a user section; backward weighed against the remainder looked 8x slow
-    insights = summary["section_profiler"]["insights"]
-    assert not any(i.startswith("Backward takes") for i in insights), insights
+    # the demo times its forward in a user section; backward weighed against the remainder looked 8x slow. The
+    # insight weighs it against the forward with its user section put back, and says so exactly when those figures
+    # are over the threshold (on this machine ~1x; a busy CI machine once made one run's means 3.0x: the figures,
+    # not the machine, are what this checks)
+    sections, insights = summary["section_profiler"]["sections"], summary["section_profiler"]["insights"]
+    forward, backward = sections["forward"], sections["backward"]
+    assert forward["inclusive_mean_ms"] > forward["mean_ms"]  # the user section inside it, put back
+    ratio = backward["inclusive_mean_ms"] / forward["inclusive_mean_ms"]
+    said = [i for i in insights if i.startswith("Backward takes")]
+    assert bool(said) == (ratio > BACKWARD_OVER_FORWARD), (ratio, insights)
+    assert all(i.startswith(f"Backward takes {ratio:.1f}x the forward") for i in said), (ratio, said)
 
 
 @pytest.mark.slow
