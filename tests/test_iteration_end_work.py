@@ -358,3 +358,125 @@ def test_an_interrupt_inside_a_plain_steps_arithmetic_never_applies_it_twice():
     assert sp._tape == [] and not sp._replaying
     sp._replay()
     assert dict(sp._piece) == {"data_loading": 1.0, "transfer": 1.0}  # counted once; the rest of the step is lost
+
+
+def _random_tape(rng):
+    """A tape of many iterations, mostly plain ones, with now and then a user section (in the step or at the batch
+    end), a checkpoint write, an accumulating batch or a batch with no transfer; times a few ms apart."""
+    from lightning_perf.callbacks.section_profiler import (_BATCH_START, _CHECKPOINT, _STEP_END, _TRANSFER,
+                                                           _USER_SECTION)
+
+    t, tape = 0.0, []
+
+    def at():
+        nonlocal t
+        t += rng.uniform(1e-5, 3e-3)
+        return t
+
+    for _ in range(rng.randint(20, 300)):
+        kind = rng.random()
+        if kind > 0.03:
+            tape.append((_TRANSFER, at()))
+        tape.append((_BATCH_START, at()))
+        if kind < 0.06:
+            tape.append((_USER_SECTION, "noise", None, rng.uniform(0, 1e-5), False))
+        if 0.06 <= kind < 0.1:  # accumulating: no optimizer step, the iteration goes on
+            tape += [("backward", at()), ("other", at()), ("data_loading", at())]
+            continue
+        tape += [("optimizer_step", at()), ("backward", at()), ("other", at()), ("optimizer_step", at()),
+                 (_STEP_END, at())]
+        if 0.1 <= kind < 0.13:
+            tape.append((_USER_SECTION, "sampling", None, rng.uniform(0, 1e-5), kind < 0.11))
+        elif 0.13 <= kind < 0.15:
+            tape.append((_CHECKPOINT, rng.uniform(0, 1e-5)))
+    return tape
+
+
+def _profiler_state(sp):
+    """Everything the replay and the fold leave behind, to compare two profilers bit for bit."""
+    def samples(s):
+        return (vars(s.host), list(s.raw), s.seen, s.window_s, s.window_n, s.window_min, s.window_max)
+
+    sections = {name: (samples(sec), sec.kind, sec.parent, sec.closed_by_exception, sec.runs)
+                for name, sec in sp._sections.items()}
+    return (sections, samples(sp._iteration), sorted(sp._slowest._heap, key=repr), sp._iterations,
+            sp._fit_iterations, sp._counted, list(sp._piece.items()), sp._ahead, sp._t0, sp._current, sp._ending,
+            sp._next_owner, sp._carved, sp._user_s, sp._iter_calls, sp._end_pieces, sp._end_s, sp._timing,
+            sp._final_calls, sp._prev_end, sp._last_folded, dict(sp._failures), sp._tape)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_runs_of_plain_iterations_replay_as_the_events_one_by_one(monkeypatch, seed):
+    """``_apply_plain_steps`` works out a run of plain iterations (closes and steps) at once; the same random tapes
+    replayed event by event (no arithmetic at all) leave every figure, histogram, slowest iteration and state field
+    the same, bit for bit: across folds (every FOLD_EVERY iterations), the warm-up's end, reports (with a trainer in
+    odd seeds), and tapes replayed in pieces of random length, as the step path replays them."""
+    import random
+    from types import SimpleNamespace
+
+    rng = random.Random(seed)
+    tape = _random_tape(rng)
+    every, warmup = rng.choice([1, 2, 3, 7, 50, 1000]), rng.choice([0, 0, 1, 5])
+    cuts = sorted(rng.sample(range(1, len(tape)), k=min(len(tape) - 1, rng.randint(0, 6))))
+    states, runs = [], []
+    for arithmetic in (True, False):
+        monkeypatch.undo()
+        if arithmetic:
+            apply = SectionProfiler._apply_plain_steps
+
+            def counted(self, tape, i, _apply=apply):
+                before = self._iterations
+                _apply(self, tape, i)
+                runs.append(self._iterations - before)
+
+            monkeypatch.setattr(SectionProfiler, "_apply_plain_steps", counted)
+        else:
+            monkeypatch.setattr(SectionProfiler, "_plain_step", lambda self, tape, i: False)
+        sp = profiler(report_every_n_steps=every, warmup_steps=warmup)
+        sp._active = sp._taping = True
+        sp._current, sp._t0, sp._counted = "data_loading", 0.0, warmup == 0
+        # a trainer with no logger: reports are made (and reset the windows) where the events one by one make them
+        sp._trainer_ref = (lambda: SimpleNamespace(loggers=[], global_step=0, is_global_zero=True)) if seed % 2 else None
+        for start, stop in zip([0] + cuts, cuts + [len(tape)]):
+            sp._tape.extend(tape[start:stop])
+            sp._replay()
+        sp._fold()
+        states.append(_profiler_state(sp))
+    assert states[0] == states[1]
+    assert states[0][3] >= 10 and not states[0][21]  # iterations closed, no failure recorded
+    if every >= 50 and not cuts:
+        assert max(runs) >= 10  # long runs were worked out at once
+
+
+def test_an_interrupt_inside_a_run_of_plain_iterations_neither_loses_nor_repeats_one(monkeypatch):
+    """Ctrl-C landing in the fold that a run of plain iterations reaches (every FOLD_EVERY iterations): what the
+    run took is kept as taken, and the replay that follows goes on from there: every iteration closes once."""
+    from lightning_perf.measure.stats import FOLD_EVERY
+
+    def replayed(interrupt):
+        tape = _plain_tape()  # one plain iteration, then 99 more after it, a ms apart
+        t = tape[-1][1]
+        for _ in range(99):
+            for code, _ in _plain_tape():
+                t += 0.001
+                tape.append((code, t))
+        sp = profiler(report_every_n_steps=1000)
+        sp._active = sp._taping = True
+        sp._current, sp._t0, sp._tape, sp._trainer_ref = "data_loading", 0.0, tape, None
+        events = len(tape)
+        if interrupt:
+            fold = SectionProfiler._fold
+
+            def once(self, histograms=True):
+                monkeypatch.setattr(SectionProfiler, "_fold", fold)
+                raise KeyboardInterrupt
+
+            monkeypatch.setattr(SectionProfiler, "_fold", once)
+            with pytest.raises(KeyboardInterrupt):
+                sp._replay()
+            assert 0 < len(sp._tape) < events and sp._iterations == FOLD_EVERY
+        sp._replay()
+        sp._fold()
+        return sp._iterations, sp._iteration.host.count, sp._sections["forward"].host.count
+
+    assert replayed(True) == replayed(False) == (99, 99, 99)

@@ -44,6 +44,8 @@ _TRANSFER, _BATCH_START, _STEP_END, _USER_SECTION, _CHECKPOINT = range(5)
 #: The tape is replayed at the latest once it holds this many events (a long gradient accumulation, many user
 #: sections, a large ``report_every_n_steps``): O(1) memory per step.
 TAPE_LIMIT = 1024
+#: A plain iteration's automatic pieces, in the order its switches make them (``_apply_plain_steps``).
+_PLAIN_PIECES = ("data_loading", "transfer", "forward", "optimizer_step", "backward", "other")
 #: Where a replayed event came from, for ``measurement_failures`` (a switch: "step switch").
 _EVENT_PLACES = {_TRANSFER: "batch_to_device", _BATCH_START: "on_train_batch_start", _STEP_END: "on_train_batch_end",
                  _USER_SECTION: "profile_section", _CHECKPOINT: "checkpoint write"}
@@ -298,6 +300,7 @@ class SectionProfiler(PerfCallback):
         self._replay_due = False  # the next iteration's start replays the tape: a report falls due there
         self._own_in_replay = 0.0  # of the replay running, what its folds and reports told OWN_WORK already
         self._replaying = False
+        self._run_end = 0  # the tape's events a run of plain iterations took so far (``_apply_plain_steps``)
         self._clock: Optional[DeviceIntervalClock] = None
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
@@ -542,8 +545,11 @@ class SectionProfiler(PerfCallback):
                     elif code == _TRANSFER:
                         self._transfer_at(event[1])
                         if self._plain_step(tape, done):
-                            done += 6  # (counted before they are applied: an interrupt never applies them twice)
-                            self._apply_plain_step(tape[done - 6:done])
+                            self._run_end = done + 6
+                            try:
+                                self._apply_plain_steps(tape, done)
+                            finally:  # (events counted before they are applied: never applied twice)
+                                done = self._run_end
                     elif code == _BATCH_START:
                         self._batch_start_at(self._trainer(), event[1])
                     elif code == _USER_SECTION:
@@ -591,6 +597,49 @@ class SectionProfiler(PerfCallback):
         piece["optimizer_step"] += end[1] - step[1]
         self._current, self._t0, self._carved, self._next_owner = "data_loading", end[1], 0.0, True
         self._ending = True
+
+    def _apply_plain_steps(self, tape: List[tuple], i: int) -> None:
+        """The plain step at ``tape[i:i + 6]``, then each plain iteration that follows on the tape (its transfer and
+        a plain step), as arithmetic: the close at each transfer and the step after it, with the figures, state and
+        float operations that ``_close_iteration`` and ``_apply_plain_step`` would give one by one. A closed
+        iteration waits for the fold as a tuple of the six pieces (``_PLAIN_PIECES``) instead of a dict. The run
+        stops before anything else: an event of another kind, a close that reports, an iteration not counted.
+        ``_run_end`` follows the events taken (before they are applied: an interrupt never applies one twice)."""
+        self._apply_plain_step(tape[i:i + 6])
+        i += 6
+        last, every = len(tape) - 7, self.report_every_n_steps
+        iterations = self._iterations
+        if i > last or not self._counted or not (iterations + 1) % every:
+            return
+        values, t0, unfolded = None, self._t0, self._unfolded
+        try:
+            while i <= last:
+                transfer, start, zero, backward, after, step, end = tape[i:i + 7]
+                if not (transfer[0] == _TRANSFER and start[0] == _BATCH_START and zero[0] == "optimizer_step"
+                        and backward[0] == "backward" and after[0] == "other" and step[0] == "optimizer_step"
+                        and end[0] == _STEP_END):
+                    break
+                self._run_end = i = i + 7
+                closing = values if values is not None else self._piece
+                t, z, s, e = transfer[1], zero[1], step[1], end[1]
+                values = (t - t0, start[1] - t, z - start[1], (backward[1] - z) + (e - s), after[1] - backward[1],
+                          s - after[1])
+                t0 = e
+                iterations += 1
+                unfolded.append((closing, 0.0, (), iterations - 1, None))  # last: a closed iteration counts once
+                if len(unfolded) >= FOLD_EVERY:
+                    begin = now()
+                    self._fold(histograms=False)
+                    self._own_work(now() - begin)
+                    unfolded = self._unfolded
+                if not (iterations + 1) % every:
+                    break  # that close reports: the events one by one
+        finally:
+            if values is not None:
+                self._fit_iterations += iterations - self._iterations
+                self._iterations = iterations
+                self._piece, self._ahead, self._t0 = dict(zip(_PLAIN_PIECES, values)), {}, t0
+                self._user_s, self._final_calls, self._timing = 0.0, 0, not iterations % OVERHEAD_SAMPLE
 
     def _replay_at_start(self) -> None:
         """At an iteration's first boundary (a transfer, or the batch start without one): where a report that fell
@@ -877,7 +926,8 @@ class SectionProfiler(PerfCallback):
             keys: Optional[tuple] = None  # the sections of a run of iterations that had the same ones, in order
             rows: List[Any] = []  # their pieces' values, one tuple an iteration: appended per section by column
             for piece, user_s, calls, before, end in self._unfolded:
-                values = tuple(piece.values())
+                plain = piece.__class__ is tuple  # a plain iteration's pieces (``_apply_plain_steps``)
+                values = piece if plain else tuple(piece.values())
                 total = sum(values) + user_s
                 if total <= 0:
                     continue
@@ -891,11 +941,12 @@ class SectionProfiler(PerfCallback):
                 if carried:
                     aligned += carried[0]
                 if aligned > floor:
-                    slowest.offer(aligned, before + 1, None if offset is None else before + 1 + offset, piece, calls,
+                    slowest.offer(aligned, before + 1, None if offset is None else before + 1 + offset,
+                                  dict(zip(_PLAIN_PIECES, piece)) if plain else piece, calls,
                                   end[1] if end else None, carried[1] if carried else None)
                     floor = slowest.floor
                 prev_end, last = end, before + 1
-                names = tuple(piece)
+                names = _PLAIN_PIECES if plain else tuple(piece)
                 if names != keys:
                     self._fold_columns(keys, rows)
                     keys, rows = names, []
