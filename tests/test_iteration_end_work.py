@@ -375,6 +375,8 @@ def _random_tape(rng):
 
     for _ in range(rng.randint(20, 300)):
         kind = rng.random()
+        if rng.random() < 0.03:  # before the transfer (an epoch start's hook): its iteration's, not the last one's
+            tape.append((_USER_SECTION, "setup", None, rng.uniform(0, 1e-3), False))
         if kind > 0.03:
             tape.append((_TRANSFER, at()))
         tape.append((_BATCH_START, at()))
@@ -480,3 +482,30 @@ def test_an_interrupt_inside_a_run_of_plain_iterations_neither_loses_nor_repeats
         return sp._iterations, sp._iteration.host.count, sp._sections["forward"].host.count
 
     assert replayed(True) == replayed(False) == (99, 99, 99)
+
+
+def test_a_section_before_a_runs_first_transfer_stays_with_its_iteration():
+    """A user section between an iteration's close and the next transfer (a callback's ``on_train_epoch_start``)
+    belongs to the iteration that transfer opens: a run of plain iterations after it leaves it there, as the events
+    one by one do (its time in that iteration's total, its call counted once)."""
+    from lightning_perf.callbacks.section_profiler import _USER_SECTION
+
+    states = []
+    for arithmetic in (True, False):
+        sp = profiler(report_every_n_steps=1000)
+        sp._active = sp._taping = True
+        sp._current, sp._t0, sp._trainer_ref = "data_loading", 0.0, None
+        t, tape = 0.0, [(_USER_SECTION, "epoch_setup", None, 0.5, False)]
+        for _ in range(4):
+            for code, _ in _plain_tape():
+                t += 1.0
+                tape.append((code, t))
+        sp._tape = tape
+        if not arithmetic:
+            sp._plain_step = lambda tape, i: False
+        sp._replay()
+        sp._fold()
+        states.append(_profiler_state(sp))
+    assert states[0] == states[1]
+    sections, iteration = states[0][0], states[0][1]
+    assert sections["epoch_setup"][4] == 1 and iteration[0]["count"] == 3  # (the fourth is still open)

@@ -609,8 +609,9 @@ class SectionProfiler(PerfCallback):
         i += 6
         last, every = len(tape) - 7, self.report_every_n_steps
         iterations = self._iterations
-        if i > last or not self._counted or not (iterations + 1) % every:
-            return
+        if (i > last or not self._counted or not (iterations + 1) % every or self._user_s or self._iter_calls
+                or self._end_pieces or self._ahead):
+            return  # (the iteration the run closes first ran a section before its transfer: its close, one by one)
         values, t0, unfolded = None, self._t0, self._unfolded
         try:
             while i <= last:
@@ -635,11 +636,12 @@ class SectionProfiler(PerfCallback):
                 if not (iterations + 1) % every:
                     break  # that close reports: the events one by one
         finally:
-            if values is not None:
+            if values is not None:  # the open iteration's piece built first: no call among the state's writes
+                piece = {"data_loading": values[0], "transfer": values[1], "forward": values[2],
+                         "optimizer_step": values[3], "backward": values[4], "other": values[5]}
                 self._fit_iterations += iterations - self._iterations
-                self._iterations = iterations
-                self._piece, self._ahead, self._t0 = dict(zip(_PLAIN_PIECES, values)), {}, t0
-                self._user_s, self._final_calls, self._timing = 0.0, 0, not iterations % OVERHEAD_SAMPLE
+                self._iterations, self._piece, self._t0 = iterations, piece, t0
+                self._final_calls, self._timing = 0, not iterations % OVERHEAD_SAMPLE
 
     def _replay_at_start(self) -> None:
         """At an iteration's first boundary (a transfer, or the batch start without one): where a report that fell
