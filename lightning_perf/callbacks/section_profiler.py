@@ -611,7 +611,7 @@ class SectionProfiler(PerfCallback):
         iterations = self._iterations
         if (i > last or not self._counted or not (iterations + 1) % every or self._user_s or self._iter_calls
                 or self._end_pieces or self._ahead):
-            return  # (the iteration the run closes first ran a section before its transfer: its close, one by one)
+            return  # (a section or carved time in the iteration the run would close first: its close goes alone)
         values, t0, unfolded = None, self._t0, self._unfolded
         try:
             while i <= last:
