@@ -315,6 +315,14 @@ def _plain_tape():
             ("optimizer_step", 6.0), (_STEP_END, 7.0)]
 
 
+def _add_plain_iterations(tape, n, t, dt):
+    """Appends ``n`` plain iterations (``_plain_tape``'s events) to ``tape``, an event every ``dt`` after ``t``."""
+    for _ in range(n):
+        for code, _ in _plain_tape():
+            t += dt
+            tape.append((code, t))
+
+
 def _taping_profiler(piece=None):
     sp = profiler()
     sp._active = sp._taping = True
@@ -457,11 +465,7 @@ def test_an_interrupt_inside_a_run_of_plain_iterations_neither_loses_nor_repeats
 
     def replayed(interrupt):
         tape = _plain_tape()  # one plain iteration, then 99 more after it, a ms apart
-        t = tape[-1][1]
-        for _ in range(99):
-            for code, _ in _plain_tape():
-                t += 0.001
-                tape.append((code, t))
+        _add_plain_iterations(tape, 99, tape[-1][1], 0.001)
         sp = profiler(report_every_n_steps=1000)
         sp._active = sp._taping = True
         sp._current, sp._t0, sp._tape, sp._trainer_ref = "data_loading", 0.0, tape, None
@@ -495,11 +499,8 @@ def test_a_section_before_a_runs_first_transfer_stays_with_its_iteration():
         sp = profiler(report_every_n_steps=1000)
         sp._active = sp._taping = True
         sp._current, sp._t0, sp._trainer_ref = "data_loading", 0.0, None
-        t, tape = 0.0, [(_USER_SECTION, "epoch_setup", None, 0.5, False)]
-        for _ in range(4):
-            for code, _ in _plain_tape():
-                t += 1.0
-                tape.append((code, t))
+        tape = [(_USER_SECTION, "epoch_setup", None, 0.5, False)]
+        _add_plain_iterations(tape, 4, 0.0, 1.0)
         sp._tape = tape
         if not arithmetic:
             sp._plain_step = lambda tape, i: False
