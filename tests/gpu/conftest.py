@@ -12,6 +12,21 @@ import pytest
 _ROWS = []
 
 
+@pytest.fixture(autouse=True)
+def clean_device():
+    """Each check starts on an empty device: a finished fit (Lightning's trainer and module refer to each other)
+    waits for the garbage collector, and an earlier test's tensors freed by a collection in the middle of a later
+    test moved that test's peaks (the first H100 run of the eval-spike check: validation 67 MB under training)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    yield
+
+
 @pytest.fixture
 def record():
     """record(check, ours, independent, unit, bound): one row of the GPU table."""

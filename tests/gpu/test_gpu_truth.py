@@ -164,6 +164,8 @@ class PeakProbe(Callback):
 
 
 def test_eval_spike_peaks_match_the_allocator_and_nvml_covers_reserved(tmp_path, record):
+    left = torch.cuda.memory_allocated() / MB  # after clean_device: what earlier fits hold for good
+    assert left < 64, f"{left:.0f} MB of CUDA tensors outlived the earlier tests' fits and a garbage collection"
     probe = PeakProbe()
     gpu_fit(tmp_path, [VRAMMonitor(), probe], EvalSpikeModel(), limit_val_batches=8, inference_mode=False)
     v = find_summary(tmp_path)["vram"]
