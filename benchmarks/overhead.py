@@ -828,6 +828,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.hooks_only:
         return hooks_only(args)
     if args.per_hook:
+        DEVICE["light"] = True  # on CUDA, the host-bound step: on the GPU-bound one, launch waits land in hooks
         with tempfile.TemporaryDirectory() as root:
             run(steps=args.steps // 4, skip=1, root=root, callbacks=[])
             per_hook(args.per_hook, args.steps, root)

@@ -156,9 +156,11 @@ class FakeCuda:
         self.allocated -= mb * MB
 
     def max_memory_allocated(self, device):
+        self.flat_reads = getattr(self, "flat_reads", 0) + 1
         return self.peak
 
     def max_memory_reserved(self, device):
+        self.flat_reads = getattr(self, "flat_reads", 0) + 1
         return self.peak * 1.25
 
     def memory_allocated(self, device):
@@ -167,7 +169,9 @@ class FakeCuda:
 
     def memory_stats_as_nested_dict(self, device):
         # the shape of torch.cuda.memory_stats_as_nested_dict: stat -> pool ("all", "large_pool", ...) -> figure
-        return {"allocated_bytes": {"all": {"current": self.allocated, "peak": self.peak}}, "num_alloc_retries": 0}
+        return {"allocated_bytes": {"all": {"current": self.allocated, "peak": self.peak}},
+                "reserved_bytes": {"all": {"current": self.allocated * 1.25, "peak": self.peak * 1.25}},
+                "num_alloc_retries": 0}
 
     def reset_peak_memory_stats(self, device):
         self.resets += 1

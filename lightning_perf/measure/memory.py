@@ -67,8 +67,9 @@ class AllocatorPeaks:
             backend = torch.cuda
         self.device = device
         self.backend = backend
-        self.lifetime_peak_allocated_mb = backend.max_memory_allocated(device) / MB
-        self.lifetime_peak_reserved_mb = backend.max_memory_reserved(device) / MB
+        peaks = self.current_peaks()
+        self.lifetime_peak_allocated_mb = peaks["peak_allocated_mb"]
+        self.lifetime_peak_reserved_mb = peaks["peak_reserved_mb"]
 
     def start_phase(self) -> None:
         self.end_phase()  # whatever happened since the last read belongs to the lifetime peak
@@ -80,22 +81,31 @@ class AllocatorPeaks:
         self.lifetime_peak_reserved_mb = max(self.lifetime_peak_reserved_mb, peaks["peak_reserved_mb"])
         return peaks
 
+    # torch.cuda.memory_allocated, max_memory_allocated and max_memory_reserved each flatten the allocator's whole
+    # statistics dict (130 us a call on an H100 host, benchmarks/cuda_calls.py); the nested dict they start from
+    # costs 14, so the figures are read from one nested dict where the backend has it.
+    def _nested(self) -> Optional[Dict[str, Any]]:
+        nested = getattr(self.backend, "memory_stats_as_nested_dict", None)
+        return None if nested is None else nested(self.device)
+
     def current_peaks(self) -> Dict[str, float]:
-        return {
-            "peak_allocated_mb": self.backend.max_memory_allocated(self.device) / MB,
-            "peak_reserved_mb": self.backend.max_memory_reserved(self.device) / MB,
-        }
+        stats = self._nested()
+        try:
+            return {
+                "peak_allocated_mb": stats["allocated_bytes"]["all"]["peak"] / MB,  # type: ignore[index]
+                "peak_reserved_mb": stats["reserved_bytes"]["all"]["peak"] / MB,  # type: ignore[index]
+            }
+        except (KeyError, TypeError):  # no nested dict here (None), or not this shape
+            return {
+                "peak_allocated_mb": self.backend.max_memory_allocated(self.device) / MB,
+                "peak_reserved_mb": self.backend.max_memory_reserved(self.device) / MB,
+            }
 
     def allocated_mb(self) -> float:
-        # torch.cuda.memory_allocated flattens the allocator's whole statistics dict on every call (~140 us on an
-        # H100 host); the nested dict it starts from costs ~20 us, so read the one figure from that where we can
-        nested = getattr(self.backend, "memory_stats_as_nested_dict", None)
-        if nested is not None:
-            try:
-                return nested(self.device)["allocated_bytes"]["all"]["current"] / MB
-            except (KeyError, TypeError):
-                pass
-        return self.backend.memory_allocated(self.device) / MB
+        try:
+            return self._nested()["allocated_bytes"]["all"]["current"] / MB  # type: ignore[index]
+        except (KeyError, TypeError):
+            return self.backend.memory_allocated(self.device) / MB
 
 
 # -- NVML -----------------------------------------------------------------------------------------------------------
