@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 DEMO := runs/demo
+CALLBACKS := IterationTimer SectionProfiler VRAMMonitor EvalNoGradGuard QualityGate
 
 .PHONY: env demo test test-lowest bench gpu-check clean
 
@@ -40,11 +41,16 @@ test-lowest: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
-# On a machine with a CUDA GPU: every CUDA figure against an independent measure (docs/gpu.md), then the overhead
-# (~6 minutes in all on an H100 before the paired A/B, ~1 more with it). In an environment that already has the project: `make gpu-check STAMP=`.
+# On a machine with a CUDA GPU: every CUDA figure against an independent measure (docs/gpu.md), then the price of
+# each host call on CUDA and the suite's overhead: A/B, paired A/B and in-hook figures of the suite in one PerfSuite
+# (~6 minutes in all on an H100; the whole `overhead.py --device cuda`, every configuration, takes over 8 more).
+# In an environment that already has the project: `make gpu-check STAMP= PY=python3`.
 gpu-check: $(STAMP)
 	$(PY) -m pytest -m gpu tests -rA -p no:cacheprovider
-	$(PY) benchmarks/overhead.py --device cuda
+	$(PY) benchmarks/cuda_calls.py
+	$(PY) benchmarks/overhead.py --device cuda --ab-only --configs "1 no-op" PerfSuite
+	$(PY) benchmarks/overhead.py --device cuda --paired --configs "1 no-op" PerfSuite
+	$(PY) benchmarks/overhead.py --device cuda --hooks-only $(CALLBACKS) PerfSuite
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

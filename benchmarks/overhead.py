@@ -28,12 +28,13 @@ callback:
     python benchmarks/overhead.py --paired --paired-steps 12000 --configs PerfSuite spin --spin-us 40
                                                    # the suite beside a hook of known cost, ~2 minutes
     python benchmarks/overhead.py --quick          # a smoke run
-    python benchmarks/overhead.py --device cuda    # on a GPU, about 4 minutes: see below
+    python benchmarks/overhead.py --device cuda    # on a GPU, every configuration: over 8 minutes; see below
     python benchmarks/overhead.py --hooks-only SectionProfiler PerfSuite --against ../old-checkout --rounds 3
                                                    # two versions' in-hook figures, alternating runs
 
 On a GPU (``--device cuda``) the A/B runs a ~10 ms GPU-bound step in wall time (the host queues kernels ahead of
-the device, as in real training). There the time inside a hook is not the hook's cost: once the launch queue is full,
+the device, as in real training; a step's time is the distance of two CUDA events the probe records at batch ends,
+with no synchronize). There the time inside a hook is not the hook's cost: once the launch queue is full,
 the first CUDA call of any step (our event record, say) waits for a free slot, and that wait lands in whichever hook
 makes it. So the in-hook and dispatch figures are taken on a light, host-bound CUDA step (256-wide layers), where
 the queue never fills and a hook's time is what it costs the host.
@@ -78,42 +79,57 @@ HOOK_ROUNDS = 5
 #: Whether runs log to TensorBoard (as a user's would), or to no logger: the difference is what logging costs.
 LOGGER = {"on": True}
 
-#: What StepClock reads: training-thread CPU time on CPU; wall time on CUDA, where the host waits for the device.
+#: What the probes read on CPU: the training thread's CPU time. On CUDA they record an event instead (``clock_now``).
 CLOCK = {"fn": time.thread_time}
+#: Makes the probes' timing event on CUDA (tests put a simulated one here).
+EVENT: Dict[str, Callable[[], Any]] = {"factory": lambda: torch.cuda.Event(enable_timing=True)}
 
 
-def clock_now() -> float:
-    """The probes' clock: the training thread's CPU time; on CUDA wall time after a synchronize."""
-    if CLOCK["fn"] is time.perf_counter:
-        torch.cuda.synchronize()
+def clock_now() -> Any:
+    """The probes' clock. On CPU the training thread's CPU time, in seconds. On CUDA a timing event recorded on the
+    current stream, with no synchronize: the host runs ahead of the device as it would without the probe, and the
+    distance of two events (``seconds_between``, read after the run) is the wall time of the steps between them as
+    the device ran them. A synchronize at each mark, as this clock did from 2026-11-23, made the loop wait for the
+    device at every batch end: the host work of every hook after it then came out as wall time even on a GPU-bound
+    step (the H100 run of 2026-11-24: +206 µs, 1.9%, on an 11 ms step)."""
+    if DEVICE["kind"] == "cuda":
+        event = EVENT["factory"]()
+        event.record()
+        return event
     return CLOCK["fn"]()
+
+
+def seconds_between(a: Any, b: Any) -> float:
+    """Seconds from mark ``a`` to mark ``b`` of ``clock_now`` (CUDA events: once the device has passed ``b``)."""
+    if isinstance(a, float):
+        return b - a
+    b.synchronize()
+    return a.elapsed_time(b) / 1000.0
 
 
 class StepClock(Callback):
     """The same probe in every configuration: training-thread CPU time of every step after step `skip`, from the
     end of one step to the end of the next (time.thread_time: what this thread ran, not what the machine's other
-    processes took; every hook, log step and periodic fold falls in one of these intervals); on CUDA wall time, with
-    one synchronize at each mark."""
+    processes took; every hook, log step and periodic fold falls in one of these intervals); on CUDA wall time, from
+    one event recorded at each mark (``clock_now``)."""
 
     def __init__(self, skip: int) -> None:
-        self.skip, self.last, self.steps = skip, None, 0
-        self.times: List[float] = []
+        self.skip, self.steps = skip, 0
+        self.marks: List[Any] = []
         self.process_cpu = [0.0, 0.0]  # process CPU (every thread: a logger's writer too) at the first and last mark
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.steps += 1
         if self.steps >= self.skip:
-            t = clock_now()
-            if self.last is not None:
-                self.times.append(t - self.last)
-            else:
+            self.marks.append(clock_now())
+            if len(self.marks) == 1:
                 self.process_cpu[0] = time.process_time()
             self.process_cpu[1] = time.process_time()
-            self.last = t
 
     def us_per_step(self) -> "StepTimes":
-        return StepTimes(1e6 * statistics.mean(self.times), 1e6 * statistics.median(self.times),
-                         1e6 * (self.process_cpu[1] - self.process_cpu[0]) / len(self.times))
+        times = [seconds_between(a, b) for a, b in zip(self.marks, self.marks[1:])]
+        return StepTimes(1e6 * statistics.mean(times), 1e6 * statistics.median(times),
+                         1e6 * (self.process_cpu[1] - self.process_cpu[0]) / len(times))
 
 
 class StepTimes(tuple):
@@ -537,7 +553,7 @@ class Blocks(Callback):
         self.added: List[Any] = []  # (object, attribute name): what the measured callbacks set up
         self.taken: List[Any] = []  # (object, name, value) taken out for the current off block
         self.steps, self.on, self.first, self.last = 0, True, False, None
-        self.blocks: Dict[bool, Dict[int, List[float]]] = {True: {}, False: {}}  # state -> block -> step seconds
+        self.marks: List[Any] = []  # (state, block, mark at the step's start, mark at its end): read after the run
 
     def setup(self, trainer, pl_module, stage):
         self.added = [(obj, name) for obj, names in self.before for name in set(vars(obj)) - names]
@@ -567,10 +583,17 @@ class Blocks(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         t = clock_now()
         if self.last is not None and self.steps > self.skip and not self.first:
-            self.blocks[self.on].setdefault((self.steps - self.skip - 1) // self.block, []).append(t - self.last)
+            self.marks.append((self.on, (self.steps - self.skip - 1) // self.block, self.last, t))
         self.last = t
         if self.steps == trainer.max_steps and not self.on:
             self._set(trainer, True)  # the end of training (epoch end, train end, teardown) with the callbacks
+
+    def blocks(self) -> Dict[bool, Dict[int, List[float]]]:
+        """State (with the callbacks or not) -> block -> its steps' seconds."""
+        out: Dict[bool, Dict[int, List[float]]] = {True: {}, False: {}}
+        for on, block, start, end in self.marks:
+            out[on].setdefault(block, []).append(seconds_between(start, end))
+        return out
 
 
 def paired_overhead(blocks: "Blocks", resamples: int = 1000, seed: int = 0) -> Dict[str, Any]:
@@ -578,7 +601,8 @@ def paired_overhead(blocks: "Blocks", resamples: int = 1000, seed: int = 0) -> D
     from a bootstrap over pairs of adjacent blocks (a block without, the next one with)."""
     import random
 
-    without, with_ = blocks.blocks[False], blocks.blocks[True]
+    steps = blocks.blocks()
+    without, with_ = steps[False], steps[True]
     pairs = [(without[b], with_[b + 1]) for b in sorted(without) if b + 1 in with_]
     if not pairs:
         raise ValueError("no pair of blocks: run more steps or use smaller blocks")
@@ -814,7 +838,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.device == "cuda":
         if not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA device here")
-        DEVICE["kind"], CLOCK["fn"] = "cuda", time.perf_counter
+        DEVICE["kind"] = "cuda"
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     import logging

@@ -292,3 +292,38 @@ def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "own_steps.py"), "--steps", "5"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--steps must be >= 100" in proc.stderr and "got 5" in proc.stderr
+
+
+@pytest.mark.slow
+def test_on_cuda_the_probes_time_steps_by_events_and_never_synchronize(monkeypatch):
+    """On CUDA the probes record one event a mark and read the distances after the run: a synchronize at each mark
+    (the clock of 2026-11-23) kept the host from running ahead, so every hook after it cost wall time on a GPU-bound
+    step. A simulated event, reached by the device at a virtual time, gives the steps' times exactly."""
+    import torch
+
+    from helpers import VirtualClock
+
+    overhead = load_benchmark()
+    device = VirtualClock()  # when the device reaches each event
+
+    class Event:
+        def record(self):
+            self.t, self.synced = device(), False
+
+        def synchronize(self):
+            self.synced = True
+
+        def elapsed_time(self, other):
+            assert other.synced, "read before the device passed the event"
+            return 1000.0 * (other.t - self.t)
+
+    monkeypatch.setitem(overhead.DEVICE, "kind", "cuda")
+    monkeypatch.setitem(overhead.EVENT, "factory", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pytest.fail("a synchronize at a mark"))
+    probe = overhead.StepClock(skip=2)
+    for ms in (5, 5, 1, 1, 7):  # the first step is skipped; marks at 10, 11, 12 and 19 ms
+        device.advance(ms / 1000)
+        probe.on_train_batch_end(None, None, None, None, 0)
+    times = probe.us_per_step()
+    assert times.mean == pytest.approx(3000.0) and times.median == pytest.approx(1000.0)
+    assert all(isinstance(mark, Event) for mark in probe.marks)
