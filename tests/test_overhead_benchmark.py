@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -294,36 +295,58 @@ def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path):
     assert proc.returncode == 2 and "--steps must be >= 100" in proc.stderr and "got 5" in proc.stderr
 
 
-@pytest.mark.slow
-def test_on_cuda_the_probes_time_steps_by_events_and_never_synchronize(monkeypatch):
+def test_on_cuda_the_probes_time_steps_by_events_and_never_wait_for_the_device(monkeypatch):
     """On CUDA the probes record one event a mark and read the distances after the run: a synchronize at each mark
     (the clock of 2026-11-23) kept the host from running ahead, so every hook after it cost wall time on a GPU-bound
-    step. A simulated event, reached by the device at a virtual time, gives the steps' times exactly."""
+    step. A simulated event, reached by the device at a virtual time, gives the steps' times exactly, in StepClock
+    and in the paired A/B's blocks; any wait for the device before the marks are read fails."""
     import torch
 
     from helpers import VirtualClock
 
     overhead = load_benchmark()
-    device = VirtualClock()  # when the device reaches each event
+    device, reading = VirtualClock(), [False]  # when the device reaches each event; whether the run is over
 
     class Event:
-        def record(self):
-            self.t, self.synced = device(), False
+        def record(self, stream=None):
+            assert stream == "the stream"  # the probes' stream, asked for once
+            self.t = device()
 
         def synchronize(self):
-            self.synced = True
+            assert reading[0], "a wait for the device at a mark"
 
         def elapsed_time(self, other):
-            assert other.synced, "read before the device passed the event"
+            assert reading[0], "a read at a mark"
             return 1000.0 * (other.t - self.t)
 
+    asked = []
     monkeypatch.setitem(overhead.DEVICE, "kind", "cuda")
     monkeypatch.setitem(overhead.EVENT, "factory", Event)
+    monkeypatch.setitem(overhead.EVENT, "stream", lambda: asked.append(1) or "the stream")
+    monkeypatch.setattr(overhead, "_STREAM", [])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pytest.fail("a synchronize at a mark"))
     probe = overhead.StepClock(skip=2)
     for ms in (5, 5, 1, 1, 7):  # the first step is skipped; marks at 10, 11, 12 and 19 ms
         device.advance(ms / 1000)
         probe.on_train_batch_end(None, None, None, None, 0)
+
+    # the paired A/B's probe, driven as Lightning drives it: steps of 1 ms without the callbacks, 3 ms with them
+    blocks = overhead.Blocks([], block=2, skip=1)
+    trainer = SimpleNamespace(callbacks=[], max_steps=21, strategy=SimpleNamespace(), profiler=SimpleNamespace())
+    blocks.setup(trainer, None, "fit")
+    for _ in range(trainer.max_steps):
+        blocks.on_train_batch_start(trainer, None, None, 0)
+        device.advance(0.003 if blocks.on else 0.001)
+        blocks.on_train_batch_end(trainer, None, None, None, 0)
+    assert len(asked) == 1 and all(isinstance(mark, Event) for mark in probe.marks)
+    reading[0] = True
     times = probe.us_per_step()
     assert times.mean == pytest.approx(3000.0) and times.median == pytest.approx(1000.0)
-    assert all(isinstance(mark, Event) for mark in probe.marks)
+    paired = overhead.paired_overhead(blocks)
+    assert paired["mean"] == pytest.approx(2000.0) and paired["median"] == pytest.approx(2000.0)
+    assert paired["without_median"] == pytest.approx(1000.0) and paired["pairs"] == 5
+
+
+def test_the_probes_host_clock_takes_any_number():
+    overhead = load_benchmark()
+    assert overhead.seconds_between(3, 5) == 2 and overhead.seconds_between(1.5, 2.0) == 0.5
