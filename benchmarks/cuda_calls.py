@@ -1,8 +1,9 @@
 """The price list behind the suite's CUDA cost: µs a call of each host operation the callbacks make in the step path.
 
 The in-hook figures of ``overhead.py --device cuda`` say how much the suite costs on a host-bound CUDA step; this says
-what that time buys. Each operation is called in a loop (a tiny kernel queued between calls, as in training, so that
-events have work to pass), and the median over repeats of the loop's mean is printed. The first rows need no GPU
+what that time buys. Each operation is called in a tight loop and the median over repeats of the loop's mean is
+printed (event records: a small kernel queued before each loop, so the events have work to pass; the events exist
+already, so a fresh event's first record, which creates it in the driver, costs more). The first rows need no GPU
 and measure the host itself (a Python call, a clock read), so that two machines' figures can be compared: the same
 callbacks cost more on a host whose Python runs slower.
 
@@ -60,7 +61,7 @@ def cuda_rows() -> Dict[str, float]:
         torch.mm(x, x)
 
     rows["torch.cuda.current_stream()"] = per_call_us(torch.cuda.current_stream)
-    rows["torch.cuda.Event(enable_timing=True)"] = per_call_us(lambda: torch.cuda.Event(enable_timing=True))
+    rows["torch.cuda.Event(enable_timing=True) (the Python object)"] = per_call_us(lambda: torch.cuda.Event(enable_timing=True))
     pool = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
 
     def record_each(with_stream: bool) -> Callable[[], None]:
@@ -91,6 +92,7 @@ def cuda_rows() -> Dict[str, float]:
     rows["torch.cuda.memory_stats_as_nested_dict()"] = per_call_us(torch.cuda.memory_stats_as_nested_dict,
                                                                     calls=200)
     rows["torch.cuda.memory_allocated()"] = per_call_us(torch.cuda.memory_allocated, calls=200)
+    rows["torch.cuda.max_memory_allocated()"] = per_call_us(torch.cuda.max_memory_allocated, calls=200)
     try:
         import pynvml
 
