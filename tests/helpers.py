@@ -246,6 +246,7 @@ class SimulatedDevice(Callback):
         self.target._clock = DeviceIntervalClock(event_factory=self.event)
         if hasattr(self.target, "_taping"):  # as SectionProfiler's on_train_start decides with a device clock: live
             self.target._taping = False
+            self.target._marks_near = self.target._near_timed()
 
 
 def hold_until_sampled(trainer: Any, timeout_s: float = 10.0) -> bool:
