@@ -243,10 +243,11 @@ class SimulatedDevice(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         from lightning_perf.measure.clock import DeviceIntervalClock
 
-        self.target._clock = DeviceIntervalClock(event_factory=self.event)
-        if hasattr(self.target, "_taping"):  # as SectionProfiler's on_train_start decides with a device clock: live
-            self.target._taping = False
-            self.target._marks_near = self.target._near_timed()
+        clock = DeviceIntervalClock(event_factory=self.event)
+        if hasattr(self.target, "_use_clock"):  # SectionProfiler: as its on_train_start decides with a device clock
+            self.target._use_clock(clock)
+        else:
+            self.target._clock = clock
 
 
 def hold_until_sampled(trainer: Any, timeout_s: float = 10.0) -> bool:

@@ -199,18 +199,24 @@ def test_device_time_labels_follow_the_host_pieces_across_the_iteration_close(tm
     assert table[where]["count"] == 14
 
 
-@pytest.mark.parametrize("every, validation, plain", [(2, 4, False), (3, 1.0, False), (2, 4, True)])
+@pytest.mark.parametrize("every, validation, plain, device", [
+    (2, 4, False, None), (3, 1.0, False, None), (2, 4, True, None),
+    (2, 4, False, 3), (3, 1.0, False, 3), (2, 4, True, 4), (5, 1.0, True, 8)])
 def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_path, monkeypatch, every, validation,
-                                                                           plain):
+                                                                           plain, device):
     """SectionProfiler's step path tapes its events and replays them in batches (automatic optimization,
-    ``batch_gap``, no CUDA events). The same rich fit, taped and with taping switched off (each switch and close
-    made as its hook runs, as with ``fetch`` or CUDA events): data loading, gradient accumulation, user sections in
+    ``batch_gap``). The same rich fit, taped and with taping switched off (each switch and close made as its hook
+    runs, as with ``fetch``): data loading, gradient accumulation, user sections in
     the step and in the module's batch-end hook, a checkpoint every 4 steps with costly writes (its state read at the
     batch end, mid-tape), a report every 2 steps and a validation every 4 batches, each one right after a report's
     step (its batches are transferred before the due iteration closes), and a report every 3 steps with a validation
     at each epoch's end (the limit's replays: the tape's own test in test_section_profiler.py). Every figure of the
     summary and every scalar logged, with its step, is the same. ``plain``: no section in the step and no
-    accumulation, so that most steps are plain ones, which the replay works out as arithmetic (``_plain_step``)."""
+    accumulation, so that most steps are plain ones, which the replay works out as arithmetic (``_plain_step``).
+    ``device``: with a device clock (SimulatedDevice; one iteration in ``device`` timed after the first ones), where
+    the iterations timed on the device and their neighbours run live and the others tape (taping starts and stops
+    again at batch ends): the device figures too are those of the fit made live, each event recorded at its
+    boundary's time."""
 
     class Rich(Sampler):
         def train_dataloader(self):
@@ -230,19 +236,33 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
         plain_steps.append(done)
         return done
 
+    turns, counts, run_closes = [], [], []
+
     def run(root, taping):
         clock = use_virtual_clock(monkeypatch)
-        sp = profiler(report_every_n_steps=every)
+        sp = profiler(report_every_n_steps=every, device_timing_every_n_iterations=device or 1)
         if not taping:
-            start = SectionProfiler.on_train_start
+            use = SectionProfiler._use_clock
 
-            def live(self, trainer, pl_module):
-                start(self, trainer, pl_module)
-                self._taping = False
+            def live(self, device_clock):
+                self._tape_ok = False
+                use(self, device_clock)
 
-            monkeypatch.setattr(SectionProfiler, "on_train_start", live)
+            monkeypatch.setattr(SectionProfiler, "_use_clock", live)
         else:
             monkeypatch.setattr(SectionProfiler, "_plain_step", counted)
+            steps = SectionProfiler._apply_plain_steps
+
+            def closing(self, tape, i):  # the iterations a run of plain ones closes (as arithmetic, at once)
+                before = self._iterations
+                steps(self, tape, i)
+                run_closes.append(self._iterations - before)
+
+            monkeypatch.setattr(SectionProfiler, "_apply_plain_steps", closing)
+            for name in ("_resume_taping", "_pause_taping"):
+                turn = getattr(SectionProfiler, name)
+                monkeypatch.setattr(SectionProfiler, name,
+                                    lambda self, turn=turn, name=name: (turns.append(name), turn(self))[1])
         seen = []
 
         class Watch(Callback):
@@ -250,9 +270,11 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
                 seen.append(bool(sp._tape))
 
         ckpt = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=4, save_top_k=-1)
-        fit(root, [sp, ckpt, Watch()], model=Rich(clock, every=3), max_epochs=2,
-            accumulate_grad_batches=1 if plain else 2, plugins=[CostlySaves(clock)], val_check_interval=validation)
+        fit(root, [sp] + ([SimulatedDevice(sp)] if device else []) + [ckpt, Watch()], model=Rich(clock, every=3),
+            max_epochs=2, accumulate_grad_batches=1 if plain else 2, plugins=[CostlySaves(clock)],
+            val_check_interval=validation)
         monkeypatch.undo()
+        counts.append({name: (sec.host.count, sec.device.count) for name, sec in sp._sections.items()})
         return find_summary(root)["section_profiler"], read_scalars(root), any(seen)
 
     taped, taped_scalars, taped_seen = run(tmp_path / "taped", True)
@@ -260,18 +282,94 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
     assert taped_seen and not live_seen  # the first run taped, the second did not
     for summary in (taped, live):
         assert summary.pop("overhead_us_per_step") is not None  # its own time: not on the virtual clock
+    if device:  # timed iterations in both, and the taped fit stopped and went on taping more than once
+        assert taped["sections"]["forward"]["device_mean_ms"] is not None
+        assert turns.count("_pause_taping") >= (device < 8) and turns.count("_resume_taping") >= 1 + (device < 8), turns
+    else:
+        assert not turns
     if plain:  # most steps plain (the others: a sampling section, a checkpoint, a validation, an epoch's start)
         assert taped["iterations"] == 16 and "noise" not in taped["sections"]
-        assert sum(plain_steps) >= 6 and not all(plain_steps)
+        assert sum(plain_steps) >= (6 if device is None else 2 if device == 8 else 0) and not all(plain_steps)
+        assert max(run_closes, default=0) >= (2 if device == 8 else 1 if device is None else 0), run_closes
     else:
         assert taped["iterations"] == 8 and taped["sections"]["noise"]["count"] == 16 and not any(plain_steps)
     assert taped["sections"]["sampling"]["count"] >= 2 and taped["sections"]["checkpointing"]["count"] >= 2
     assert taped["validation"]["runs"] == (4 if validation == 4 else 2)
     assert taped == live
+    assert counts[0] == counts[1] and (counts[0]["sampling"][1] > 0) == bool(device), counts  # (device times: each one)
     keys = {key for key in live_scalars if key.startswith("time")}
     assert keys and {key for key in taped_scalars if key.startswith("time")} == keys
     for key in keys:
         assert taped_scalars[key] == live_scalars[key], key
+
+
+@pytest.mark.parametrize("timing", [8, 3])
+def test_on_a_device_clock_a_run_of_plain_iterations_stops_before_a_mark(tmp_path, monkeypatch, timing):
+    """With a device clock (SimulatedDevice), the iterations between two timed ones tape, and the replay works out
+    their plain steps as arithmetic (``_apply_plain_steps``), which records no event: the run must stop before the
+    first switch that ends or starts a timed piece (the batch end before a timed iteration), and the flag of marks
+    near and the device's events read as the closes one by one read them. 64 plain iterations (steps of three
+    lengths), no report, checkpoint or validation to break the runs: every host and device statistic, each section's
+    histograms included, is the same as live, the runs took iterations up to the last one they may, and the events
+    in flight stay as few as live (with a warm-up of 5, the closes of iterations 16, 32 and 48 fall in runs)."""
+
+    class Plain(TinyModel):
+        def __init__(self, clock):
+            super().__init__()
+            self.clock = clock
+
+        def train_dataloader(self):
+            return DataLoader(ClockedItems(self.clock, FETCH_S), batch_size=2)
+
+        def training_step(self, batch, batch_idx):
+            self.clock.advance(STEP_S * (1 + batch_idx % 3))
+            return super().training_step(batch, batch_idx)
+
+    closes = []
+
+    def run(root, taping):
+        clock = use_virtual_clock(monkeypatch)
+        sp = profiler(report_every_n_steps=10**6, warmup_steps=5, device_timing_every_n_iterations=timing)
+        pending = []
+
+        class Watch(Callback):
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                pending.append(len(sp._clock._pending))
+
+        if taping:
+            steps = SectionProfiler._apply_plain_steps
+
+            def closing(self, tape, i):
+                before = self._iterations
+                steps(self, tape, i)
+                closes.append((before, self._iterations - before))
+
+            monkeypatch.setattr(SectionProfiler, "_apply_plain_steps", closing)
+        else:
+            use = SectionProfiler._use_clock
+
+            def live(self, device_clock):
+                self._tape_ok = False
+                use(self, device_clock)
+
+            monkeypatch.setattr(SectionProfiler, "_use_clock", live)
+        fit(root, [sp, SimulatedDevice(sp), Watch()], model=Plain(clock), max_epochs=2, enable_checkpointing=False,
+            limit_val_batches=0, num_sanity_val_steps=0)
+        monkeypatch.undo()
+        assert sp._clock.dropped == 0
+        return {name: (sec.host.to_dict(), sec.device.to_dict()) for name, sec in sp._sections.items()}, pending
+
+    (taped, taped_pending), (live, live_pending) = run(tmp_path / "taped", True), run(tmp_path / "live", False)
+    assert live["forward"][1]["count"] > 0 and taped == live
+    # the events are read as the fit goes (every POLL_EVERY iterations, a run's closes too), a few iterations later
+    # than live at most: not all at the end
+    assert max(taped_pending) <= max(live_pending) + 7, (taped_pending, live_pending)  # (7: one timed iteration's)
+    # a run starts at a plain step of iteration f (nothing timed in f, f + 1: fit iteration = iteration here) and
+    # closes f .. f + k - 1, stepping f + 1 .. f + k: the last one's batch end starts f + k + 1, not timed either
+    sp = profiler(warmup_steps=5, device_timing_every_n_iterations=timing)
+    assert closes and all(not any(sp._device_timed(f + j) for j in range(k + 2)) for f, k in closes), closes
+    longest = max(k for f, k in closes)
+    assert longest == (timing - 4 if timing > 3 else 0), closes  # up to the batch end before a timed iteration
 
 
 def test_a_replayed_section_that_fails_stops_no_hook_and_a_crash_still_writes_the_summary(tmp_path, monkeypatch):

@@ -302,6 +302,8 @@ class SectionProfiler(PerfCallback):
         self._replaying = False
         self._run_end = 0  # the tape's events a run of plain iterations took so far (``_apply_plain_steps``)
         self._clock: Optional[DeviceIntervalClock] = None
+        self._tape_ok = False  # this fit's step path may tape (``on_train_start``); on CUDA, where no mark is near
+        self._fit_offset = 0  # ``_iterations`` - ``_fit_iterations`` in this fit
         self._marks_near = False  # a switch now can end or start a piece timed on the device (``_near_timed``)
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
@@ -385,9 +387,17 @@ class SectionProfiler(PerfCallback):
         every = self.device_timing_every_n_iterations
         return n >= 0 and (n < every or n % every == 0)
 
+    def _next_timed(self, fit_iteration: int) -> int:
+        """The first iteration of the fit from ``fit_iteration`` on that ``_device_timed`` times."""
+        n, every = fit_iteration - self.warmup_steps, self.device_timing_every_n_iterations
+        if n < 0:
+            return self.warmup_steps
+        return fit_iteration if n < every else self.warmup_steps - (-n // every) * every
+
     def section_started(self, name: str) -> Any:
-        """Sink for profile_section: nothing to return on the host side (device: an event pair)."""
-        if self._clock is None or not self._device_timed(self._fit_iterations):
+        """Sink for profile_section: nothing to return on the host side (device: an event pair). While taping with a
+        clock, the iteration is not timed (``_resume_taping``)."""
+        if self._clock is None or self._taping or not self._device_timed(self._fit_iterations):
             return None
         return self._clock.stamp()
 
@@ -588,7 +598,7 @@ class SectionProfiler(PerfCallback):
         switches inside it, its end; no section, write or other event among them), which ``_apply_plain_step``
         works out at once. Anything else takes its own way, event by event."""
         if (len(tape) < i + 6 or self._ending or self._current != "transfer" or self._carved or self._manual
-                or self._clock is not None):
+                or self._marks_near):  # (on CUDA: a device mark near, in this iteration or at its end)
             return False
         start, zero, backward, after, step, end = tape[i:i + 6]
         return (start[0] == _BATCH_START and zero[0] == "optimizer_step" and backward[0] == "backward"
@@ -624,6 +634,9 @@ class SectionProfiler(PerfCallback):
         if (i > last or not self._counted or not (iterations + 1) % every or self._user_s or self._iter_calls
                 or self._end_pieces or self._ahead):
             return  # (a section or carved time in the iteration the run would close first: its close goes alone)
+        if self._clock is not None:  # each iteration closed and stepped here, and the next, not timed on the device
+            first = self._fit_iterations + 2
+            last = min(last, i + 7 * (self._next_timed(first) - first - 1))
         values, t0, unfolded = None, self._t0, self._unfolded
         try:
             while i <= last:
@@ -652,9 +665,14 @@ class SectionProfiler(PerfCallback):
             if values is not None:  # a literal, built before the writes: no call there where an interrupt could land
                 piece = {"data_loading": values[0], "transfer": values[1], "forward": values[2],
                          "optimizer_step": values[3], "backward": values[4], "other": values[5]}
+                polled = self._fit_iterations // POLL_EVERY
                 self._fit_iterations += iterations - self._iterations
                 self._iterations, self._piece, self._t0 = iterations, piece, t0
                 self._final_calls, self._timing = 0, not iterations % OVERHEAD_SAMPLE
+                # on CUDA the device's events are read where the closes one by one would read them (``_marks_near``
+                # stays false: the run ends where a timed iteration comes near)
+                if self._clock is not None and self._fit_iterations // POLL_EVERY != polled:
+                    self._poll_device()
 
     def _replay_at_start(self) -> None:
         """At an iteration's first boundary (a transfer, or the batch start without one): where a report that fell
@@ -670,10 +688,41 @@ class SectionProfiler(PerfCallback):
         self._own_in_replay += seconds
 
     def _stop_taping(self) -> None:
+        """At the fit's end (or an exception): the tape replayed, no more taping in this fit."""
         try:
             self._replay()
         finally:
-            self._taping = False
+            self._taping = self._tape_ok = False
+
+    # On CUDA the boundaries of the iterations timed on the device record events live (``_mark_device``); the others
+    # tape as on the CPU. A batch end decides for what follows it up to the next batch end: the events of the next
+    # iteration (a switch there ends or starts a piece of this iteration or the next) tape where neither this
+    # iteration nor the next is timed (``_marks_near`` false, kept at each close), and the user sections among them
+    # take no device events. A taped batch end whose next iteration is timed replays the tape at once, itself
+    # included: its mark (a timed piece starts there) is recorded before any more work reaches the device, so at the
+    # same point of the stream as live; from there the step path runs live.
+    def _use_clock(self, clock: Optional[DeviceIntervalClock]) -> None:
+        """At train start, before the first batch: the device clock of this fit (or none), and whether the step path
+        tapes from the start."""
+        self._clock = clock
+        self._marks_near = self._near_timed()
+        self._taping = self._tape_ok and not self._marks_near
+
+    def _resume_taping(self) -> None:
+        """At a live batch end that ended an iteration (``_marks_near`` false): the events from here on tape, counted
+        as the taped batch ends count them (the close due of the iteration that ended, included)."""
+        self._taping = True
+        due = self._closes_due = self._iterations + 1
+        self._replay_due = not due % self.report_every_n_steps
+        self._tape_timing = not due % OVERHEAD_SAMPLE
+
+    def _pause_taping(self) -> None:
+        """At a taped batch end whose next iteration is timed on the device: the tape replays now, this batch end's
+        switch and its mark included; the step path goes on live."""
+        try:
+            self._replay()
+        finally:
+            self._taping = self._replay_due = False
 
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
@@ -728,15 +777,15 @@ class SectionProfiler(PerfCallback):
         # optimization the step at an iteration's end is its number plus this fit's offset
         self._step_offset = None if self._manual else trainer.global_step - self._iterations
         on_cuda = trainer.strategy.root_device.type == "cuda"
-        self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
-        self._marks_near = self._near_timed()
+        self._fit_offset = self._iterations - self._fit_iterations
+        # the step path tapes its events where nothing live depends on them: no fetch to watch for (the gap is data
+        # loading), one iteration a batch-or-accumulation known from on_before_optimizer_step, and on CUDA no event to
+        # record at the boundaries near (``_use_clock``, ``_resume_taping``)
+        self._tape_ok = self._gap_mode and not self._manual
+        self._closes_due, self._tape_timing = self._iterations, True
+        self._use_clock(DeviceIntervalClock() if (self.device_timing and on_cuda) else None)
         self._switch("other")
         self._arm_fetch_watch()
-        # the step path tapes its events where nothing live depends on them: no fetch to watch for (the gap is data
-        # loading), no CUDA events to record at the boundaries, one iteration a batch-or-accumulation known from
-        # on_before_optimizer_step
-        self._taping = self._gap_mode and not self._manual and self._clock is None
-        self._closes_due, self._tape_timing = self._iterations, True
 
     def _between_batches(self) -> str:
         """The section that runs from the end of a batch (or a validation) until the next batch starts."""
@@ -860,6 +909,8 @@ class SectionProfiler(PerfCallback):
                     if not due % self.report_every_n_steps:
                         self._replay_due = True
                     self._tape_timing = not due % OVERHEAD_SAMPLE
+                    if self._clock is not None and self._device_timed(due - self._fit_offset):
+                        self._pause_taping()  # the next iteration is timed on the device
                 else:  # accumulating: the iteration goes on with the next batch
                     tape.append(("data_loading", t))
                 if WAITING.count:
@@ -888,6 +939,8 @@ class SectionProfiler(PerfCallback):
             self._ending = True
             if self._fetch_watch_toggles:
                 self._arm_fetch_watch()
+            if self._tape_ok and not self._marks_near:  # (on CUDA: no timed piece in this iteration or the next)
+                self._resume_taping()
             if WAITING.count:
                 self._drain_scalars(trainer)
             self._overhead_s += now() - t
