@@ -31,6 +31,8 @@ callback:
     python benchmarks/overhead.py --device cuda    # on a GPU, every configuration: over 8 minutes; see below
     python benchmarks/overhead.py --hooks-only SectionProfiler PerfSuite --against ../old-checkout --rounds 3
                                                    # two versions' in-hook figures, alternating runs
+    python benchmarks/overhead.py --hooks-only SectionProfiler --simulated-device
+                                                   # the Python of the CUDA path, on the CPU loop (see below)
 
 On a GPU (``--device cuda``) the A/B runs a ~10 ms GPU-bound step in wall time (the host queues kernels ahead of
 the device, as in real training; a step's time is the distance of two CUDA events the probe records at batch ends,
@@ -38,6 +40,13 @@ with no synchronize). There the time inside a hook is not the hook's cost: once 
 the first CUDA call of any step (our event record, say) waits for a free slot, and that wait lands in whichever hook
 makes it. So the in-hook and dispatch figures are taken on a light, host-bound CUDA step (256-wide layers), where
 the queue never fills and a hook's time is what it costs the host.
+
+Without a GPU, ``--simulated-device`` (with ``--hooks-only`` or ``--per-hook``) gives SectionProfiler and
+IterationTimer a device clock at train start whose events read the host clock (``SimulatedEvent``), as the tests'
+simulated device does: their CUDA path runs on the CPU loop (which iterations record events, the live switches there,
+the polls), every call but torch's own. A real ``Event.record`` costs ~3 µs more a call on an H100 host
+(``benchmarks/cuda_calls.py``), and hooks cost more there beside CUDA work: a figure to compare two versions of that
+path, not a CUDA figure.
 """
 
 from __future__ import annotations
@@ -388,7 +397,7 @@ def per_hook(names: List[str], steps: int, root: str) -> None:
         for hook, times in calls.items():
             setattr(cb, hook, timed(getattr(cb, hook), times.append))
         run([cb], steps=steps, skip=1, root=root)
-        loop = ("the CPU loop" if DEVICE["kind"] == "cpu"
+        loop = (("the CPU loop" + (" (simulated device)" if DEVICE["simulated"] else "")) if DEVICE["kind"] == "cpu"
                 else f"the {'host' if DEVICE['light'] else 'GPU'}-bound CUDA loop")
         print(f"\n{name}: µs per call inside each step hook, {steps} steps on {loop}, logger=False (less"
               f" {1e6 * bias:.2f} µs of the timing wrapper)")
@@ -499,7 +508,53 @@ def bootstrap_median_ci(values: List[float], resamples: int = 2000, seed: int = 
 
 #: The loop: "cpu", a ~1 ms CPU step; "cuda", a ~10 ms GPU-bound step (4096 x 4096 layers on a 3072 batch), or
 #: with light=True a host-bound CUDA step (256 x 256 layers), where the time inside a hook is its host cost.
-DEVICE = {"kind": "cpu", "light": False}
+#: "simulated": on the CPU loop, SectionProfiler and IterationTimer get a device clock of SimulatedEvents.
+DEVICE = {"kind": "cpu", "light": False, "simulated": False}
+
+
+class SimulatedEvent:
+    """A CUDA event stand-in (``--simulated-device``): ``record`` reads the host clock, and it is always complete.
+    ``records`` counts the records of the process."""
+
+    __slots__ = ("t",)
+    records = 0
+
+    def record(self, *args: Any) -> None:
+        SimulatedEvent.records += 1
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other: "SimulatedEvent") -> float:
+        return 1000.0 * (other.t - self.t)
+
+
+class SimulatedClocks(Callback):
+    """Listed after ``callbacks``: at train start, each SectionProfiler and IterationTimer among them (a PerfSuite's
+    too) gets a device clock of SimulatedEvents, as its on_train_start gives one on CUDA."""
+
+    def __init__(self, callbacks: List[Callback]) -> None:
+        kinds = (lightning_perf.SectionProfiler, lightning_perf.IterationTimer)
+        self.targets = [cb for member in callbacks for cb in [member, *getattr(member, "callbacks", [])]
+                        if isinstance(cb, kinds)]
+
+    def on_train_start(self, trainer, pl_module):
+        from lightning_perf.measure.clock import DeviceIntervalClock
+
+        for cb in self.targets:
+            clock = DeviceIntervalClock(event_factory=SimulatedEvent)
+            if hasattr(cb, "_use_clock"):  # SectionProfiler: what to tape is decided with the clock
+                cb._use_clock(clock)
+                continue
+            cb._clock = clock
+            if isinstance(cb, lightning_perf.SectionProfiler):  # a checkout before SectionProfiler taped on CUDA
+                cb._taping = False
+                if hasattr(cb, "_marks_near"):
+                    cb._marks_near = cb._near_timed()
 
 
 def run(callbacks: List[Callback], steps: int, skip: int, profiler: Any = None, root: str = ".") -> float:
@@ -510,6 +565,8 @@ def run(callbacks: List[Callback], steps: int, skip: int, profiler: Any = None, 
 
 def fit(callbacks: List[Callback], steps: int, profiler: Any = None, root: str = ".") -> None:
     """The benchmark's loop: ``steps`` training steps of ``Busy`` (or its CUDA variants) with these callbacks."""
+    if DEVICE["simulated"]:
+        callbacks = [*callbacks, SimulatedClocks(callbacks)]
     if DEVICE["kind"] == "cuda":
         batch, width = (256, 256) if DEVICE["light"] else (3072, 4096)
         loader: Any = GpuBatches(steps, batch=batch, width=width)
@@ -727,6 +784,8 @@ def hooks_only(args: argparse.Namespace) -> int:
             figures = {name: hook_cost(_suite_of(name), args.steps, HOOK_ROUNDS, root) for name in names}
         for name, value in figures.items():
             print(f"in hooks {name}: {value:.2f} µs/step ({lightning_perf.__file__})")
+        if DEVICE["simulated"]:
+            print(f"simulated device: {SimulatedEvent.records} events recorded")
         return 0
     import re
     import subprocess
@@ -738,8 +797,10 @@ def hooks_only(args: argparse.Namespace) -> int:
         order = list(checkouts)[::-1] if r % 2 == 0 else list(checkouts)  # the other's first: fails fast
         for label in order:
             env = dict(os.environ, **{SOURCE_ENV: checkouts[label]})
+            simulated = ["--simulated-device"] if DEVICE["simulated"] else []
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--steps", str(args.steps), "--device",
-                                   args.device, "--hooks-only", *names], env=env, capture_output=True, text=True)
+                                   args.device, *simulated, "--hooks-only", *names], env=env, capture_output=True,
+                                  text=True)
             found = dict(re.findall(r"^in hooks (\S+): ([0-9.]+) µs/step", proc.stdout, re.M))
             if proc.returncode != 0 or set(found) != set(names):
                 tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
@@ -749,7 +810,7 @@ def hooks_only(args: argparse.Namespace) -> int:
                 figures[label][name].append(float(value))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"in hooks, µs a step, {args.rounds} alternating round{'s' if args.rounds > 1 else ''} of {HOOK_ROUNDS} runs"
-          f" of {args.steps} steps each"
+          f" of {args.steps} steps each{', simulated device' if DEVICE['simulated'] else ''}"
           f" (this checkout: {here}; --against: {checkouts['--against']})")
     for name in names:
         for label in checkouts:
@@ -784,6 +845,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                              " git worktree), in runs alternating with this checkout's, --rounds of each (without"
                              " --against, --hooks-only makes one run): where the machine's speed drifts, only"
                              " alternating runs compare two versions")
+    parser.add_argument("--simulated-device", action="store_true",
+                        help="with --hooks-only or --per-hook on the CPU loop: SectionProfiler and IterationTimer"
+                             " run their CUDA path on a device clock whose events read the host clock")
     parser.add_argument("--paired", action="store_true",
                         help="only the paired A/B: one fit per configuration, its callbacks in and out in alternate"
                              " blocks of steps (the full benchmark prints it after the A/B)")
@@ -809,6 +873,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.against is not None and not os.path.isfile(os.path.join(args.against, "lightning_perf", "__init__.py")):
         parser.error(f"--against {args.against!r}: no lightning_perf package (lightning_perf/__init__.py) in that"
                      " directory; expected a checkout of lightning_perf")
+    if args.simulated_device and not (args.hooks_only or args.per_hook):
+        parser.error("--simulated-device runs with --hooks-only or --per-hook (in-hook figures): name the callbacks")
+    if args.simulated_device and args.device != "cpu":
+        parser.error("--simulated-device stands in for a GPU on the CPU loop: leave out --device cuda")
+    DEVICE["simulated"] = args.simulated_device
     default_steps, default_rounds = (300, 8) if args.device == "cuda" else (600, 7)
     if args.quick:
         default_steps, default_rounds = 200, 2

@@ -55,6 +55,37 @@ def test_against_measures_the_other_checkout_in_runs_alternating_with_this_one(t
 
 
 @pytest.mark.slow
+def test_the_simulated_device_runs_the_cuda_path_and_goes_to_the_other_checkout_too(tmp_path):
+    """``--simulated-device``: SectionProfiler records its device events on the CPU loop (the first iterations after
+    the warm-up and then one in 8: 100 steps record some, not one a switch), in this checkout's run and, through
+    ``--against``, in the other's (a copy whose SectionProfiler sleeps 10 ms at each device mark, which only a device
+    clock makes); and it is refused where it would measure nothing or stand in for a real GPU."""
+    proc = bench("--hooks-only", "SectionProfiler", "--simulated-device", "--steps", "100")
+    assert proc.returncode == 0, proc.stderr
+    records = int(re.search(r"^simulated device: (\d+) events recorded", proc.stdout, re.M).group(1))
+    # 5 rounds of 100 steps: 9 timed iterations in the first 14, then 11 more, 7 switches each at most
+    assert 5 * 9 * 5 <= records <= 5 * 20 * 8, proc.stdout
+    other = copy_of_package(tmp_path)
+    path = other / "lightning_perf" / "callbacks" / "section_profiler.py"
+    source = path.read_text()
+    mark = "        end_next = self._next_owner\n"
+    assert source.count(mark) == 1
+    path.write_text(source.replace(mark, "        __import__('time').sleep(0.010)\n" + mark))
+    proc = bench("--hooks-only", "SectionProfiler", "--simulated-device", "--against", str(other), "--steps", "10",
+                 "--rounds", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "simulated device" in proc.stdout
+    rows = dict(re.findall(r"^  SectionProfiler\s+(this checkout|--against)\s+median\s+([0-9.]+)", proc.stdout, re.M))
+    # 10 steps, a warm-up of 5: the last 5 timed, a few device marks each
+    assert float(rows["--against"]) >= 10_000.0 and float(rows["this checkout"]) < 5_000.0, proc.stdout
+    for args, message in ((["--simulated-device"], "--simulated-device runs with --hooks-only or --per-hook"),
+                          (["--simulated-device", "--device", "cuda", "--per-hook", "SectionProfiler"],
+                           "--simulated-device stands in for a GPU on the CPU loop")):
+        proc = bench(*args)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
 def test_a_run_that_fails_in_the_other_checkout_stops_with_its_own_error(tmp_path):
     other = copy_of_package(tmp_path)
     init = other / "lightning_perf" / "__init__.py"
