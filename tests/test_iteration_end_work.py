@@ -372,6 +372,52 @@ def test_on_a_device_clock_a_run_of_plain_iterations_stops_before_a_mark(tmp_pat
     assert longest == (timing - 4 if timing > 3 else 0), closes  # up to the batch end before a timed iteration
 
 
+def test_on_a_device_clock_the_replay_at_a_pause_is_counted_once_in_the_overhead(tmp_path, monkeypatch):
+    """``overhead_us_per_step`` on a device clock, where a taped batch end before a timed iteration replays the tape
+    at once (``_pause_taping``): on the virtual clock every hook's own time is 0, and each batch start replayed one by
+    one is made to take 1 ms (a section in every step: no plain ones). The profiler's own time is then the replays'
+    time, each counted once (a review found the pauses' replays counted twice, inside the batch end's own time)."""
+    clock = use_virtual_clock(monkeypatch)
+
+    class Noisy(TinyModel):
+        def train_dataloader(self):
+            return DataLoader(ClockedItems(clock, FETCH_S), batch_size=2)
+
+        def training_step(self, batch, batch_idx):
+            with profile_section("noise"):
+                clock.advance(STEP_S)
+            return super().training_step(batch, batch_idx)
+
+    start = SectionProfiler._batch_start_at
+
+    def slow(self, trainer, t):
+        if self._replaying:
+            clock.advance(0.001)
+        start(self, trainer, t)
+
+    monkeypatch.setattr(SectionProfiler, "_batch_start_at", slow)
+    replays, pauses = [], []
+    replay, pause = SectionProfiler._replay, SectionProfiler._pause_taping
+
+    def timed_replay(self):
+        begin, events = clock.t, len(self._tape)
+        replay(self)
+        if events:
+            replays.append(clock.t - begin)
+
+    def counted_pause(self):
+        pauses.append(len(replays))
+        pause(self)
+
+    monkeypatch.setattr(SectionProfiler, "_replay", timed_replay)
+    monkeypatch.setattr(SectionProfiler, "_pause_taping", counted_pause)
+    sp = profiler(warmup_steps=5, report_every_n_steps=10**6, device_timing_every_n_iterations=8)
+    fit(tmp_path, [sp, SimulatedDevice(sp)], model=Noisy(), max_epochs=1, enable_checkpointing=False,
+        limit_val_batches=0, num_sanity_val_steps=0)
+    assert len(pauses) >= 2 and sum(replays) >= 0.005, (pauses, replays)
+    assert sp._overhead_s == pytest.approx(sum(replays), abs=1e-9)
+
+
 def test_a_replayed_section_that_fails_stops_no_hook_and_a_crash_still_writes_the_summary(tmp_path, monkeypatch):
     """A user section whose handling fails (injected) in a later callback's batch-end hook, which then raises: the
     failure is recorded where the tape is replayed (``on_exception``), and that hook goes on as live: the summary is

@@ -372,8 +372,8 @@ class SectionProfiler(PerfCallback):
     def _near_timed(self) -> bool:
         """Whether a switch can end or start a piece timed on the device: every piece belongs to this iteration or
         the next (``_mark_device``), so one of the two is timed. Kept in ``_marks_near`` where ``_fit_iterations`` or
-        the clock changes (an iteration's close, train start; a run of plain iterations is taped, so never with a
-        clock): in the iterations not timed (7 of 8 by default) a switch skips ``_mark_device``, whose two checks
+        the clock changes (an iteration's close, train start; a run of plain iterations with a clock ends before a
+        timed iteration comes near, so leaves it false): in the iterations not timed (7 of 8 by default) a switch skips ``_mark_device``, whose two checks
         cost ~0.5 µs a switch here."""
         if self._clock is None:
             return False
@@ -539,7 +539,8 @@ class SectionProfiler(PerfCallback):
     def _replay(self) -> None:
         """Runs the events the step path wrote down, in order, with the times they were read at.
 
-        While taping (automatic optimization, ``batch_gap`` boundary, no CUDA events), each step hook only reads the
+        While taping (automatic optimization, ``batch_gap`` boundary, no CUDA event near: ``_resume_taping``), each
+        step hook only reads the
         clock and appends an event; the section switches, the iteration's close and its fold run here, in one
         batch, where a report falls due (the start of the iteration after the one that reaches it: where the close
         reports, as it would live), before anything reads or changes the state (every other hook, a read of a
@@ -910,7 +911,9 @@ class SectionProfiler(PerfCallback):
                         self._replay_due = True
                     self._tape_timing = not due % OVERHEAD_SAMPLE
                     if self._clock is not None and self._device_timed(due - self._fit_offset):
-                        self._pause_taping()  # the next iteration is timed on the device
+                        self._overhead_s += now() - t
+                        self._pause_taping()  # the next iteration is timed on the device (the replay counts itself)
+                        t = now()
                 else:  # accumulating: the iteration goes on with the next batch
                     tape.append(("data_loading", t))
                 if WAITING.count:
