@@ -530,7 +530,7 @@ def test_device_time_taken_in_one_iteration_of_four_matches_host_time_with_fewer
 
 
 def test_a_short_run_still_gets_device_times(tmp_path):
-    """8 iterations, warm-up 2, one in 8 timed later on: the first 6 counted iterations are all timed."""
+    """8 iterations, warm-up 2, one in 32 timed later on: the first 6 counted iterations are all timed."""
     sp = profiler(warmup_steps=2)
     fit(tmp_path, [sp, _SimulatedCountingDevice(sp)], max_epochs=1, enable_checkpointing=False)
     assert sp._sections["forward"].device.count == 6
