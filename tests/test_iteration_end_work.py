@@ -50,6 +50,29 @@ def profiler(**kwargs):
     return SectionProfiler(**kwargs)
 
 
+def tape_off(monkeypatch):
+    """Every SectionProfiler of the next fit switches its sections live, with a device clock or without."""
+    use = SectionProfiler._use_clock
+
+    def live(self, clock):
+        self._tape_ok = False
+        use(self, clock)
+
+    monkeypatch.setattr(SectionProfiler, "_use_clock", live)
+
+
+def watch_runs(monkeypatch, runs):
+    """Appends (iteration at its start, iterations closed) of each run of plain iterations worked out at once."""
+    steps = SectionProfiler._apply_plain_steps
+
+    def closing(self, tape, i):
+        before = self._iterations
+        steps(self, tape, i)
+        runs.append((before, self._iterations - before))
+
+    monkeypatch.setattr(SectionProfiler, "_apply_plain_steps", closing)
+
+
 @pytest.mark.parametrize("boundary", ["batch_gap", "fetch"])
 def test_every_sampling_call_and_every_checkpoint_is_counted_the_last_ones_too(tmp_path, monkeypatch, boundary):
     """12 steps over two epochs (8 + 4, stopped by max_steps mid-epoch): sampling at 3, 6, 9, 12 and a checkpoint
@@ -236,29 +259,16 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
         plain_steps.append(done)
         return done
 
-    turns, counts, run_closes = [], [], []
+    turns, counts, runs = [], [], []
 
     def run(root, taping):
         clock = use_virtual_clock(monkeypatch)
         sp = profiler(report_every_n_steps=every, device_timing_every_n_iterations=device or 1)
         if not taping:
-            use = SectionProfiler._use_clock
-
-            def live(self, device_clock):
-                self._tape_ok = False
-                use(self, device_clock)
-
-            monkeypatch.setattr(SectionProfiler, "_use_clock", live)
+            tape_off(monkeypatch)
         else:
             monkeypatch.setattr(SectionProfiler, "_plain_step", counted)
-            steps = SectionProfiler._apply_plain_steps
-
-            def closing(self, tape, i):  # the iterations a run of plain ones closes (as arithmetic, at once)
-                before = self._iterations
-                steps(self, tape, i)
-                run_closes.append(self._iterations - before)
-
-            monkeypatch.setattr(SectionProfiler, "_apply_plain_steps", closing)
+            watch_runs(monkeypatch, runs)
             for name in ("_resume_taping", "_pause_taping"):
                 turn = getattr(SectionProfiler, name)
                 monkeypatch.setattr(SectionProfiler, name,
@@ -290,7 +300,7 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
     if plain:  # most steps plain (the others: a sampling section, a checkpoint, a validation, an epoch's start)
         assert taped["iterations"] == 16 and "noise" not in taped["sections"]
         assert sum(plain_steps) >= (6 if device is None else 2 if device == 8 else 0) and not all(plain_steps)
-        assert max(run_closes, default=0) >= (2 if device == 8 else 1 if device is None else 0), run_closes
+        assert max((k for _, k in runs), default=0) >= (2 if device == 8 else 1 if device is None else 0), runs
     else:
         assert taped["iterations"] == 8 and taped["sections"]["noise"]["count"] == 16 and not any(plain_steps)
     assert taped["sections"]["sampling"]["count"] >= 2 and taped["sections"]["checkpointing"]["count"] >= 2
@@ -301,6 +311,18 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
     assert keys and {key for key in taped_scalars if key.startswith("time")} == keys
     for key in keys:
         assert taped_scalars[key] == live_scalars[key], key
+
+
+def test_the_next_timed_iteration_is_the_first_that_device_timed_says_is_timed():
+    """``_next_timed``, the bound of a run of plain iterations on a device clock, in closed form: against
+    ``_device_timed`` asked iteration by iteration, over warm-ups and cadences (1 times every one)."""
+    for warmup in (0, 1, 5):
+        for every in (1, 2, 3, 8, 13, 32):
+            sp = profiler(warmup_steps=warmup, device_timing_every_n_iterations=every)
+            for fit_iteration in range(200):
+                first = next(k for k in range(fit_iteration, fit_iteration + every + warmup + 1)
+                             if sp._device_timed(k))
+                assert sp._next_timed(fit_iteration) == first, (warmup, every, fit_iteration)
 
 
 @pytest.mark.parametrize("timing", [8, 3])
@@ -337,22 +359,9 @@ def test_on_a_device_clock_a_run_of_plain_iterations_stops_before_a_mark(tmp_pat
                 pending.append(len(sp._clock._pending))
 
         if taping:
-            steps = SectionProfiler._apply_plain_steps
-
-            def closing(self, tape, i):
-                before = self._iterations
-                steps(self, tape, i)
-                closes.append((before, self._iterations - before))
-
-            monkeypatch.setattr(SectionProfiler, "_apply_plain_steps", closing)
+            watch_runs(monkeypatch, closes)
         else:
-            use = SectionProfiler._use_clock
-
-            def live(self, device_clock):
-                self._tape_ok = False
-                use(self, device_clock)
-
-            monkeypatch.setattr(SectionProfiler, "_use_clock", live)
+            tape_off(monkeypatch)
         fit(root, [sp, SimulatedDevice(sp), Watch()], model=Plain(clock), max_epochs=2, enable_checkpointing=False,
             limit_val_batches=0, num_sanity_val_steps=0)
         monkeypatch.undo()
