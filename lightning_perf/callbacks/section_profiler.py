@@ -375,8 +375,8 @@ class SectionProfiler(PerfCallback):
         """Whether a switch can end or start a piece timed on the device: every piece belongs to this iteration or
         the next (``_mark_device``), so one of the two is timed. Kept in ``_marks_near`` where ``_fit_iterations`` or
         the clock changes (an iteration's close, train start; a run of plain iterations with a clock ends before a
-        timed iteration comes near, so leaves it false): in the iterations not timed a switch skips ``_mark_device``, whose two checks
-        cost ~0.5 µs a switch here."""
+        timed iteration comes near, so leaves it false): in the iterations not timed a switch skips
+        ``_mark_device``, whose two checks cost ~0.5 µs a switch here."""
         if self._clock is None:
             return False
         fit = self._fit_iterations
@@ -541,14 +541,13 @@ class SectionProfiler(PerfCallback):
     def _replay(self) -> None:
         """Runs the events the step path wrote down, in order, with the times they were read at.
 
-        While taping (automatic optimization, ``batch_gap`` boundary, no CUDA event near: ``_resume_taping``), each
-        step hook only reads the
-        clock and appends an event; the section switches, the iteration's close and its fold run here, in one
-        batch, where a report falls due (the start of the iteration after the one that reaches it: where the close
-        reports, as it would live), before anything reads or changes the state (every other hook, a read of a
-        figure, a checkpoint's state), and at ``TAPE_LIMIT`` events. Run right after a step, a few lines of Python
-        cost several times what they cost in a loop, and each step hook runs right after torch's work: one clock
-        read and one append there instead of a switch."""
+        While taping (automatic optimization, ``batch_gap`` boundary, no CUDA event near: ``_resume_taping``), each step
+        hook only reads the clock and appends an event; the section switches, the iteration's close and its fold run
+        here, in one batch, where a report falls due (the start of the iteration after the one that reaches it: where
+        the close reports, as it would live), before anything reads or changes the state (every other hook, a read of a
+        figure, a checkpoint's state), and at ``TAPE_LIMIT`` events. Run right after a step, a few lines of Python cost
+        several times what they cost in a loop, and each step hook runs right after torch's work: one clock read and one
+        append there instead of a switch."""
         tape = self._tape
         if not tape or self._replaying:  # (a fold inside the replay: the replay goes on)
             return
