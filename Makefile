@@ -22,8 +22,11 @@ demo: $(STAMP)
 	$(VENV)/bin/lightning-perf compare $(DEMO)/baseline/perf_summary.json $(DEMO)/workers2/perf_summary.json
 	$(VENV)/bin/lightning-perf report $(DEMO)/baseline/perf_summary.json $(DEMO)/workers2/perf_summary.json
 
+# The suite in TEST_WORKERS processes (pytest-xdist; `auto`: one a core, each with torch on one thread: see
+# tests/conftest.py). `make test TEST_WORKERS=0` runs it in this process alone.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # The same suite (but the slow seed scripts, and the tests of benchmarks/overhead.py and own_steps.py: developer tools,
 # ~1.5 minutes of subprocesses) against the lowest Lightning that pyproject.toml allows, installed beside
@@ -35,7 +38,7 @@ test-lowest: $(STAMP)
 	rm -rf $(LOWEST_DIR)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --target $(LOWEST_DIR) \
 		"lightning==$(LOWEST_LIGHTNING)" "setuptools<70"
-	PYTHONPATH=$(LOWEST_DIR) LIGHTNING_PERF_EXPECT_LIGHTNING=$(LOWEST_LIGHTNING) $(PY) -m pytest -q \
+	PYTHONPATH=$(LOWEST_DIR) LIGHTNING_PERF_EXPECT_LIGHTNING=$(LOWEST_LIGHTNING) $(PY) -m pytest -q -n $(TEST_WORKERS) \
 		--deselect tests/test_seeds.py --deselect tests/test_overhead_benchmark.py
 
 bench: $(STAMP)

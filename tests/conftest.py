@@ -7,6 +7,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 
+def pytest_configure(config):
+    """In each worker of ``pytest -n N`` (``make test``): torch on one thread. The fits here are small; a worker a
+    core with torch's default of a thread a core would run N threads on each core."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
