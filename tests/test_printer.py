@@ -3,6 +3,7 @@ before anything printed at the end of training, a failure recorded on the callba
 
 import logging
 import os
+import queue
 import threading
 import time
 
@@ -103,3 +104,45 @@ def test_a_fork_waits_for_the_table_being_written_and_the_child_can_write(monkey
     assert os.WEXITSTATUS(status) == 0
     assert waited >= 0.2 and printed == ["table"]  # the fork waited until the table was written
     assert _printer.PRINTER.flush()
+
+
+class _CountingQueue(queue.SimpleQueue):
+    """The printer's wake-up queue, counting what is put in it (a wake of the printer)."""
+
+    puts = 0
+
+    def put(self, item, block=True, timeout=None):
+        self.puts += 1
+        super().put(item, block, timeout)
+
+
+def test_while_tables_come_the_printer_looks_for_them_and_asleep_a_table_wakes_it(monkeypatch):
+    """The training thread wakes the printer (a queue put, ~45 µs right after a step) only where it sleeps: while
+    tables come it looks for them every POLL_S; after IDLE_POLLS empty looks it sleeps until the next table."""
+    monkeypatch.setattr(_printer, "POLL_S", 0.02)
+    monkeypatch.setattr(_printer, "IDLE_POLLS", 10**6)  # (a busy machine: no sleep while the tables come)
+    monkeypatch.setattr(_printer, "rank_zero_info", lambda text: None)
+    printer = _printer._Printer()
+    printer._queue = _CountingQueue()
+    printed = []
+
+    def build(text, done):
+        printed.append(text)
+        done.set()
+        return text
+
+    for i in range(5):
+        done = threading.Event()
+        printer.put(build, (f"polled {i}", done), lambda err: None)  # the first starts the thread
+        assert done.wait(10.0)  # printed without a flush
+    assert printer._queue.puts == 0  # and without a wake
+    monkeypatch.setattr(_printer, "IDLE_POLLS", 3)
+    deadline = time.perf_counter() + 10.0
+    while not printer._sleeping and time.perf_counter() < deadline:  # no table for IDLE_POLLS looks: asleep
+        time.sleep(0.01)
+    assert printer._sleeping
+    woken = threading.Event()
+    printer.put(build, ("woken", woken), lambda err: None)
+    assert woken.wait(10.0) and printer._queue.puts == 1  # the put woke it
+    assert printed == [*(f"polled {i}" for i in range(5)), "woken"]
+    assert printer.flush(timeout=10.0) and not printer.pending()

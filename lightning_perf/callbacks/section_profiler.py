@@ -10,6 +10,7 @@ from typing import Any, Deque, Dict, List, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from lightning_utilities.core import rank_zero as _rank_zero
 
 from lightning_perf.callbacks import _batch_transfer as batch_transfer
 from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
@@ -78,11 +79,10 @@ def _report_table(step: int, iters: int, mean_ms: float, rows: List[tuple]) -> s
 
 def _info_shown() -> bool:
     """Whether ``rank_zero_info`` would show an INFO line now: where Lightning's INFO logging is off (a script that
-    silences it), the periodic table is not built either (~90 µs a report right after a step)."""
+    silences it), the periodic table is not built either (~90 µs a report right after a step). The logger is read
+    from the module each time (the standalone ``pytorch_lightning`` puts its own there when imported)."""
     try:
-        from lightning_utilities.core import rank_zero
-
-        return rank_zero.log.isEnabledFor(logging.INFO)
+        return _rank_zero.log.isEnabledFor(logging.INFO)
     except Exception:  # noqa: BLE001 - not known: build it, rank_zero_info decides
         return True
 
