@@ -146,3 +146,29 @@ def test_while_tables_come_the_printer_looks_for_them_and_asleep_a_table_wakes_i
     assert woken.wait(10.0) and printer._queue.puts == 1  # the put woke it
     assert printed == [*(f"polled {i}" for i in range(5)), "woken"]
     assert printer.flush(timeout=10.0) and not printer.pending()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_printer_that_dies_is_replaced_by_the_next_flush_and_its_table_is_not_waited_for(monkeypatch):
+    """A BaseException out of a table (a logging handler's SystemExit) ends the printer's thread: that table counts
+    as done, and a flush starts another printer for the tables queued behind it, in order."""
+    printed = []
+    monkeypatch.setattr(_printer, "rank_zero_info", printed.append)
+    printer = _printer._Printer()
+    entered, release = threading.Event(), threading.Event()
+
+    def fatal():
+        entered.set()
+        release.wait(10.0)  # the tables behind it are queued meanwhile
+        raise SystemExit(3)
+
+    printer.put(fatal, (), lambda err: None)
+    assert entered.wait(10.0)
+    first = printer._thread
+    printer.put(str, ("after",), lambda err: None)
+    printer.put(str, ("next",), lambda err: None)
+    release.set()
+    first.join(10.0)
+    assert not first.is_alive() and not printer._running
+    assert printer.flush(timeout=10.0) and not printer.pending()
+    assert printed == ["after", "next"] and printer._thread is not first

@@ -4,10 +4,12 @@ logger there, not on the training thread. Right after a step, formatting the tab
 the rows over takes one append. The work is not gone: it runs on this thread (process CPU counts it), beside the
 training thread's GIL-free torch work where a core is free.
 
-The training thread does not wake the printer for each table: waking a waiting thread (a queue's put) took ~45 µs
-of the training thread's time right after a step on a 2-core machine, at every report. While tables come, the
-printer looks for them every ``POLL_S`` (one wake a quarter second, whatever the step's length); after
-``IDLE_POLLS`` looks that found none it sleeps until the next table wakes it. So a table is printed up to
+Where reports come less than ``POLL_S * IDLE_POLLS`` (10 s) apart, the training thread does not wake the printer for
+each table: waking a waiting thread (a queue's put) took ~45 µs of the training thread's time right after a step on
+a 2-core machine, at every report. While tables come, the printer looks for them every ``POLL_S`` (at most four
+wakes a second of its own, each taking the GIL for a moment, whatever the step's length); after ``IDLE_POLLS`` looks
+that found none it sleeps until the next table wakes it. A printer thread that dies (a logging handler's
+``SystemExit``) is replaced at the next table or flush. So a table is printed up to
 ``POLL_S`` after its step, in the order of the reports. ``flush`` wakes the printer and waits for every table handed
 over so far; SectionProfiler calls it at each training epoch's end, at the end of training and on an exception, so
 that what it prints at the end comes after them. A logging stream that blocks stalls the training thread's own log
@@ -43,7 +45,8 @@ class _Printer:
         self._writing = threading.Lock()  # held while a table is built and written
         self._held_for_fork = False
         self._sleeping = False  # the printer waits to be woken (no table for IDLE_POLLS looks)
-        self._running = False  # a printer thread runs (a flag: Thread.is_alive took ~7 µs right after a step)
+        self._running = False  # the printer's thread runs (set by that thread: Thread.is_alive took ~7 µs right
+        # after a step, so ``put`` reads this flag and only ``_start`` asks the thread)
         self._put = self._done = 0  # tables handed over and printed: one writer each (this thread, the printer's)
 
     def put(self, build: Callable[..., str], args: tuple, on_failure: Callable[[BaseException], None]) -> None:
@@ -52,24 +55,24 @@ class _Printer:
             self._start()
         self._put += 1
         self._tables.append((build, args, on_failure))
-        if self._sleeping:  # (read after the append: the printer sets it before its last look, see ``_run``)
+        if self._sleeping:  # (read after the append: the printer sets it before its last look, see ``_serve``)
             self._queue.put(None)
 
     def _start(self) -> None:
+        """A printer thread, where none is alive (what is queued waits for the new one). A thread that fails to
+        start is not alive: the next table tries again (the caller records the error); one whose start is
+        interrupted after it runs sets ``_running`` itself."""
         with self._start_lock:
-            if not self._running:  # (what is queued waits for the new one)
-                self._sleeping, self._running = False, True
+            if self._thread is None or not self._thread.is_alive():
+                self._sleeping = False
                 self._thread = threading.Thread(target=self._run, name="lightning_perf-report", daemon=True)
-                try:
-                    self._thread.start()
-                except BaseException:  # (no thread: the next table tries again; the caller records the error)
-                    self._running = False
-                    raise
+                self._thread.start()
 
     def _run(self) -> None:
+        self._running = True
         try:
             self._serve()
-        finally:  # (nothing in the loop raises; an interpreter that shuts down may stop it)
+        finally:  # (a BaseException out of a logging handler, say: the next table or flush starts another)
             self._running = False
 
     def _serve(self) -> None:
@@ -107,7 +110,8 @@ class _Printer:
                     on_failure(err)
                 except Exception:  # noqa: BLE001
                     pass
-            self._done += 1
+            finally:  # (counted whatever happened to it: ``pending`` never waits for a table no thread holds)
+                self._done += 1
 
     def pending(self) -> bool:
         """Whether a table handed over is not printed yet."""
@@ -116,11 +120,16 @@ class _Printer:
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
         """Waits until every table handed over so far is printed; False if ``timeout`` passed first (or if called on
         the printer's own thread, which cannot wait for itself)."""
-        thread = self._thread
-        if thread is None or not thread.is_alive() or not self.pending():
+        if not self.pending():
             return True
+        thread = self._thread
         if threading.current_thread() is thread:
             return False
+        if thread is None or not thread.is_alive():  # tables queued and no printer (it died): a new one prints them
+            try:
+                self._start()
+            except Exception:  # noqa: BLE001 - no thread to be had: the tables wait, the caller goes on
+                return False
         done = threading.Event()
         self._queue.put(done)
         return done.wait(timeout)
