@@ -16,6 +16,16 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _ddp_port_of_this_worker(monkeypatch):
+    """Under pytest-xdist, each worker's DDP fits meet on a port of their own, below the range the kernel hands out
+    to other sockets. Without it Lightning takes a free port once a process (and keeps it in MASTER_PORT): free when
+    found, bound seconds later by the fit's rank 0, so the other worker's sockets could take it meanwhile."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        monkeypatch.setenv("MASTER_PORT", str(23450 + int(worker[2:])))
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

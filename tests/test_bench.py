@@ -14,7 +14,7 @@ ROOT = os.path.dirname(TESTS)
 QUICK = ["--warmup", "1", "--iters", "2", "--no-progress"]
 
 
-def cli(*args, cwd=TESTS, timeout=300):
+def cli(*args, cwd=TESTS, timeout=900):
     return subprocess.run([sys.executable, "-m", "lightning_perf.cli", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=timeout)
 
@@ -116,7 +116,7 @@ def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
                "--variant", "baseline",
                "--variant", "bs4=--data.batch_size=4",
                "--variant", "typo=--model.lr=fast",
-               "--out", str(tmp_path / "runs"), "--report", str(report), "--csv", str(out_csv), cwd=ROOT, timeout=600)
+               "--out", str(tmp_path / "runs"), "--report", str(report), "--csv", str(out_csv), cwd=ROOT, timeout=1200)
     assert proc.returncode == 1, proc.stderr[-2000:]  # one variant crashed
     text = report.read_text()
     assert "| baseline |" in text and "| bs4 |" in text and "crashed (exit 2)" in text

@@ -18,7 +18,7 @@ def test_demo_writes_tensorboard_and_summary(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--out", str(tmp_path), "--name", "t",
          "--max-steps", "40", "--val-every", "20"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary_path = tmp_path / "t" / "perf_summary.json"
@@ -48,7 +48,7 @@ def test_demo_writes_tensorboard_and_summary(tmp_path):
 @pytest.mark.slow
 def test_seed_001_story_shows_before_and_after():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "eval_no_grad_story.py")],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = {line.split("  ")[0]: line.split() for line in proc.stdout.splitlines() if line.startswith(("before", "after"))}
     before = lines["before: no torch.no_grad()"]

@@ -61,14 +61,16 @@ class PacedEpochs(TinyModel):
 
 
 class SleepyModel(TinyModel):
-    """Training steps of at least 5 ms, validation runs of at least 0.3 s: sleep gives lower bounds only."""
+    """Training steps of at least 5 ms, validation runs (of 4 batches) of at least 1 s: sleep gives lower bounds only.
+    An iteration that held a validation would read over 1000 ms, which a stall of a busy machine in a ~5 ms
+    iteration does not reach."""
 
     def training_step(self, batch, batch_idx):
         time.sleep(0.005)
         return super().training_step(batch, batch_idx)
 
     def validation_step(self, batch, batch_idx):
-        time.sleep(0.3 / 4)
+        time.sleep(1.0 / 4)
         return super().validation_step(batch, batch_idx)
 
 
@@ -113,15 +115,14 @@ def test_measured_iterations_and_warmup_add_up_to_the_training_wall_time(tmp_pat
 
 
 def test_validation_and_sanity_time_are_eval_time_not_iteration_time(tmp_path):
-    model = SleepyModel()
-    fit(tmp_path, [IterationTimer(warmup_steps=0)], model=model, max_epochs=1, val_check_interval=4,
+    fit(tmp_path, [IterationTimer(warmup_steps=0)], model=SleepyModel(), max_epochs=1, val_check_interval=4,
         limit_val_batches=4, num_sanity_val_steps=1)
     t = find_summary(tmp_path)["iteration_timer"]
     assert t["ms_per_iter"]["min"] >= 5.0
-    # two validation runs of >= 0.3 s each: counted as eval, none of it inside an iteration
-    assert t["eval_time_s"] >= 0.6
-    assert t["ms_per_iter"]["max"] < 300.0
-    assert t["validation_runs"] == 2 and t["eval_time_per_validation_s"] >= 0.3
+    # two validation runs of >= 1 s each: counted as eval, none of it inside an iteration
+    assert t["eval_time_s"] >= 2.0
+    assert t["ms_per_iter"]["max"] < 1000.0
+    assert t["validation_runs"] == 2 and t["eval_time_per_validation_s"] >= 1.0
     # the iteration that a validation interrupted is measured without the validation inside it
     assert t["measured_iterations"] == 8
     assert t["sanity_check_time_s"] > 0.0

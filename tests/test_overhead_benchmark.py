@@ -202,6 +202,8 @@ def test_bad_paired_arguments_are_one_line_and_exit_2(capsys):
     import torch
 
     overhead = load_benchmark()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # (a pytest-xdist worker runs torch on one thread: the script's own 1 would not show)
     before = (torch.get_num_threads(), logging.getLogger("lightning.pytorch").level)
     cases = [(["--paired", "--block", "1"], "--block must be >= 2"),
              (["--paired", "--block", "10", "--paired-steps", "30"], "--paired-steps must be >= 4 * --block + 10"),
@@ -217,13 +219,16 @@ def test_bad_paired_arguments_are_one_line_and_exit_2(capsys):
               "--spin-hooks must be between 1 and 6 (the step hooks), got [1, 7]"),
              (["--paired", "--spin-us", "40", "--spin-hooks", "6", "6"], "--spin-hooks names one value twice"),
              (["--paired", "--spin-hooks", "6"], "--spin-hooks spreads the spins of --spin-us: give --spin-us too")]
-    for argv, message in cases:
-        with pytest.raises(SystemExit) as exit_:
-            overhead.main(argv)
-        err = capsys.readouterr().err.strip().splitlines()
-        assert exit_.value.code == 2 and message in err[-1] and err[0].startswith("usage:"), (argv, err)
-    # refused before the script sets up its runs (torch's threads, Lightning's logging): nothing of it is left here
-    assert (torch.get_num_threads(), logging.getLogger("lightning.pytorch").level) == before
+    try:
+        for argv, message in cases:
+            with pytest.raises(SystemExit) as exit_:
+                overhead.main(argv)
+            err = capsys.readouterr().err.strip().splitlines()
+            assert exit_.value.code == 2 and message in err[-1] and err[0].startswith("usage:"), (argv, err)
+        # refused before the script sets up its runs (torch's threads, Lightning's logging): nothing of it is left
+        assert (torch.get_num_threads(), logging.getLogger("lightning.pytorch").level) == before
+    finally:
+        torch.set_num_threads(threads)
     proc = bench("--paired", "--block", "1")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("--block must be >= 2 (a block's"
                                                                                   " first step is left out), got 1")

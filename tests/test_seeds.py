@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = os.path.join(ROOT, "examples", "seeds")
 
 
-def run_seed(script, out, timeout=300):
+def run_seed(script, out, timeout=900):
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(out))
     cmd = ["bash", os.path.join(SEEDS, script)] if script.endswith(".sh") else [
         sys.executable, os.path.join(SEEDS, script), "--out", str(out)]
@@ -101,7 +101,7 @@ def test_seed_003_sweep_analysis_and_compare(tmp_path):
 def test_seed_004_prints_periodic_and_final_tables(tmp_path):
     env = dict(os.environ)
     proc = subprocess.run([sys.executable, os.path.join(SEEDS, "004_section_profiler.py"), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     assert log.count("=== SectionProfiler report") == 3  # every 20 of 60 steps
