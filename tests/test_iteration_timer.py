@@ -351,3 +351,140 @@ def test_the_step_path_keeps_bounded_memory_and_reads_see_every_iteration(tmp_pa
     assert len(reads) == 3 and all(count == iterations for count, iterations in reads)
     s = find_summary(tmp_path)["iteration_timer"]
     assert s["measured_iterations"] == 24 and len(timer._pending_ms) == 0
+
+
+class PacedByIteration(TinyModel):
+    """On a virtual clock (helpers.VirtualClock): the fit's i-th training step (from 1) takes i ms, a validation
+    batch 50 ms; ``validated_after`` lists the training steps each validation came after."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock, self.i, self.validated_after = clock, 0, []
+
+    def training_step(self, batch, batch_idx):
+        self.i += 1
+        self.clock.advance(self.i / 1000.0)
+        return super().training_step(batch, batch_idx)
+
+    def on_validation_start(self):
+        if not self.trainer.sanity_checking:
+            self.validated_after.append(self.i)
+
+    def validation_step(self, batch, batch_idx):
+        self.clock.advance(0.05)
+        return super().validation_step(batch, batch_idx)
+
+
+def recording_device(target):
+    """helpers.SimulatedDevice for ``target`` (device time = the virtual clock), whose clock keeps the ms of every
+    counted device interval it reads (``.seen``) and counts the events recorded (``.marks``)."""
+    from helpers import SimulatedDevice
+
+    class Recording(SimulatedDevice):
+        seen, marks = [], [0]
+
+        def on_train_start(self, trainer, pl_module):
+            super().on_train_start(trainer, pl_module)
+            clock = target._clock
+            mark, poll = clock.mark, clock.poll_labeled
+
+            def counting_mark(*args, **kwargs):
+                self.marks[0] += 1
+                return mark(*args, **kwargs)
+
+            def keeping_poll():
+                out = poll()
+                self.seen.extend(round(ms, 6) for _, ms in out)
+                return out
+
+            clock.mark, clock.poll_labeled = counting_mark, keeping_poll
+
+    return Recording(target)
+
+
+def device_timed(f, warmup, every):
+    """The schedule the docs state: none of the warm-up, the first n counted iterations, then one in n."""
+    return f > warmup and (f - 1 - warmup < every or (f - 1 - warmup) % every == 0)
+
+
+@pytest.mark.parametrize("every, validate_every, flops", [(1, 4, None), (4, 4, None), (4, None, None), (4, 3, None),
+                                                           (4, None, "auto")])
+def test_device_time_comes_from_the_iterations_timed_on_the_device(tmp_path, monkeypatch, every, validate_every,
+                                                                    flops):
+    """A simulated device (device time = the host's virtual clock) under IterationTimer, warm-up 2: exactly the
+    iterations of the schedule are timed, each from its start to its end (iteration i takes i ms, so the device
+    intervals read name them), with an event at each end of a timed iteration (one between two timed ones), and a
+    new start after what the chain leaves out (a validation, the FLOP count) where a timed iteration follows; a
+    timed iteration that follows a validation is timed from the validation's end, as its host time leaves the
+    validation out."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)  # HostEvents are always complete
+    clock = use_virtual_clock(monkeypatch)
+    timer = IterationTimer(warmup_steps=2, device_timing_every_n_iterations=every, flops_per_batch=flops)
+    device, model = recording_device(timer), PacedByIteration(clock)
+    validation = dict(val_check_interval=validate_every, limit_val_batches=2) if validate_every else \
+        dict(limit_val_batches=0)
+    fit(tmp_path, [timer, device], model=model, max_epochs=3, enable_checkpointing=False, **validation)
+    t = find_summary(tmp_path)["iteration_timer"]
+    assert t["iterations"] == 24 and t["ms_per_iter"]["max"] == pytest.approx(24.0)  # validations cut out
+    timed = [f for f in range(1, 25) if device_timed(f, 2, every)]
+    assert every != 4 or timed == [3, 4, 5, 6, 7, 11, 15, 19, 23]
+    assert sorted(device.seen) == [float(f) for f in timed]
+    assert t["device_timed_iterations"] == len(timed) and t["device_timing_every_n_iterations"] == every
+    device_ms = t["device_ms_per_iter"]
+    assert device_ms["mean"] == pytest.approx(sum(timed) / len(timed), abs=1e-6)
+    assert (device_ms["min"], device_ms["max"]) == (pytest.approx(min(timed)), pytest.approx(max(timed)))
+    assert bool(model.validated_after) == bool(validate_every) and (flops is None) == (t["flops_source"] is None)
+    ends = [f for f in range(1, 25) if device_timed(f, 2, every) or device_timed(f + 1, 2, every)]
+    restarts = [v for v in model.validated_after if device_timed(v + 1, 2, every)] + (
+        [2] if flops and device_timed(3, 2, every) else [])  # the FLOPs are counted after iteration 2
+    assert device.marks[0] == len(ends) + len(restarts), (device.marks, ends, restarts)
+    assert t["device_events_dropped"] == 0 and "device_ms_per_iter" not in t["unavailable"]
+
+
+@pytest.mark.parametrize("in_suite", [False, True])
+@pytest.mark.parametrize("warmup, validate_every", [(0, None), (0, 4), (3, 4), (2, 3)])
+def test_iteration_timer_times_on_the_device_the_iterations_section_profiler_does(tmp_path, monkeypatch, warmup,
+                                                                                  validate_every, in_suite):
+    """The same warm-up and n give the same iterations, in a fit: the device intervals IterationTimer reads are
+    those of the schedule, and SectionProfiler's forward section is timed on the device in as many iterations.
+    With no warm-up, the first iteration is timed from the epoch's start."""
+    from lightning_perf import PerfSuite, SectionProfiler
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+    clock = use_virtual_clock(monkeypatch)
+    timer = IterationTimer(warmup_steps=warmup, device_timing_every_n_iterations=4)
+    profiler = SectionProfiler(warmup_steps=warmup, device_timing_every_n_iterations=4, print_reports=False)
+    from helpers import SimulatedDevice
+
+    device = recording_device(timer)
+    callbacks = [PerfSuite([timer, profiler])] if in_suite else [timer, profiler]
+    validation = dict(val_check_interval=validate_every, limit_val_batches=1) if validate_every else \
+        dict(limit_val_batches=0)
+    fit(tmp_path, callbacks + [device, SimulatedDevice(profiler)], model=PacedByIteration(clock), max_epochs=4,
+        enable_checkpointing=False, **validation)
+    s = find_summary(tmp_path)
+    timed = [f for f in range(1, 33) if device_timed(f, warmup, 4)]
+    assert sorted(device.seen) == [float(f) for f in timed]
+    assert s["iteration_timer"]["device_timed_iterations"] == len(timed)
+    assert profiler._sections["forward"].device.count == len(timed)
+    assert [timer._device_timed(f) for f in range(1, 200)] == [profiler._device_timed(f) for f in range(199)]
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "8", None, True])
+def test_device_timing_every_n_iterations_must_be_a_positive_int(value):
+    with pytest.raises(ValueError, match=r"IterationTimer\(device_timing_every_n_iterations="):
+        IterationTimer(device_timing_every_n_iterations=value)
+
+
+def test_a_checkpoint_carries_the_device_intervals_already_passed(tmp_path, monkeypatch):
+    """The device's intervals are read every 16 iterations; a checkpoint between two reads still holds every one
+    the device has passed (a read that never waits), so a resume's `device_timed_iterations` misses none."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+    clock = use_virtual_clock(monkeypatch)
+    timer = IterationTimer(warmup_steps=1, device_timing_every_n_iterations=1)
+    saves = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    fit(tmp_path, [timer, recording_device(timer), saves], model=PacedByIteration(clock), max_epochs=2,
+        limit_val_batches=0)
+    carried = torch.load(tmp_path / "ckpt" / "step=12.ckpt", weights_only=False)["callbacks"]["IterationTimer"]
+    assert carried["device_histogram_ms"]["count"] == 11  # iterations 2 to 12: the first is the warm-up
+    assert find_summary(tmp_path)["iteration_timer"]["device_timed_iterations"] == 15

@@ -110,6 +110,11 @@ class IterationTimer(PerfCallback):
         items_fn: ``batch -> int``, the items of a batch (tokens, pixels) for items/s, like ThroughputMonitor's
             ``length_fn``.
         keep_slowest: the K slowest measured iterations kept, with what coincided with each (the summary's ``tail``).
+        device_timing_every_n_iterations: on CUDA, time on the device the first n iterations after the warm-up (so a
+            short run still has device times), then one iteration of every n: ``device_ms_per_iter`` is the
+            distribution over those. Each timed iteration costs a CUDA event record at each of its two ends (~3 to
+            10 µs of host time each); 1 times every iteration. The iterations timed are SectionProfiler's with the
+            same warm-up and n.
 
     Logged metrics (every ``log_every_n_steps``, over the iterations since the last log):
         ``perf/it_per_s``, ``perf/ms_per_iter``, ``perf/batches_per_s``, ``perf/samples_per_s`` (when the batch size
@@ -149,6 +154,7 @@ class IterationTimer(PerfCallback):
         available_flops: Optional[float] = None,
         items_fn: Optional[Callable[[Any], int]] = None,
         keep_slowest: int = 10,
+        device_timing_every_n_iterations: int = 32,
     ) -> None:
         super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         check_positive_int("IterationTimer", "warmup_steps", warmup_steps, minimum=0)
@@ -173,6 +179,8 @@ class IterationTimer(PerfCallback):
         check_positive_int("IterationTimer", "keep_slowest", keep_slowest, minimum=0)
         self.keep_slowest = keep_slowest
         self.device_timing = check_bool("IterationTimer", "device_timing", device_timing)
+        check_positive_int("IterationTimer", "device_timing_every_n_iterations", device_timing_every_n_iterations)
+        self.device_timing_every_n_iterations = device_timing_every_n_iterations
         self.verbose = check_bool("IterationTimer", "verbose", verbose)
         self._reset()
 
@@ -267,6 +275,7 @@ class IterationTimer(PerfCallback):
         self._alloc_retries: Optional[int] = None
         self._retries_seen: Optional[int] = None  # the allocator's retries at the last read (CUDA only)
         self._clock: Optional[DeviceIntervalClock] = None
+        self._next_device_mark = 0  # the fit iteration whose end records the next CUDA event (``_device_mark``)
         self._log_every = 50
 
     def _train_time_s(self) -> float:
@@ -311,6 +320,7 @@ class IterationTimer(PerfCallback):
         self._last_global_step = self._first_global_step = trainer.global_step
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
+        self._next_device_mark = self._next_device_mark_after(self._fit_iterations)
         self._start_flops(trainer)
         self._alloc_retries_start = self._retries_seen = self._read_alloc_retries(trainer)
         loader = getattr(trainer, "train_dataloader", None)
@@ -391,6 +401,8 @@ class IterationTimer(PerfCallback):
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The round trip goes on across the epoch boundary: epoch-end hooks and a DataLoader starting its workers
         # are real training time, paid again every epoch, and belong to the first iteration of the next epoch.
+        if self._fit_iterations == 0:
+            self._restart_device_chain()
         resumed, self._resumed_epoch = self._resumed_epoch, None
         if resumed == trainer.current_epoch:
             return  # Lightning 2.2 starts the epoch a mid-epoch resume goes on with again: its record goes on
@@ -503,6 +515,7 @@ class IterationTimer(PerfCallback):
                     setattr(self, name, mark + spent)
             if self._clock is not None:
                 self._clock.break_chain()
+                self._restart_device_chain()
             if self._flags & GC:  # a collection during the count is not the next iteration's
                 self._flags &= ~GC
                 self._gc_pause_s = 0.0
@@ -562,8 +575,10 @@ class IterationTimer(PerfCallback):
             self._excluded[reason] = self._excluded.get(reason, 0) + 1
             self._warmup_time_s += seconds
         if self._clock is not None:
-            self._clock.mark(counted=reason is None)
-            if self._fit_iterations % POLL_EVERY == 0:  # the events the device has passed, read in batches
+            fit = self._fit_iterations
+            if fit >= self._next_device_mark:  # this iteration's end, or the start of the next, timed on the device
+                self._device_mark(fit)
+            if fit % POLL_EVERY == 0:  # the events the device has passed, read in batches
                 for ms in self._clock.poll():
                     self._device.add(ms)
         self._last_mark = t
@@ -627,6 +642,8 @@ class IterationTimer(PerfCallback):
         if trainer.sanity_checking or self._train_start is None:
             return
         self._sync_device()
+        if self._clock is not None:  # the device's interval that spans the validation is left out, as the host's
+            self._clock.break_chain()  # time of it is cut out of the iteration it interrupts
         self._eval_start = now()
 
     @guarded
@@ -645,6 +662,40 @@ class IterationTimer(PerfCallback):
             self._retried(trainer)
         if self._last_mark is not None:  # cut the validation out of the iteration it interrupted
             self._last_mark += seconds
+        if self._iter_batches == 0:  # between two iterations: the next one's device interval starts here
+            self._restart_device_chain()
+
+    # -- device timing -------------------------------------------------------------------------------------------
+    def _device_timed(self, fit_iteration: int) -> bool:
+        """Whether the fit's iteration ``fit_iteration`` (the first is 1) is timed on the device: none of the
+        warm-up, then the first n counted iterations, then one in n; the iterations SectionProfiler times with the
+        same warm-up and n."""
+        n = fit_iteration - 1 - self.warmup_steps
+        every = self.device_timing_every_n_iterations
+        return n >= 0 and (n < every or n % every == 0)
+
+    def _next_device_mark_after(self, fit_iteration: int) -> int:
+        """The first iteration after ``fit_iteration`` whose end needs an event: a timed one's end, or the start
+        of one (the end of the iteration before it)."""
+        if self._device_timed(fit_iteration + 1):
+            return fit_iteration + 1
+        n, every = fit_iteration + 1 - self.warmup_steps, self.device_timing_every_n_iterations  # (of the one after)
+        timed = self.warmup_steps + 1 if n < 0 else self.warmup_steps + 1 + -(-n // every) * every
+        return timed - 1
+
+    def _device_mark(self, fit_iteration: int) -> None:
+        """At the end of the fit's iteration ``fit_iteration``, where ``_next_device_mark`` says: one CUDA event,
+        where a timed iteration ends, the next starts, or both."""
+        ends = self._device_timed(fit_iteration)
+        if ends or self._device_timed(fit_iteration + 1):
+            self._clock.mark(counted=ends)
+        self._next_device_mark = self._next_device_mark_after(fit_iteration)
+
+    def _restart_device_chain(self) -> None:
+        """After something left out of the device's chain (the fit's start, a validation between iterations, the
+        FLOP count): the next iteration, when timed, starts here."""
+        if self._clock is not None and self._device_timed(self._fit_iterations + 1):
+            self._clock.mark(counted=False)
 
     def _sync_device(self) -> None:
         # Phase boundaries only: attributing queued GPU work to the right phase costs nothing here.
@@ -795,6 +846,8 @@ class IterationTimer(PerfCallback):
             **flops,
             "device_ms_per_iter": self._device.summary() if self._device.count else None,
             "device_events_dropped": self._clock.dropped if self._clock is not None else 0,
+            "device_timed_iterations": self._device.count if (self._clock is not None or self._device.count) else None,
+            "device_timing_every_n_iterations": self.device_timing_every_n_iterations,
             "train_time_s": self._train_time_s(),
             "eval_time_s": self._eval_time_s(),
             "sanity_check_time_s": self._sanity_time_s,
@@ -869,6 +922,12 @@ class IterationTimer(PerfCallback):
 
     # -- checkpointing -------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
+        if self._clock is not None:  # the device intervals already passed go with the checkpoint (never waits)
+            try:
+                for ms in self._clock.poll():
+                    self._device.add(ms)
+            except Exception as err:  # noqa: BLE001 - a measurement never stops a checkpoint
+                self._record_failure("state_dict (device events)", err)
         return {
             "iterations": self.iterations,
             "batches": self.batches,

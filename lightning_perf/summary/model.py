@@ -355,8 +355,11 @@ class IterationTimer(Section):
     flops_dtype: Text = Field(None, description="the dtype the peak is read for, e.g. `bfloat16`")
     mfu_pct: Pct = Field(None, description="model FLOPs utilisation: achieved / available FLOP/s, in %")
     tail: Obj(Tail) = None
-    device_ms_per_iter: Obj(IterStats) = None
+    device_ms_per_iter: Obj(IterStats) = Field(None, description="CUDA events, over the iterations timed on the"
+                                                              " device (`device_timed_iterations`)")
     device_events_dropped: Count = None
+    device_timed_iterations: Count = Field(None, description="the first n counted iterations, then one in n")
+    device_timing_every_n_iterations: Positive = None
     train_time_s: Seconds = None
     eval_time_s: Seconds = None
     sanity_check_time_s: Seconds = None
