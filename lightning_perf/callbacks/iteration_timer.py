@@ -89,8 +89,9 @@ class IterationTimer(PerfCallback):
     and cut out of the iteration they interrupt). So the measured iterations add up to the training wall time, and
     the headline (mean ms/iter, it/s = 1000 / mean) predicts it. With ``accumulate_grad_batches=k`` an iteration is
     k batches; under manual optimization it is one batch. The first ``warmup_steps`` iterations of each fit are left
-    out of the distribution; their extra cost goes into the time to N. On CUDA the device's own interval between
-    iteration ends is read from CUDA events once they are complete, so nothing in the step path waits for the GPU.
+    out of the distribution; their extra cost goes into the time to N. On CUDA the device's own time of the
+    iterations timed on the device (``device_timing_every_n_iterations``) is read from CUDA events once they are
+    complete, so nothing in the step path waits for the GPU.
 
     Args:
         warmup_steps: iterations at the start of each fit left out of the distribution.
