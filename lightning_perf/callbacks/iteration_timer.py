@@ -113,9 +113,9 @@ class IterationTimer(PerfCallback):
         keep_slowest: the K slowest measured iterations kept, with what coincided with each (the summary's ``tail``).
         device_timing_every_n_iterations: on CUDA, time on the device the first n iterations after the warm-up (so a
             short run still has device times), then one iteration of every n: ``device_ms_per_iter`` is the
-            distribution over those. Each timed iteration costs a CUDA event record at each of its two ends (~3 to
-            10 µs of host time each); 1 times every iteration. The iterations timed are SectionProfiler's with the
-            same warm-up and n.
+            distribution over those. Each timed iteration costs a CUDA event record at each of its two ends (one
+            shared between two consecutive timed ones; ~3 to 10 µs of host time each); 1 times every iteration. The
+            iterations timed are SectionProfiler's with the same warm-up and n.
 
     Logged metrics (every ``log_every_n_steps``, over the iterations since the last log):
         ``perf/it_per_s``, ``perf/ms_per_iter``, ``perf/batches_per_s``, ``perf/samples_per_s`` (when the batch size
@@ -128,7 +128,8 @@ class IterationTimer(PerfCallback):
     Raises:
         ValueError: for a negative ``warmup_steps``, a ``log_every_n_steps`` or ``target_steps`` below 1, a
             ``batch_size_fn`` or ``items_fn`` that is not callable, a ``flops_per_batch`` that is neither ``"auto"``
-            nor a number > 0, or an ``available_flops`` that is not a number > 0.
+            nor a number > 0, an ``available_flops`` that is not a number > 0, a negative ``keep_slowest``, or a
+            ``device_timing_every_n_iterations`` that is not an int >= 1.
 
     Example::
 

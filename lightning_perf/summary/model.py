@@ -358,7 +358,9 @@ class IterationTimer(Section):
     device_ms_per_iter: Obj(IterStats) = Field(None, description="CUDA events, over the iterations timed on the"
                                                               " device (`device_timed_iterations`)")
     device_events_dropped: Count = None
-    device_timed_iterations: Count = Field(None, description="the first n counted iterations, then one in n")
+    device_timed_iterations: Count = Field(None, description="the intervals `device_ms_per_iter` holds: the"
+                                                             " iterations timed on the device, less any that a"
+                                                             " validation interrupted or a dropped event broke")
     device_timing_every_n_iterations: Positive = None
     train_time_s: Seconds = None
     eval_time_s: Seconds = None
