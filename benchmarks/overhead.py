@@ -33,6 +33,8 @@ callback:
                                                    # two versions' in-hook figures, alternating runs
     python benchmarks/overhead.py --hooks-only SectionProfiler --simulated-device
                                                    # the Python of the CUDA path, on the CPU loop (see below)
+    python benchmarks/overhead.py --hooks-only IterationTimer --simulated-device --event-us 3.04 --against ../old
+                                                   # the same, each event record priced as on an H100 host
 
 On a GPU (``--device cuda``) the A/B runs a ~10 ms GPU-bound step in wall time (the host queues kernels ahead of
 the device, as in real training; a step's time is the distance of two CUDA events the probe records at batch ends,
@@ -46,7 +48,8 @@ IterationTimer a device clock at train start whose events read the host clock (`
 simulated device does: their CUDA path runs on the CPU loop (which iterations record events, the live switches there,
 the polls), every call but torch's own. A real ``Event.record`` costs ~3 µs more a call on an H100 host
 (``benchmarks/cuda_calls.py``), and hooks cost more there beside CUDA work: a figure to compare two versions of that
-path, not a CUDA figure.
+path, not a CUDA figure. ``--event-us US`` makes each simulated record spin US µs first (3.04: an H100 host's price
+of a record in a tight loop), so a version that records fewer events reads as much less as the records' price.
 """
 
 from __future__ import annotations
@@ -518,10 +521,16 @@ class SimulatedEvent:
 
     __slots__ = ("t",)
     records = 0
+    #: ``--event-us``: seconds each record spins first, the host's price of a real one
+    price_s = 0.0
 
     def record(self, *args: Any) -> None:
         SimulatedEvent.records += 1
         self.t = time.perf_counter()
+        if SimulatedEvent.price_s:
+            end = self.t + SimulatedEvent.price_s
+            while time.perf_counter() < end:
+                pass
 
     def query(self) -> bool:
         return True
@@ -798,6 +807,8 @@ def hooks_only(args: argparse.Namespace) -> int:
         for label in order:
             env = dict(os.environ, **{SOURCE_ENV: checkouts[label]})
             simulated = ["--simulated-device"] if DEVICE["simulated"] else []
+            if SimulatedEvent.price_s:
+                simulated += ["--event-us", repr(SimulatedEvent.price_s * 1e6)]
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--steps", str(args.steps), "--device",
                                    args.device, *simulated, "--hooks-only", *names], env=env, capture_output=True,
                                   text=True)
@@ -811,6 +822,7 @@ def hooks_only(args: argparse.Namespace) -> int:
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"in hooks, µs a step, {args.rounds} alternating round{'s' if args.rounds > 1 else ''} of {HOOK_ROUNDS} runs"
           f" of {args.steps} steps each{', simulated device' if DEVICE['simulated'] else ''}"
+          f"{f' ({SimulatedEvent.price_s * 1e6:g} µs a record)' if SimulatedEvent.price_s else ''}"
           f" (this checkout: {here}; --against: {checkouts['--against']})")
     for name in names:
         for label in checkouts:
@@ -848,6 +860,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--simulated-device", action="store_true",
                         help="with --hooks-only or --per-hook on the CPU loop: SectionProfiler and IterationTimer"
                              " run their CUDA path on a device clock whose events read the host clock")
+    parser.add_argument("--event-us", type=float, default=None, metavar="US",
+                        help="with --simulated-device: each event record spins US µs first, the host's price of a"
+                             " real one (3.04 on an H100 host, benchmarks/cuda_calls.py)")
     parser.add_argument("--paired", action="store_true",
                         help="only the paired A/B: one fit per configuration, its callbacks in and out in alternate"
                              " blocks of steps (the full benchmark prints it after the A/B)")
@@ -877,7 +892,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("--simulated-device runs with --hooks-only or --per-hook (in-hook figures): name the callbacks")
     if args.simulated_device and args.device != "cpu":
         parser.error("--simulated-device stands in for a GPU on the CPU loop: leave out --device cuda")
+    if args.event_us is not None and not args.simulated_device:
+        parser.error("--event-us prices the simulated device's event records: give --simulated-device too")
+    if args.event_us is not None and not (0.0 <= args.event_us <= 1000.0):
+        parser.error(f"--event-us must be between 0 and 1000 µs, got {args.event_us}")
     DEVICE["simulated"] = args.simulated_device
+    SimulatedEvent.price_s = (args.event_us or 0.0) / 1e6
     default_steps, default_rounds = (300, 8) if args.device == "cuda" else (600, 7)
     if args.quick:
         default_steps, default_rounds = 200, 2

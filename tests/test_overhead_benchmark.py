@@ -218,7 +218,13 @@ def test_bad_paired_arguments_are_one_line_and_exit_2(capsys):
              (["--paired", "--spin-hooks", "6"], "--spin-hooks spreads the spins of --spin-us: give --spin-us too"),
              (["--simulated-device"], "--simulated-device runs with --hooks-only or --per-hook"),
              (["--simulated-device", "--device", "cuda", "--per-hook", "SectionProfiler"],
-              "--simulated-device stands in for a GPU on the CPU loop")]
+              "--simulated-device stands in for a GPU on the CPU loop"),
+             (["--hooks-only", "IterationTimer", "--event-us", "3"],
+              "--event-us prices the simulated device's event records: give --simulated-device too"),
+             (["--hooks-only", "IterationTimer", "--simulated-device", "--event-us", "-1"],
+              "--event-us must be between 0 and 1000 µs, got -1.0"),
+             (["--hooks-only", "IterationTimer", "--simulated-device", "--event-us", "nan"],
+              "--event-us must be between 0 and 1000 µs, got nan")]
     try:
         for argv, message in cases:
             with pytest.raises(SystemExit) as exit_:
@@ -386,3 +392,21 @@ def test_on_cuda_the_probes_time_steps_by_events_and_never_wait_for_the_device(m
 def test_the_probes_host_clock_takes_any_number():
     overhead = load_benchmark()
     assert overhead.seconds_between(3, 5) == 2 and overhead.seconds_between(1.5, 2.0) == 0.5
+
+
+def test_a_priced_simulated_event_spins_its_price_at_each_record(monkeypatch):
+    """``--event-us``: each record of the simulated device's events costs the host what a real one would (the
+    records that go, counted, and the time they take, on the host clock; the event reads its time before the
+    spin, so the intervals between events are the host's own)."""
+    import time as time_module
+
+    overhead = load_benchmark()
+    monkeypatch.setattr(overhead.SimulatedEvent, "price_s", 0.002)
+    monkeypatch.setattr(overhead.SimulatedEvent, "records", 0)
+    first, second = overhead.SimulatedEvent(), overhead.SimulatedEvent()
+    start = time_module.perf_counter()
+    first.record()
+    second.record()
+    spent = time_module.perf_counter() - start
+    assert overhead.SimulatedEvent.records == 2 and spent >= 0.004
+    assert first.elapsed_time(second) >= 2.0  # ms: the first record's spin lies between the two
