@@ -794,7 +794,8 @@ def hooks_only(args: argparse.Namespace) -> int:
         for name, value in figures.items():
             print(f"in hooks {name}: {value:.2f} µs/step ({lightning_perf.__file__})")
         if DEVICE["simulated"]:
-            print(f"simulated device: {SimulatedEvent.records} events recorded")
+            print(f"simulated device: {SimulatedEvent.records} events recorded"
+                  + (f", each priced {SimulatedEvent.price_s * 1e6:g} µs" if SimulatedEvent.price_s else ""))
         return 0
     import re
     import subprocess

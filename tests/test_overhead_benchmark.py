@@ -410,3 +410,4 @@ def test_a_priced_simulated_event_spins_its_price_at_each_record(monkeypatch):
     spent = time_module.perf_counter() - start
     assert overhead.SimulatedEvent.records == 2 and spent >= 0.004
     assert first.elapsed_time(second) >= 2.0  # ms: the first record's spin lies between the two
+    assert first.t - start <= spent - 0.004  # its time read before its spin (both spins came after it)
