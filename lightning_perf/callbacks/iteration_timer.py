@@ -16,7 +16,7 @@ from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spre
 from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import error_message
-from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
+from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, next_device_timed, now
 from lightning_perf.measure.flops import count_step_flops, mfu_pct, precision_dtype, tflops_per_s
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
 from lightning_perf.measure.tail import (AFTER_VALIDATION, ALLOC_RETRY, CHECKPOINT, EPOCH_START, GC, GC_FLAG_PAUSE_S,
@@ -669,21 +669,16 @@ class IterationTimer(PerfCallback):
 
     # -- device timing -------------------------------------------------------------------------------------------
     def _device_timed(self, fit_iteration: int) -> bool:
-        """Whether the fit's iteration ``fit_iteration`` (the first is 1) is timed on the device: none of the
-        warm-up, then the first n counted iterations, then one in n; the iterations SectionProfiler times with the
-        same warm-up and n."""
-        n = fit_iteration - 1 - self.warmup_steps
-        every = self.device_timing_every_n_iterations
-        return n >= 0 and (n < every or n % every == 0)
+        """Whether the fit's iteration ``fit_iteration`` (the first is 1) is timed on the device: SectionProfiler's
+        schedule (``measure.clock.device_timed``, 0-based), so the same iterations for the same warm-up and n."""
+        return device_timed(fit_iteration - 1, self.warmup_steps, self.device_timing_every_n_iterations)
 
     def _next_device_mark_after(self, fit_iteration: int) -> int:
         """The first iteration after ``fit_iteration`` whose end needs an event: a timed one's end, or the start
-        of one (the end of the iteration before it)."""
+        of one (the end of the iteration before it: the 1-based number of the timed one's 0-based index)."""
         if self._device_timed(fit_iteration + 1):
             return fit_iteration + 1
-        n, every = fit_iteration + 1 - self.warmup_steps, self.device_timing_every_n_iterations  # (of the one after)
-        timed = self.warmup_steps + 1 if n < 0 else self.warmup_steps + 1 + -(-n // every) * every
-        return timed - 1
+        return next_device_timed(fit_iteration + 1, self.warmup_steps, self.device_timing_every_n_iterations)
 
     def _device_mark(self, fit_iteration: int) -> None:
         """At the end of the fit's iteration ``fit_iteration``, where ``_next_device_mark`` says: one CUDA event,

@@ -21,7 +21,7 @@ from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spre
 from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure import sections as user_sections
-from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
+from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, next_device_timed, now
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
 from lightning_perf.measure.tail import OWN_WORK, SlowestPieces, median_per_iteration
 
@@ -383,18 +383,12 @@ class SectionProfiler(PerfCallback):
         return self._device_timed(fit) or self._device_timed(fit + 1)
 
     def _device_timed(self, fit_iteration: int) -> bool:
-        """Whether this iteration of the fit is timed on the device: none of the warm-up, then the first n counted
-        iterations (a short run still gets device times), then one in n."""
-        n = fit_iteration - self.warmup_steps
-        every = self.device_timing_every_n_iterations
-        return n >= 0 and (n < every or n % every == 0)
+        """Whether this iteration of the fit (0-based) is timed on the device (``measure.clock.device_timed``)."""
+        return device_timed(fit_iteration, self.warmup_steps, self.device_timing_every_n_iterations)
 
     def _next_timed(self, fit_iteration: int) -> int:
         """The first iteration of the fit from ``fit_iteration`` on that ``_device_timed`` times."""
-        n, every = fit_iteration - self.warmup_steps, self.device_timing_every_n_iterations
-        if n < 0:
-            return self.warmup_steps
-        return fit_iteration if n < every else self.warmup_steps - (-n // every) * every
+        return next_device_timed(fit_iteration, self.warmup_steps, self.device_timing_every_n_iterations)
 
     def section_started(self, name: str) -> Any:
         """Sink for profile_section: nothing to return on the host side (device: an event pair). While taping with a

@@ -6,13 +6,29 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Tuple
 
-__all__ = ["DeviceIntervalClock", "POLL_EVERY", "now"]
+__all__ = ["DeviceIntervalClock", "POLL_EVERY", "device_timed", "next_device_timed", "now"]
 
 now = time.perf_counter
 
 #: Iterations between two reads of the events the device has passed: each ``Event.query()`` is a driver call
 #: (~1-2 µs on the host), so the step path asks in batches; what is recorded meanwhile waits in the bounded pool.
 POLL_EVERY = 16
+
+
+def device_timed(index: int, warmup: int, every: int) -> bool:
+    """Whether a fit's iteration at 0-based ``index`` is timed on the device: none of the ``warmup`` first, then the
+    first ``every`` counted (a short run still gets device times), then one in ``every``. SectionProfiler's and
+    IterationTimer's schedule: with the same warm-up and n they time the same iterations."""
+    n = index - warmup
+    return n >= 0 and (n < every or n % every == 0)
+
+
+def next_device_timed(index: int, warmup: int, every: int) -> int:
+    """The first 0-based index from ``index`` on that :func:`device_timed` times."""
+    n = index - warmup
+    if n < 0:
+        return warmup
+    return index if n < every else warmup - (-n // every) * every
 
 
 class DeviceIntervalClock:
