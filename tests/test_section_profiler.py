@@ -807,3 +807,52 @@ def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatc
     expected_ms = 1000.0 * sum(EverySection.COSTS.values())
     assert s["section_profiler"]["iteration_ms"]["mean"] == pytest.approx(expected_ms, rel=1e-6)
     assert s["iteration_timer"]["ms_per_iter"]["mean"] == pytest.approx(expected_ms, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_plain_iterations_fold_to_exactly_what_the_same_iterations_as_dicts_give(seed):
+    """The replay hands a run of plain iterations to the fold as tuples of their six pieces (``_apply_plain_steps``),
+    other iterations as dicts: the iteration times, each section's raw times in order, the slowest iterations (with
+    what the previous one carved out carried into the next) and what the next fold carries are exactly those of the
+    same iterations as dicts, where plain ones sit between others (a user section, carved batch-end time), a piece
+    sum of 0 is left out, and the list of the slowest fills and later takes only the slow ones."""
+    import random
+
+    from lightning_perf.callbacks import section_profiler as module
+
+    rng = random.Random(seed)
+    entries, before = [], 0
+    for _ in range(300):
+        values = tuple(rng.uniform(1e-5, 4e-4) * (30 if rng.random() < 0.03 else 1) for _ in module._PLAIN_PIECES)
+        kind = rng.random()
+        if kind < 0.75:
+            entries.append((values, 0.0, (), before, None))
+        elif kind < 0.8:
+            entries.append((tuple(0.0 for _ in values), 0.0, (), before, None))  # a total of 0: left out
+        elif kind < 0.9:  # carved out at its end: the next one carries it
+            piece = dict(zip(module._PLAIN_PIECES, values))
+            entries.append((piece, 0.0, (), before, (1e-4, {"other": 1e-4})))
+        else:  # a user section in it
+            piece = dict(zip(module._PLAIN_PIECES, values))
+            entries.append((piece, 2e-4, (("ema", 2e-4, 0),), before, None))
+        before += 1 if rng.random() < 0.9 else 2  # (an iteration not counted: nothing carried over it)
+
+    def folded(as_dicts):
+        sp = SectionProfiler(report_every_n_steps=10**6)
+        sp._step_offset = 7
+        for name in (*module._PLAIN_PIECES, "ema"):
+            sp._section(name)
+        for start in range(0, len(entries), 64):  # as the step path hands them over: a fold every 64
+            batch = entries[start:start + 64]
+            if as_dicts:
+                batch = [(dict(zip(module._PLAIN_PIECES, p)) if p.__class__ is tuple else p, *rest)
+                         for p, *rest in batch]
+            sp._unfolded = batch
+            sp._fold(histograms=False)
+        return ([sp._iteration.raw, sp._iteration.window_s]
+                + [(name, s.raw, s.window_n, s.runs) for name, s in sp._sections.items()]
+                + [sorted(sp._slowest._heap, key=lambda e: e[:3]), sp._prev_end, sp._last_folded])
+
+    runs = sum(1 for a, b in zip(entries, entries[1:]) if a[0].__class__ is tuple and b[0].__class__ is tuple)
+    assert runs > 100
+    assert folded(as_dicts=False) == folded(as_dicts=True)
