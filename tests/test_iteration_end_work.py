@@ -237,9 +237,9 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
     summary and every scalar logged, with its step, is the same. ``plain``: no section in the step and no
     accumulation, so that most steps are plain ones, which the replay works out as arithmetic (``_plain_step``).
     ``device``: with a device clock (SimulatedDevice; one iteration in ``device`` timed after the first ones), where
-    the iterations timed on the device and their neighbours run live and the others tape (taping starts and stops
-    again at batch ends): the device figures too are those of the fit made live, each event recorded at its
-    boundary's time."""
+    the iterations timed on the device and their neighbours run live and the others tape (taping stops at a batch
+    end before a timed iteration and starts again at the close after it): the device figures too are those of the fit
+    made live, each event recorded at its boundary's time."""
 
     class Rich(Sampler):
         def train_dataloader(self):
@@ -269,7 +269,7 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
         else:
             monkeypatch.setattr(SectionProfiler, "_plain_step", counted)
             watch_runs(monkeypatch, runs)
-            for name in ("_resume_taping", "_pause_taping"):
+            for name in ("_resume_taping", "_resume_taping_after_close", "_pause_taping"):
                 turn = getattr(SectionProfiler, name)
                 monkeypatch.setattr(SectionProfiler, name,
                                     lambda self, turn=turn, name=name: (turns.append(name), turn(self))[1])
@@ -294,7 +294,9 @@ def test_the_taped_step_path_gives_the_figures_and_scalars_of_the_live_one(tmp_p
         assert summary.pop("overhead_us_per_step") is not None  # its own time: not on the virtual clock
     if device:  # timed iterations in both, and the taped fit stopped and went on taping more than once
         assert taped["sections"]["forward"]["device_mean_ms"] is not None
-        assert turns.count("_pause_taping") >= (device < 8) and turns.count("_resume_taping") >= 1 + (device < 8), turns
+        # taping resumes at the close that leaves a timed iteration behind (at a batch end only where none was near)
+        assert turns.count("_pause_taping") >= (device < 8), turns
+        assert turns.count("_resume_taping_after_close") >= 1 + (device < 8), turns
     else:
         assert not turns
     if plain:  # most steps plain (the others: a sampling section, a checkpoint, a validation, an epoch's start)

@@ -520,6 +520,8 @@ class SectionProfiler(PerfCallback):
             elif self._active and self._current is not None:
                 t = now()
                 self._transfer_at(t)
+                if not self._ending and self._tape_ok and not self._marks_near:
+                    self._resume_taping_after_close()
                 self._overhead_s += now() - t
         except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
             self._record_failure("batch_to_device", err)
@@ -694,7 +696,8 @@ class SectionProfiler(PerfCallback):
     # tape as on the CPU. A batch end decides for what follows it up to the next batch end: the events of the next
     # iteration (a switch there ends or starts a piece of this iteration or the next) tape where neither this
     # iteration nor the next is timed (``_marks_near`` false, kept at each close), and the user sections among them
-    # take no device events. A taped batch end whose next iteration is timed replays the tape at once, itself
+    # take no device events; a live close that leaves the timed iterations behind tapes the rest of the iteration it
+    # starts (``_resume_taping_after_close``). A taped batch end whose next iteration is timed replays the tape at once, itself
     # included: its mark (a timed piece starts there) is recorded before any more work reaches the device, so at the
     # same point of the stream as live; from there the step path runs live.
     def _use_clock(self, clock: Optional[DeviceIntervalClock]) -> None:
@@ -710,6 +713,16 @@ class SectionProfiler(PerfCallback):
         self._taping = True
         due = self._closes_due = self._iterations + 1
         self._replay_due = not due % self.report_every_n_steps
+        self._tape_timing = not due % OVERHEAD_SAMPLE
+
+    def _resume_taping_after_close(self) -> None:
+        """At a live close (a transfer, or a batch start without one) that left the iterations timed on the device
+        behind (``_marks_near`` false): the rest of the iteration that starts here tapes, its batch end counting the
+        close due of this iteration, not one more. Without it an iteration after a timed one ran live to its batch
+        end: ~2.3 live iterations in each 32 on CUDA instead of ~1.3."""
+        self._taping = True
+        due = self._closes_due = self._iterations
+        self._replay_due = False  # (this close reported, where one was due)
         self._tape_timing = not due % OVERHEAD_SAMPLE
 
     def _pause_taping(self) -> None:
@@ -827,7 +840,10 @@ class SectionProfiler(PerfCallback):
                     self._replay_at_start()
             elif self._active:
                 t = now()
+                closes = self._ending
                 self._batch_start_at(trainer, t)
+                if closes and self._tape_ok and not self._marks_near:  # (a batch start that closed the iteration)
+                    self._resume_taping_after_close()
                 self._overhead_s += now() - t
         except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
             self._record_failure("on_train_batch_start", err)
