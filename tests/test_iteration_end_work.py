@@ -665,3 +665,53 @@ def test_a_section_before_a_runs_first_transfer_stays_with_its_iteration():
     assert states[0] == states[1]
     sections, iteration = states[0][0], states[0][1]
     assert sections["epoch_setup"][4] == 1 and iteration[0]["count"] == 3  # (the fourth is still open)
+
+
+def test_a_user_section_opened_in_a_timed_iteration_keeps_its_device_time_where_it_closes_on_the_tape(
+        tmp_path, monkeypatch):
+    """A section opened at a timed iteration's batch end (live: it takes a device event pair) and closed at the next
+    batch start, which tapes (after the live close at the transfer): its device time is read as live, one for each
+    span opened in a timed iteration, not dropped with the tape's event."""
+
+    class Span(Callback):
+        def __init__(self, clock):
+            self.clock, self.open = clock, None
+
+        def close(self):
+            if self.open is not None:
+                self.open.__exit__(None, None, None)
+                self.open = None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.clock.advance(0.002)
+            self.close()
+
+        def on_train_end(self, trainer, pl_module):
+            self.close()  # (one left open would stay open for the tests after this one)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.close()
+            self.open = profile_section("span")
+            self.open.__enter__()
+            self.clock.advance(0.001)
+
+    class Paced(TinyModel):
+        def training_step(self, batch, batch_idx):
+            clock.advance(0.003)
+            return super().training_step(batch, batch_idx)
+
+    results = []
+    for taping in (True, False):
+        clock = use_virtual_clock(monkeypatch)
+        if not taping:
+            tape_off(monkeypatch)
+        sp = profiler(warmup_steps=0, device_timing_every_n_iterations=4)
+        root = tmp_path / str(taping)
+        fit(root, [sp, SimulatedDevice(sp), Span(clock)], model=Paced(), max_epochs=3, enable_checkpointing=False,
+            num_sanity_val_steps=0, limit_val_batches=0)
+        monkeypatch.undo()
+        row = find_summary(root)["section_profiler"]["sections"]["span"]
+        results.append((row["count"], row["mean_ms"], row["device_mean_ms"], sp._sections["span"].device.count))
+    taped, live = results
+    assert live[3] == 9 and live[2] == pytest.approx(3.0)
+    assert taped == live

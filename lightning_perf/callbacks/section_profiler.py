@@ -399,11 +399,14 @@ class SectionProfiler(PerfCallback):
 
     def section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
         try:
-            if self._taping:
+            if self._taping and token is None:
                 tape = self._tape
                 tape.append((_USER_SECTION, name, parent, seconds, failed))
                 if len(tape) >= TAPE_LIMIT:
                     self._replay()
+            elif self._taping:  # opened live in a timed iteration with its device events: the tape so far, then it
+                self._replay()
+                self._section_ended(name, parent, seconds, token, failed)
             elif self._active:
                 self._section_ended(name, parent, seconds, token, failed)
         except Exception as err:  # noqa: BLE001 - recorded where it came from, as a replayed one is
