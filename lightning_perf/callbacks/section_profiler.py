@@ -522,8 +522,8 @@ class SectionProfiler(PerfCallback):
                     self._replay_at_start()
             elif self._active and self._current is not None:
                 t = now()
-                self._transfer_at(t)
-                if not self._ending and self._tape_ok and not self._marks_near:
+                self._transfer_at(t)  # (it closes the iteration whose step ended, or switches to transfer)
+                if self._tape_ok and not self._marks_near:
                     self._resume_taping_after_close()
                 self._overhead_s += now() - t
         except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
@@ -700,9 +700,9 @@ class SectionProfiler(PerfCallback):
     # iteration (a switch there ends or starts a piece of this iteration or the next) tape where neither this
     # iteration nor the next is timed (``_marks_near`` false, kept at each close), and the user sections among them
     # take no device events; a live close that leaves the timed iterations behind tapes the rest of the iteration it
-    # starts (``_resume_taping_after_close``). A taped batch end whose next iteration is timed replays the tape at once, itself
-    # included: its mark (a timed piece starts there) is recorded before any more work reaches the device, so at the
-    # same point of the stream as live; from there the step path runs live.
+    # starts (``_resume_taping_after_close``). A taped batch end whose next iteration is timed replays the tape at
+    # once, itself included: its mark (a timed piece starts there) is recorded before any more work reaches the
+    # device, so at the same point of the stream as live; from there the step path runs live.
     def _use_clock(self, clock: Optional[DeviceIntervalClock]) -> None:
         """At train start, before the first batch: the device clock of this fit (or none), and whether the step path
         tapes from the start."""
