@@ -86,6 +86,20 @@ def test_quantiles_of_a_few_values_interpolate_like_numpy(values):
         assert hist.quantile(0.95) > hist.mean
 
 
+def test_each_rank_reads_the_bucket_its_sample_lies_in():
+    """The bisected walk over the buckets against a brute force: every bucket expanded into one value a sample,
+    in order (the zero bucket's, of zeros and negatives, first); a rank past the last sample reads the maximum."""
+    rng = random.Random(5)
+    hist = LogHistogram()
+    hist.add_many([0.0, -2.0] * 3 + [rng.lognormvariate(0, 1.5) for _ in range(300)])
+    zero = max(hist.min, min(0.0, hist.max))
+    expanded = [zero] * hist.zero_count + [hist._bucket_value(k) for k in sorted(hist.bins) for _ in range(hist.bins[k])]
+    assert len(expanded) == hist.count == 306
+    for rank in range(hist.count + 1):
+        assert hist._values_at_ranks(rank) == tuple(expanded[r] if r < len(expanded) else hist.max
+                                                    for r in (rank, rank + 1))
+
+
 def _stalling_series(rng, n, fast=7.0, stall=40.0, burst=10, p_burst=0.02):
     """Iteration times with stalls that come in bursts of ``burst`` (a data stall, a GC storm): autocorrelated."""
     out, left = [], 0
