@@ -39,7 +39,8 @@ class Breaker(Callback):
 @pytest.mark.parametrize("in_suite", [False, True], ids=["apart", "in_suite"])
 @pytest.mark.parametrize("cls", list(INLINE), ids=lambda c: c.__name__)
 def test_a_broken_step_hook_is_recorded_under_its_name_and_the_fit_goes_on(tmp_path, cls, in_suite):
-    """Apart, Lightning calls the hook itself; in a suite, the suite's forwarder does."""
+    """Apart, Lightning calls the hook itself; in a suite, the suite's forwarder does, or Lightning itself where the
+    callback alone defines it (its method on the suite)."""
     attribute, hooks = INLINE[cls]
     cb = cls(print_reports=False) if cls is SectionProfiler else cls()
     with warnings.catch_warnings(record=True) as seen:

@@ -1,6 +1,8 @@
 """PerfSuite: the suite behind one Lightning callback, with the same figures, files and checkpoint state."""
 
+import copy
 import glob
+import pickle
 import pytest
 import yaml
 from lightning.pytorch import Callback, Trainer
@@ -56,6 +58,31 @@ def test_one_lightning_callback_and_hooks_only_where_defined(tmp_path):
     assert len(suite._by_hook["on_before_backward"]) == 1  # only SectionProfiler times the backward
 
 
+def test_a_step_hook_one_callback_defines_is_that_callbacks_method_on_the_suite(tmp_path):
+    """Lightning finds a hook by ``getattr`` on the suite: a step hook that one callback alone defines is that
+    callback's bound method there (no forwarding frame), where lightning_perf wrote it; the rest go through the
+    forwarder (the batch end also hands the loggers what waits), a subclass's own step hook too; a copy's point at
+    the copy's callbacks. In a fit the backward and the optimizer step are timed through them."""
+    suite = PerfSuite(children())
+    sp = suite.callbacks[1]
+    for name in ("on_before_zero_grad", "on_before_backward"):
+        method = suite.__dict__[name]
+        assert method.__self__ is sp and method.__func__ is getattr(SectionProfiler, name)
+    assert not {"on_train_batch_start", "on_after_backward", "on_before_optimizer_step",
+                "on_train_batch_end"} & set(suite.__dict__)  # two callbacks or more
+    for c in (copy.deepcopy(suite), pickle.loads(pickle.dumps(suite))):
+        assert c.on_before_backward.__self__ is c.callbacks[1] and c.callbacks[1] is not sp
+
+    class OwnBackward(SectionProfiler):
+        def on_before_backward(self, trainer, pl_module, loss):
+            super().on_before_backward(trainer, pl_module, loss)
+
+    assert "on_before_backward" not in PerfSuite([OwnBackward()]).__dict__  # not lightning_perf's: forwarded
+    fit(tmp_path, [suite], max_epochs=1)
+    sections = find_summary(tmp_path)["section_profiler"]["sections"]
+    assert sections["backward"]["count"] == sections["forward"]["count"] == 7  # 8 steps, 1 of warm-up
+
+
 def test_checkpoint_state_goes_through_the_suite_and_resume_covers_the_run(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     fit(tmp_path / "a", [PerfSuite(children()), ckpt], max_epochs=1)
@@ -109,8 +136,6 @@ def test_default_suite_and_bad_arguments():
 
 
 def test_a_running_suite_can_be_copied(tmp_path):
-    import copy
-    import pickle
 
     suite = PerfSuite(children())
     copies = []
@@ -293,8 +318,6 @@ def test_one_gather_gives_each_callback_its_own_columns_and_keeps_a_failure_to_i
 def test_the_suite_key_is_built_once_and_survives_copies():
     """Lightning formats the key into a profiler action name on every hook call: it is built at construction (and
     after a copy, for the copies), and equals the key built from the callbacks' own keys."""
-    import copy
-    import pickle
 
     suite = PerfSuite(children())
     expected = "PerfSuite{'callbacks': ['IterationTimer', 'SectionProfiler', 'VRAMMonitor', 'EvalNoGradGuard']}"

@@ -20,13 +20,20 @@ from lightning_perf.errors import PerfCheckFailed
 _HOOKS = tuple(sorted(name for name in dir(Callback) if (name.startswith("on_") or name in ("setup", "teardown"))
                       and callable(getattr(Callback, name)) and name != "on_load_checkpoint"))
 
+#: The hooks Lightning calls inside every training step that the suite forwards and does nothing else in (the batch
+#: end also hands the loggers what waits): one that a single callback of the suite defines goes to that callback's
+#: method directly (``_build_dispatch``).
+_STEP_HOOKS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backward", "on_after_backward",
+               "on_before_optimizer_step")
+
 
 class PerfSuite(Callback):
     r"""Runs several lightning_perf callbacks behind one Lightning callback.
 
     Lightning calls every hook of every callback on every step (about 1.7 µs a call with its profiler context):
     five separate callbacks pay that five times. Inside a ``PerfSuite`` they pay it once; each hook is forwarded
-    only to the callbacks that define it. The callbacks keep their arguments, summary sections, logged keys and
+    only to the callbacks that define it (a step hook that one of them alone defines is its method on the suite, and
+    Lightning calls it directly). The callbacks keep their arguments, summary sections, logged keys and
     checkpoint state (under the suite's ``state_key``, one entry per callback by its own ``state_key``; a resume finds
     each callback's state by its own key in a checkpoint of separate callbacks or of another suite too). A check that
     is asked to fail (``QualityGate(action="fail")``, ``EvalNoGradGuard(mode="raise")``) still fails the fit, after
@@ -106,6 +113,17 @@ class PerfSuite(Callback):
                             types.MethodType(inner, cb) if inner is not None else getattr(cb, name), cb))
             if fns:
                 self._by_hook[name] = fns
+        # A step hook that one callback alone defines, where lightning_perf wrote it (it guards itself inline: see
+        # `guarded`), is that callback's bound method on this instance: Lightning finds it by `getattr(callback,
+        # hook)` and calls it with no forwarding frame between (the forwarder's loop cost ~1 µs a call right after a
+        # step's torch work). A copy builds them again (`__setstate__`).
+        for name in _STEP_HOOKS:
+            self.__dict__.pop(name, None)
+            fns = self._by_hook.get(name)
+            if fns and len(fns) == 1:
+                method = getattr(fns[0][1], name)
+                if getattr(method, "__module__", "").startswith("lightning_perf."):
+                    self.__dict__[name] = method
         self.__dict__.pop("state_key", None)
         for cb in self.callbacks:
             cb._in_suite = True  # the suite drains the window scalars they defer, once a batch end
@@ -116,8 +134,8 @@ class PerfSuite(Callback):
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
-        state.pop("_by_hook", None)
-        state.pop("state_key", None)
+        for name in ("_by_hook", "state_key", *_STEP_HOOKS):
+            state.pop(name, None)
         return state
 
     def _compute_state_key(self) -> str:
