@@ -80,7 +80,8 @@ def test_a_step_hook_one_callback_defines_is_that_callbacks_method_on_the_suite(
     assert "on_before_backward" not in PerfSuite([OwnBackward()]).__dict__  # not lightning_perf's: forwarded
     fit(tmp_path, [suite], max_epochs=1)
     sections = find_summary(tmp_path)["section_profiler"]["sections"]
-    assert sections["backward"]["count"] == sections["forward"]["count"] == 7  # 8 steps, 1 of warm-up
+    assert (sections["backward"]["count"] == sections["forward"]["count"] == sections["optimizer_step"]["count"]
+            == 7)  # 8 steps, 1 of warm-up
 
 
 def test_checkpoint_state_goes_through_the_suite_and_resume_covers_the_run(tmp_path):
@@ -136,7 +137,6 @@ def test_default_suite_and_bad_arguments():
 
 
 def test_a_running_suite_can_be_copied(tmp_path):
-
     suite = PerfSuite(children())
     copies = []
 
@@ -318,7 +318,6 @@ def test_one_gather_gives_each_callback_its_own_columns_and_keeps_a_failure_to_i
 def test_the_suite_key_is_built_once_and_survives_copies():
     """Lightning formats the key into a profiler action name on every hook call: it is built at construction (and
     after a copy, for the copies), and equals the key built from the callbacks' own keys."""
-
     suite = PerfSuite(children())
     expected = "PerfSuite{'callbacks': ['IterationTimer', 'SectionProfiler', 'VRAMMonitor', 'EvalNoGradGuard']}"
     assert suite.state_key == suite.__dict__["state_key"] == expected
