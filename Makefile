@@ -48,8 +48,15 @@ bench: $(STAMP)
 # each host call on CUDA and the suite's overhead: A/B, paired A/B and in-hook figures of the suite in one PerfSuite
 # (~6 minutes in all on an H100; the whole `overhead.py --device cuda`, every configuration, takes over 8 more).
 # In an environment that already has the project: `make gpu-check STAMP= PY=python3`.
+# The VRAM checks run first in a fresh process, then again after every other check: tests/gpu/agree.py holds their
+# peaks to 1 MB of each other.
+VRAM_CHECKS := eval_spike or leak_check
 gpu-check: $(STAMP)
+	mkdir -p runs/gpu_check
+	LIGHTNING_PERF_GPU_ROWS=runs/gpu_check/vram_first.json $(PY) -m pytest -m gpu tests/gpu -k "$(VRAM_CHECKS)" -rA \
+		-p no:cacheprovider
 	$(PY) -m pytest -m gpu tests -rA -p no:cacheprovider
+	$(PY) tests/gpu/agree.py runs/gpu_check/vram_first.json runs/gpu_check/checks.json
 	$(PY) benchmarks/cuda_calls.py
 	$(PY) benchmarks/overhead.py --device cuda --ab-only --configs "1 no-op" PerfSuite
 	$(PY) benchmarks/overhead.py --device cuda --paired --configs "1 no-op" PerfSuite

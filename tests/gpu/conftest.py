@@ -5,6 +5,7 @@ they skip (tests/conftest.py). The table of every check (ours, the independent m
 the end of the session and written to runs/gpu_check/checks.md.
 """
 
+import json
 import os
 
 import pytest
@@ -55,3 +56,8 @@ def pytest_terminal_summary(terminalreporter):
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "checks.md"), "w") as fh:
         fh.write(text + "\n")
+    # the rows as data, for tests/gpu/agree.py (make gpu-check: the VRAM checks in a fresh process, then after the rest)
+    rows_path = os.environ.get("LIGHTNING_PERF_GPU_ROWS") or os.path.join(folder, "checks.json")
+    with open(rows_path, "w") as fh:
+        json.dump([{"check": c, "ours": o, "independent": i, "unit": u, "bound": b} for c, o, i, u, b in _ROWS], fh,
+                  indent=1)
