@@ -33,9 +33,10 @@ class ActiveNvml(FakeNvml):
     """A working driver that also answers the activity queries: the test sets what the board reports, and any query
     can raise a real NVMLError type."""
 
-    def __init__(self, util=70, mem_util=30, power_mw=250_000, sm_mhz=1410, temp_c=61, fail=None):
+    def __init__(self, util=70, mem_util=30, power_mw=250_000, sm_mhz=1410, temp_c=61, fail=None, reasons=0):
         super().__init__()
         self.util, self.mem_util, self.power_mw, self.sm_mhz, self.temp_c = util, mem_util, power_mw, sm_mhz, temp_c
+        self.reasons = reasons  # NVML's clock event (throttle) reason bits
         self.fail = fail or {}  # query name -> exception
         self.activity_calls = 0
         self.callers = set()  # the threads that queried activity
@@ -63,6 +64,10 @@ class ActiveNvml(FakeNvml):
         self._query("nvmlDeviceGetTemperature")
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return self.temp_c
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        self._query("nvmlDeviceGetCurrentClocksEventReasons")
+        return self.reasons
 
 
 def p5(values):
@@ -144,7 +149,7 @@ def test_a_query_that_is_not_supported_is_dropped_and_the_others_go_on():
     assert "NVMLError_NotSupported" in sampler.unavailable["power_w"]
     assert stats["gpu_util_pct"]["mean"] == 70.0 and stats["temperature_c"]["samples"] == 5
     assert set(sampler.unavailable) == {"power_w"}
-    assert nvml.activity_calls == 4 + 3 * 4  # the failed query is asked once, not every tick
+    assert nvml.activity_calls == 5 + 4 * 4  # the failed query is asked once, not every tick
 
 
 # -- host CPU -------------------------------------------------------------------------------------------------------
@@ -273,7 +278,7 @@ def test_a_fit_logs_window_means_and_writes_phase_figures_of_the_trace(tmp_path,
         assert key in scalars and key.replace("gpu/", "gpu/eval_") in scalars, key
     assert {v for _, v in scalars["gpu/power_w"]} == {250.0}
     activity = find_summary(tmp_path)["vram"]["activity"]
-    assert activity["source"] == "NVML + psutil" and activity["unavailable"] == {}
+    assert activity["source"] == "NVML + psutil + schedstat" and activity["unavailable"] == {}
     for phase, trace in (("train", train), ("validation", val)):
         util = activity["phases"][phase]["gpu_util_pct"]
         assert util["samples"] == len(trace)
@@ -335,7 +340,7 @@ def test_nvml_absent_says_why_and_host_figures_go_on(tmp_path, simulated_gpu):
         # a phase appears once the sampler ticked in it (under load a short phase may see none): no GPU figure
         assert (activity["phases"].get("train") or {}).get(name) is None
     assert not set(HOST_READINGS) & set(activity["unavailable"])
-    assert activity["source"] == "psutil"
+    assert activity["source"] == "psutil + schedstat"
 
 
 def test_cpu_run_and_switched_off(tmp_path, caplog):

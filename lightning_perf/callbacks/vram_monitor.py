@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
@@ -18,8 +19,10 @@ from lightning_perf.measure.device_activity import (
     GPU_READINGS,
     HOST_MIN_SPAN_S,
     HOST_READINGS,
+    SCHED_READINGS,
     ActivitySampler,
     HostActivityReader,
+    ThreadWaitReader,
     NvmlActivityReader,
 )
 from lightning_perf.measure.memory import (
@@ -53,7 +56,8 @@ _SAMPLED = {"nvml_used_mb": "nvml_peak_used_mb", "nvml_process_mb": "nvml_proces
 _ACTIVITY_KEYS = {"gpu_util_pct": ("gpu", "util_pct"), "mem_util_pct": ("gpu", "mem_util_pct"),
                   "power_w": ("gpu", "power_w"), "sm_clock_mhz": ("gpu", "sm_clock_mhz"),
                   "temperature_c": ("gpu", "temperature_c"), "process_cpu_cores": ("host", "process_cpu_cores"),
-                  "host_cpu_pct": ("host", "cpu_pct")}
+                  "host_cpu_pct": ("host", "cpu_pct"), "gpu_throttled_pct": ("gpu", "throttled_pct"),
+                  "host_steal_pct": ("host", "steal_pct"), "cpu_wait_pct": ("host", "cpu_wait_pct")}
 
 
 def _hold_max(held: Dict[str, Optional[float]], values: Dict[str, Optional[float]]) -> None:
@@ -89,7 +93,8 @@ class VRAMMonitor(PerfCallback):
     Args:
         nvml: sample NVML on CUDA devices.
         nvml_interval_s: sampling period of the background thread (NVML, RSS and activity), in (0.001, 60] seconds.
-        activity: also sample GPU utilisation, power, clock and temperature (NVML) and host CPU use (psutil).
+        activity: also sample GPU utilisation, power, clock, temperature and throttling (NVML), host CPU use and
+            steal (psutil) and the training thread's wait for a CPU (the kernel's scheduler statistics).
         warn_above_pct: warn once per phase when its peak passes this share of device (or host) memory.
         leak_window: iterations per averaging window of the leak check (4 consecutive rising windows flag a leak).
         leak_threshold_mb_per_100: smallest rise, in MB per 100 iterations, that counts as a leak; default 2 on CUDA
@@ -102,8 +107,8 @@ class VRAMMonitor(PerfCallback):
         ``vram/train_peak_allocated_mb``, ``vram/train_peak_reserved_mb``, ``vram/eval_peak_allocated_mb``,
         ``vram/eval_peak_reserved_mb``, ``vram/nvml_used_mb``, ``vram/host_rss_peak_mb``,
         ``vram/eval_host_rss_peak_mb``; with ``activity``, window means ``gpu/util_pct``, ``gpu/mem_util_pct``,
-        ``gpu/power_w``, ``gpu/sm_clock_mhz``, ``gpu/temperature_c``, ``host/process_cpu_cores``, ``host/cpu_pct``
-        (training; ``gpu/eval_util_pct``, ... for validation, at its end); and where a training hook runs
+        ``gpu/power_w``, ``gpu/sm_clock_mhz``, ``gpu/temperature_c``, ``gpu/throttled_pct``,
+        ``host/process_cpu_cores``, ``host/cpu_pct``, ``host/steal_pct``, ``host/cpu_wait_pct`` (training; ``gpu/eval_util_pct``, ... for validation, at its end); and where a training hook runs
         evaluation inside ``lightning_perf.phase("eval_in_train_hooks")``, its own peak at each exit of that phase:
         ``vram/eval_in_train_hooks_peak_allocated_mb``, ``vram/eval_in_train_hooks_peak_reserved_mb``,
         ``vram/eval_in_train_hooks_host_rss_peak_mb``.
@@ -354,6 +359,11 @@ class VRAMMonitor(PerfCallback):
             self._host_cores = host.logical_cores
         except Exception as err:  # noqa: BLE001 - psutil refused (a sandbox): the GPU readings go on
             unavailable.update({name: f"psutil failed: {type(err).__name__}: {err}" for name in HOST_READINGS})
+        try:  # called on the training thread (setup): its scheduler statistics, read on the sampler's thread
+            readers.append(ThreadWaitReader(threading.get_native_id()))
+        except Exception as err:  # noqa: BLE001 - not Linux, or the kernel keeps no scheduler statistics
+            unavailable.update({name: f"no scheduler statistics of the training thread: {type(err).__name__}: {err}"
+                                for name in SCHED_READINGS})
         self._activity = ActivitySampler(readers, unavailable)
         return self._activity.tick
 
@@ -380,7 +390,8 @@ class VRAMMonitor(PerfCallback):
         self._note_sampler_stop()
         activity = self._activity
         return {
-            "source": " + ".join(src for src, names in (("NVML", GPU_READINGS), ("psutil", HOST_READINGS))
+            "source": " + ".join(src for src, names in (("NVML", GPU_READINGS), ("psutil", HOST_READINGS),
+                                                        ("schedstat", SCHED_READINGS))
                                  if any(n not in activity.unavailable for n in names)) or None,
             "interval_s": self.nvml_interval_s,
             "host_min_span_s": HOST_MIN_SPAN_S,

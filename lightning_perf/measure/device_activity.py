@@ -1,6 +1,6 @@
-"""What the GPU and the host are doing, read on the memory sampler's thread: NVML utilisation, power, SM clock and
-temperature, CPU use of this process and of the machine; per phase a mean and a p5 in bounded memory. No Lightning
-import here."""
+"""What the GPU and the host are doing, read on the memory sampler's thread: NVML utilisation, power, SM clock,
+temperature and clock throttling, CPU use of this process and of the machine, the hypervisor's steal, and how long the
+training thread waited for a CPU; per phase a mean and a p5 in bounded memory. No Lightning import here."""
 
 from __future__ import annotations
 
@@ -11,10 +11,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from lightning_perf.measure.stats import LogHistogram
 
 #: Readings from NVML, in the order the summary lists them.
-GPU_READINGS = ("gpu_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "temperature_c")
+GPU_READINGS = ("gpu_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "temperature_c", "gpu_throttled_pct")
 #: Readings from psutil.
-HOST_READINGS = ("process_cpu_cores", "host_cpu_pct")
-READINGS = GPU_READINGS + HOST_READINGS
+HOST_READINGS = ("process_cpu_cores", "host_cpu_pct", "host_steal_pct")
+#: Readings from the kernel's scheduler statistics of the training thread.
+SCHED_READINGS = ("cpu_wait_pct",)
+READINGS = GPU_READINGS + HOST_READINGS + SCHED_READINGS
+#: NVML's clock event (throttle) reasons that mean the board slowed itself: software power cap (0x4), hardware
+#: slowdown (0x8), software thermal slowdown (0x20), hardware thermal slowdown (0x40), power brake (0x80). Idle,
+#: application clock settings, sync boost and display clock settings are not a slowdown of work.
+THROTTLE_REASONS_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 #: Host CPU figures are rates over at least this span: the kernel counts CPU time in 10 ms ticks, so a 50 ms span
 #: would read a busy core as anything from 0.8 to 1.2 cores.
 HOST_MIN_SPAN_S = 0.25
@@ -27,8 +33,9 @@ def _reason(call: str, err: BaseException) -> str:
 
 
 class NvmlActivityReader:
-    """GPU utilisation and memory-controller utilisation (%), power (W), SM clock (MHz) and temperature (C) of one
-    device. A query that fails (``NVMLError_NotSupported`` on many boards, in WSL, in containers) is dropped with its
+    """GPU utilisation and memory-controller utilisation (%), power (W), SM clock (MHz), temperature (C) of one
+    device, and whether the board was slowing its clocks for power or heat (``gpu_throttled_pct``: 100 for a sample
+    with a reason of :data:`THROTTLE_REASONS_MASK`, else 0, so its mean is the share of samples throttled). A query that fails (``NVMLError_NotSupported`` on many boards, in WSL, in containers) is dropped with its
     reason in :attr:`unavailable`; the other readings go on.
 
     Args:
@@ -51,6 +58,14 @@ class NvmlActivityReader:
             (("temperature_c",), "nvmlDeviceGetTemperature",
              lambda: (float(nvml.nvmlDeviceGetTemperature(handle, sensor)),)),
         ]
+        # NVML 12.5 renamed the query (the old name is deprecated): whichever this nvidia-ml-py has
+        reasons = next((name for name in ("nvmlDeviceGetCurrentClocksEventReasons",
+                                          "nvmlDeviceGetCurrentClocksThrottleReasons") if hasattr(nvml, name)), None)
+        if reasons is None:
+            self.unavailable["gpu_throttled_pct"] = "this nvidia-ml-py has no clock throttle reasons query"
+        else:
+            self._queries.append((("gpu_throttled_pct",), reasons, lambda: (
+                100.0 if getattr(nvml, reasons)(handle) & THROTTLE_REASONS_MASK else 0.0,)))
 
     @staticmethod
     def _utilisation(rates: Any) -> tuple:
@@ -78,7 +93,8 @@ def _machine_times(times: Any) -> tuple:
 
 class HostActivityReader:
     """CPU use of this process (in cores: 1.0 is one core busy all the time; its threads, not DataLoader worker
-    processes) and of the whole machine (% of all logical cores), from psutil's CPU time counters over spans of at
+    processes), of the whole machine (% of all logical cores) and the hypervisor's steal (% of the machine's CPU
+    time a virtual machine's hypervisor gave to others; Linux), from psutil's CPU time counters over spans of at
     least ``min_span_s``; a read within a shorter span gives nothing. Independent of ``psutil.cpu_percent``'s shared
     state, so user code calling it does not disturb these figures.
 
@@ -97,19 +113,24 @@ class HostActivityReader:
         self._clock = clock
         self.logical_cores: Optional[int] = psutil_module.cpu_count(logical=True)
         self.unavailable: Dict[str, str] = {}
+        self._failed = False
         self._last = self._snapshot()
+        if self._last[4] is None:
+            self.unavailable["host_steal_pct"] = "the kernel counts no steal time here (psutil reports it on Linux)"
 
     def _snapshot(self) -> tuple:
         own = self._process.cpu_times()
-        total, busy = _machine_times(self._psutil.cpu_times())
-        return self._clock(), own.user + own.system, total, busy
+        times = self._psutil.cpu_times()
+        total, busy = _machine_times(times)
+        return self._clock(), own.user + own.system, total, busy, getattr(times, "steal", None)
 
     def read(self) -> Dict[str, float]:
-        if self.unavailable or self._clock() - self._last[0] < self.min_span_s:
+        if self._failed or self._clock() - self._last[0] < self.min_span_s:
             return {}
         try:
             now = self._snapshot()
-        except Exception as err:  # noqa: BLE001 - a process table that cannot be read (a sandbox) ends these two
+        except Exception as err:  # noqa: BLE001 - a process table that cannot be read (a sandbox) ends these
+            self._failed = True
             for name in HOST_READINGS:
                 self.unavailable[name] = f"psutil {_reason('cpu_times', err)}"
             return {}
@@ -117,7 +138,47 @@ class HostActivityReader:
         values = {"process_cpu_cores": max(0.0, now[1] - last[1]) / max(now[0] - last[0], 1e-9)}
         if now[2] > last[2]:
             values["host_cpu_pct"] = min(100.0, max(0.0, 100.0 * (now[3] - last[3]) / (now[2] - last[2])))
+            if now[4] is not None and last[4] is not None:
+                values["host_steal_pct"] = min(100.0, max(0.0, 100.0 * (now[4] - last[4]) / (now[2] - last[2])))
         return values
+
+
+class ThreadWaitReader:
+    """The share of wall time one thread (the training loop's) was ready to run but waited for a CPU, from the
+    kernel's scheduler statistics (``/proc/self/task/<tid>/schedstat``: ns on a CPU, ns waiting on a run queue,
+    time slices), over spans of at least ``min_span_s``. Other processes or threads taking the cores the loop needs
+    raise it; a thread that sleeps or waits for I/O or a lock does not (that is not waiting for a CPU). Linux only:
+    elsewhere, or where the kernel keeps no such statistics, construction raises ``OSError``.
+
+    Args:
+        tid: the thread's native id (``threading.get_native_id()`` on that thread).
+        min_span_s: the shortest span a figure covers.
+        clock: a monotonic clock in seconds.
+        path: the statistics file (by default the thread's own).
+    """
+
+    def __init__(self, tid: int, min_span_s: float = HOST_MIN_SPAN_S, clock: Callable[[], float] = time.monotonic,
+                 path: Optional[str] = None) -> None:
+        self.path = path or f"/proc/self/task/{tid}/schedstat"
+        self.min_span_s = min_span_s
+        self._clock = clock
+        self.unavailable: Dict[str, str] = {}
+        self._last = self._snapshot()
+
+    def _snapshot(self) -> tuple:
+        with open(self.path, encoding="ascii") as fh:
+            return self._clock(), int(fh.read().split()[1]) / 1e9
+
+    def read(self) -> Dict[str, float]:
+        if self.unavailable or self._clock() - self._last[0] < self.min_span_s:
+            return {}
+        try:
+            now = self._snapshot()
+        except Exception as err:  # noqa: BLE001 - the thread ended, or the file went away: this reading stops
+            self.unavailable["cpu_wait_pct"] = _reason(f"reading {self.path}", err)
+            return {}
+        last, self._last = self._last, now
+        return {"cpu_wait_pct": min(100.0, max(0.0, 100.0 * (now[1] - last[1]) / max(now[0] - last[0], 1e-9)))}
 
 
 class ActivitySampler:

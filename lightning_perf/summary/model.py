@@ -414,6 +414,12 @@ class PhaseActivity(Section):
     temperature_c: Obj(Reading) = None
     process_cpu_cores: Obj(Reading) = Field(None, description="psutil: cores this process kept busy")
     host_cpu_pct: Obj(Reading) = Field(None, description="psutil: % of all logical cores busy")
+    host_steal_pct: Obj(Reading) = Field(None, description="psutil: % of the machine's CPU time a hypervisor gave"
+                                         " to other machines (Linux)")
+    cpu_wait_pct: Obj(Reading) = Field(None, description="schedstat: % of wall time the training thread was ready"
+                                       " to run but waited for a CPU")
+    gpu_throttled_pct: Obj(Reading) = Field(None, description="NVML: % of samples in which the board slowed its"
+                                            " clocks for power or heat")
 
 
 class Activity(Section):
