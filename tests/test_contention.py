@@ -2,6 +2,7 @@
 steal, the GPU's clock throttling, and the verdict read from them. Real threads and fits kept from their cores by
 spinning processes the tests start; only NVML and, for the quiet case, the scheduler's file are simulated."""
 
+import copy
 import functools
 import multiprocessing
 import os
@@ -17,6 +18,7 @@ from helpers import TinyModel, find_summary, fit
 from lightning_perf import VRAMMonitor
 from lightning_perf.measure.device_activity import HostActivityReader, NvmlActivityReader, ThreadWaitReader
 from lightning_perf.summary.contention import CPU_WAIT_PCT, contention, contention_line
+from lightning_perf.summary.diagnosis import diagnose, diagnosis_line
 from test_device_activity import ActiveNvml, FakeClock, Times, fake_psutil
 
 pytestmark = pytest.mark.skipif(not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"),
@@ -213,3 +215,37 @@ def test_without_scheduler_statistics_the_reading_says_why(tmp_path, monkeypatch
     assert "no scheduler statistics of the training thread" in activity["unavailable"]["cpu_wait_pct"]
     assert "schedstat" not in activity["source"]
     assert contention(s)["figures"]["cpu_wait_pct"] is None
+
+
+# -- the diagnosis --------------------------------------------------------------------------------------------------
+def _with_activity(summary, **train):
+    busy = copy.deepcopy(summary)
+    busy["vram"] = _summary(**train)["vram"]
+    busy.pop("diagnosis", None)
+    return busy
+
+
+def test_the_diagnosis_names_contention_where_nothing_in_the_run_explains_the_tail(tmp_path, monkeypatch):
+    """Slow iterations that no cause of the run explains, in a run whose training thread waited for a CPU 40% of
+    the time: the tail is the machine's, and the diagnosis says so; the same run on a quiet machine stays
+    "unexplained"."""
+    from test_diagnosis import run
+
+    s = run(tmp_path, monkeypatch, step=10.0, slow={3: 40.0, 5: 40.0, 11: 40.0, 13: 40.0})
+    quiet = diagnose(_with_activity(s, cpu_wait_pct=1.0))
+    assert quiet["verdict"] == "tail-heavy" and "mostly unexplained" in quiet["figure"]
+    assert quiet["contention"] is None and "busy" not in diagnosis_line(quiet)
+    busy = diagnose(_with_activity(s, cpu_wait_pct=40.0, process_cpu_cores=0.6, host_cpu_pct=100.0))
+    assert busy["verdict"] == "tail-heavy" and "mostly contention" in busy["figure"]
+    assert busy["advice"].startswith("the machine was busy: the training thread waited for a CPU 40% of the time")
+    assert diagnosis_line(busy).count("the machine was busy") == 1
+
+
+def test_every_verdict_of_a_contended_run_carries_the_caveat(tmp_path, monkeypatch):
+    from test_diagnosis import run
+
+    s = run(tmp_path, monkeypatch, step=10.0)
+    d = diagnose(_with_activity(s, cpu_wait_pct=25.0))
+    assert d["verdict"] == "compute-bound" and d["contention"].startswith("the machine was busy")
+    assert diagnosis_line(d).endswith("[the machine was busy: the training thread waited for a CPU 25% of the time:"
+                                      " the figures may be the machine's, not the run's]")

@@ -15,20 +15,22 @@ STEAL_PCT = 10.0
 THROTTLED_PCT = 10.0
 
 
-def _mean(phase: Dict[str, Any], name: str) -> Optional[float]:
-    reading = phase.get(name)
-    return reading.get("mean") if isinstance(reading, dict) else None
+def _field(node: Any, key: str) -> Any:
+    """A field of a plain dict or of a typed section (:mod:`lightning_perf.summary.model`)."""
+    if node is None:
+        return None
+    return node.get(key) if isinstance(node, dict) else getattr(node, key, None)
 
 
-def contention(summary: Dict[str, Any], phase: str = "train") -> Dict[str, Any]:
+def contention(summary: Any, phase: str = "train") -> Dict[str, Any]:
     """``contended`` (True, False, or None when nothing could tell), ``causes`` (one phrase each), the figures read,
-    and ``reason`` where ``contended`` is None."""
-    vram = summary.get("vram") or {}
-    activity = vram.get("activity") or {}
-    readings = (activity.get("phases") or {}).get(phase) or {}
-    figures = {name: _mean(readings, name) for name in ("cpu_wait_pct", "host_steal_pct", "gpu_throttled_pct",
-                                                          "process_cpu_cores", "host_cpu_pct")}
-    figures["host_logical_cores"] = activity.get("host_logical_cores")
+    and ``reason`` where ``contended`` is None. ``summary``: a decoded summary or a typed one."""
+    activity = _field(_field(summary, "vram"), "activity")
+    readings = _field(_field(activity, "phases"), phase)
+    figures = {name: _field(_field(readings, name), "mean")
+               for name in ("cpu_wait_pct", "host_steal_pct", "gpu_throttled_pct", "process_cpu_cores",
+                            "host_cpu_pct")}
+    figures["host_logical_cores"] = _field(activity, "host_logical_cores")
     wait, steal, throttled = figures["cpu_wait_pct"], figures["host_steal_pct"], figures["gpu_throttled_pct"]
     if wait is None and steal is None and throttled is None:
         why = ("no VRAMMonitor activity in the summary" if not activity else

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from lightning_perf.measure.tail import section_elsewhere
+from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.model import PerfSummary, as_summary
 
 #: input-bound: data loading + transfer above this % of iteration time (SectionProfiler).
@@ -52,6 +53,9 @@ TAIL_ADVICE = {
     "unexplained": "find what grows in the slowest iterations (IterationTimer's `tail.slowest`, SectionProfiler's"
                    " table, the torch profiler around those steps)",
 }
+#: What a contended run's diagnosis adds: its figures may be the machine's.
+CONTENTION_ADVICE = ("measure again on a quiet machine, or compare runs measured in interleaved repeats, before"
+                     " acting on this run's figures")
 
 
 def _get(node: Any, key: str) -> Any:
@@ -162,7 +166,8 @@ def diagnose(summary: Any) -> Dict[str, Any]:
     """
     summary = as_summary(summary, "summary")
     out: Dict[str, Any] = {"verdict": NOT_ENOUGH, "figure": None, "value": None, "of": None, "threshold": None,
-                           "advice": None, "also": [], "unchecked": {}, "reason": None, "thresholds": dict(THRESHOLDS)}
+                           "advice": None, "also": [], "unchecked": {}, "reason": None, "thresholds": dict(THRESHOLDS),
+                           "contention": contention_line(contention(summary))}
     shares, why = _shares(summary)
     if shares is None:
         out.update(reason=why, advice=_ADD_PROFILER)
@@ -201,10 +206,13 @@ def diagnose(summary: Any) -> Dict[str, Any]:
         unchecked["tail-heavy"] = "no tail block in the summary (IterationTimer)"
     elif tail_pct > TAIL_HEAVY_PCT:
         cause = _largest_tail_cause(tail)
+        advice = _tail_advice(tail, cause)
+        if cause == "unexplained" and out["contention"]:  # nothing in the run explains them; the machine does
+            cause, advice = "contention", f"{out['contention']}: {CONTENTION_ADVICE}"
         fired.append({"verdict": "tail-heavy",
                       "figure": f"iterations over {tail.factor or 2:g}x the median (mostly {cause})",
                       "of": "training time",
-                      "value": tail_pct, "threshold": TAIL_HEAVY_PCT, "advice": _tail_advice(tail, cause),
+                      "value": tail_pct, "threshold": TAIL_HEAVY_PCT, "advice": advice,
                       "weight": tail_pct * train_fraction})
     util, util_source = gpu_utilisation(summary)
     if util is None:
@@ -256,9 +264,12 @@ def diagnosis_line(diagnosis: Optional[Mapping[str, Any]], name: Optional[str] =
         if threshold is not None:
             figure += f" ({'below' if verdict == 'host-bound' else 'above'} {threshold:g}%)"
     also = diagnosis.get("also") or []
+    busy = diagnosis.get("contention")
+    caveat = f" [{busy}: the figures may be the machine's, not the run's]" if busy and busy not in str(
+        diagnosis.get("advice")) else ""
     return (f"Diagnosis{who}: {verdict}: {figure.strip()}" + (f"; most likely to help: {diagnosis['advice']}"
                                                                if diagnosis.get("advice") else "")
-            + (f" [also {', '.join(also)}]" if also else ""))
+            + (f" [also {', '.join(also)}]" if also else "") + caveat)
 
 
 def recorded_or_computed(summary: Any) -> Dict[str, Any]:

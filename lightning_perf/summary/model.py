@@ -622,6 +622,8 @@ class Diagnosis(Section):
     unchecked: Reasons = Field(None, description="verdict -> why it could not be checked")
     reason: Text = Field(None, description="why no verdict (`not-enough-measured`)")
     thresholds: Map(Real) = None
+    contention: Text = Field(None, description="`the machine was busy: ...` where the run was measured under"
+                                               " contention (docs/diagnosis.md), else null")
 
 
 class PerfSummary(Section):
