@@ -312,7 +312,7 @@ def test_report_shows_the_hook_phase_and_the_train_peak_it_no_longer_inflates(tm
     out = cli("report", *paths).stdout
     header = [c.strip() for c in out.splitlines()[0].split("|")]
     row = [c.strip() for c in out.splitlines()[3].split("|")]
-    assert row[header.index("Eval in train hooks peak")] == "2.44 GB"  # 500 + 2000 MB
-    assert row[header.index("Train peak")] == "600 MB (-1.86 GB, -76.0%)"  # 2500 -> 600 MB
+    assert row[header.index("Eval in train hooks peak")] == "2500 MB"  # 500 + 2000 MB
+    assert row[header.index("Train peak")] == "600 MB (-1900 MB, -76.0%)"  # 2500 -> 600 MB: one unit in a cell
     rows, _ = report_csv({"folded": paths[0], "apart": paths[1]})
     assert rows[0]["eval_in_train_hooks_peak_mb"] == "" and float(rows[1]["eval_in_train_hooks_peak_mb"]) == 2500
