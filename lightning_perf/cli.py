@@ -467,8 +467,11 @@ def _read_bench_csv(path: str, what: str) -> List[Dict[str, Any]]:
     from lightning_perf.bench.analysis import read_csv
     from lightning_perf.bench.sweep import BenchError
 
-    if os.path.isdir(path):
+    kind = special_kind(path)
+    if kind == "a directory":
         raise BenchError(f"{what} {path!r} is a directory; expected a bench CSV file")
+    if kind is not None:  # never opened: /dev/zero reads forever, a named pipe blocks until a writer comes
+        raise BenchError(f"{what} {path!r} is {kind}, not a regular file; expected a bench CSV file")
     if _empty_file(path):
         raise BenchError(f"{what} {path!r}: the file is empty; expected a CSV written by lightning-perf bench")
     try:

@@ -462,3 +462,9 @@ def test_an_input_over_the_size_limit_is_refused_before_it_is_read(tmp_path, mon
     proc = cli("compare", str(big), str(big), timeout=60)
     err = one_line_error(proc)
     assert str(big) in err and "64 MB" in err, err
+
+
+@pytest.mark.parametrize("args", [("bench", "--from-csv", "/dev/zero"), ("bench-compare", "/dev/zero", "/dev/zero")])
+def test_bench_csv_inputs_that_are_not_regular_files_are_refused(args):
+    err = one_line_error(cli(*args, timeout=30))
+    assert "'/dev/zero' is a character device, not a regular file" in err, err

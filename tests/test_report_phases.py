@@ -154,7 +154,7 @@ def test_markdown_shows_absolute_deltas_beside_the_percentages(runs):
     # phase2 against phase1: 8 -> 5 ms is +60.0% and +75.00 it/s; train 800 -> 700 MB; eval 2500 -> 3000 MB
     assert cells["phase2"][header.index("Change")] == "+60.0%, +75.00 it/s"
     assert cells["phase2"][header.index("Train peak")] == "700 MB (-100 MB, -12.5%)"
-    assert cells["phase2"][header.index("Eval peak")] == "2.93 GB (+500 MB, +20.0%)"
+    assert cells["phase2"][header.index("Eval peak")] == "3000 MB (+500 MB, +20.0%)"  # one unit in a cell
     assert cells["baseline"][header.index("Change")] == "baseline"
     assert "against the row before each (`--change-vs previous`)" in proc.stdout
     first = cli("report", *runs.values()).stdout  # default: against the first row, 10 -> 5 ms
