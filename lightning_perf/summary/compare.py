@@ -502,11 +502,11 @@ def time_saved_words(result: Dict[str, Any], duration=fmt_duration) -> tuple:
     saved, pct = result["time_saved_s"], result["time_saved_pct"]
     if finite(saved) is None:
         return "Time saved", "n/a"
+    known = finite(pct) is not None
     if saved < 0:
-        longer = finite(-100.0 * saved / result["time_to_iterations_s"]["base"]) if pct is not None else None
         return "Time lost", (f"{result['candidate']['name']} takes {duration(-saved)} longer"
-                             + (f" (+{longer:.1f}%)" if longer is not None else ""))
-    return "Time saved", duration(saved) + (f" ({pct:.1f}%)" if finite(pct) is not None else "")
+                             + (f" (+{-pct:.1f}%)" if known else ""))
+    return "Time saved", duration(saved) + (f" ({pct:.1f}%)" if known else "")
 
 
 #: Memory from this many MB on is said in GB: below, MB keeps a change of one MB visible.
@@ -533,7 +533,7 @@ def memory_texts(base: Optional[float], candidate: Optional[float]) -> tuple:
         return tuple(f"{v / scale:.{digits}f} {unit}" if finite(v) is not None else "n/a"
                      for v in (base, candidate)) + ("n/a",)
     for places in range(digits, digits + 4):
-        b, c, d = (round(v / scale, places) for v in (base, candidate, candidate - base))
+        b, c, d = (round(v / scale, places) or 0.0 for v in (base, candidate, candidate - base))  # never "-0"
         if (b == c) == (d == 0):  # a change shown where the change rounds to none, or the reverse: more decimals
             break
     return f"{b:.{places}f} {unit}", f"{c:.{places}f} {unit}", f"{d:+.{places}f} {unit}"
