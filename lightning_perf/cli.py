@@ -38,6 +38,20 @@ class _Parser(argparse.ArgumentParser):
         _write_stream(self.format_usage(), file or sys.stdout, newline=False)
 
 
+class _Version(argparse.Action):
+    """``--version``: one line on stdout, ``lightning-perf 0.1.0``, and exit 0 (argparse's own ``version`` action
+    needs the text at parser build time and prints it through ``print_message``; this one goes through ``_say``)."""
+
+    def __init__(self, option_strings: List[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from lightning_perf import __version__
+
+        _say(f"lightning-perf {__version__}")
+        parser.exit(EXIT_OK)
+
+
 def _command_list(commands: Tuple[Tuple[str, str], ...]) -> str:
     import textwrap
 
@@ -118,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lightning-perf",
                      description="Compare and tabulate lightning_perf summary files; sweep models and variants;"
                      " attach the suite to a training command.")
+    parser.add_argument("--version", action=_Version, help="print the version of lightning-perf and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     commands: List[Tuple[str, str]] = []
 
@@ -452,8 +467,11 @@ def _read_bench_csv(path: str, what: str) -> List[Dict[str, Any]]:
     from lightning_perf.bench.analysis import read_csv
     from lightning_perf.bench.sweep import BenchError
 
-    if os.path.isdir(path):
+    kind = special_kind(path)
+    if kind == "a directory":
         raise BenchError(f"{what} {path!r} is a directory; expected a bench CSV file")
+    if kind is not None:  # never opened: /dev/zero reads forever, a named pipe blocks until a writer comes
+        raise BenchError(f"{what} {path!r} is {kind}, not a regular file; expected a bench CSV file")
     if _empty_file(path):
         raise BenchError(f"{what} {path!r}: the file is empty; expected a CSV written by lightning-perf bench")
     try:

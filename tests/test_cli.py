@@ -77,10 +77,10 @@ def test_compare_json_is_consistent_with_the_files(runs):
 
 def test_compare_markdown(runs):
     out = cli("compare", runs["fast"], runs["slow"], "--format", "markdown", "--names", "A", "B", check_rc=0).stdout
-    first, blank, table = out.split("\n", 2)  # the diagnosis line first (tests/test_diagnosis.py), then the table
-    assert first.startswith("**Diagnosis of B: not enough measured") and blank == ""
+    first, base, table = out.split("\n\n", 2)  # each run's diagnosis (tests/test_diagnosis.py), then the table
+    assert first.startswith("**Diagnosis of B: not enough measured") and base == "**A: the same verdict**"
     assert table.startswith("| run | ms/iter (mean) | it/s | samples/s | min ms | median ms | p95 ms | p99 ms | max ms")
-    assert "| A |" in out and "| B |" in out and "**Speedup:**" in out
+    assert "| A |" in out and "| B |" in out and "**Slowdown:** 3.00x slower" in out  # 2 ms against 6 ms a step
 
 
 def test_fail_if_slower_exit_codes(runs):
@@ -254,7 +254,7 @@ def test_a_closed_stdout_still_writes_the_files_asked_for(runs, tmp_path):
 def test_no_command_prints_the_usage_and_the_commands():
     proc = cli(check_rc=2)
     lines = proc.stderr.splitlines()
-    assert lines[0] == "usage: lightning-perf [-h] COMMAND ..."
+    assert lines[0] == "usage: lightning-perf [-h] [--version] COMMAND ..."
     assert lines[1] == "lightning-perf: error: no command given; the commands:"
     for name in ("compare", "report", "bench", "bench-compare", "matrix", "run"):
         assert any(line.split()[:1] == [name] for line in lines[2:]), (name, proc.stderr)

@@ -348,20 +348,24 @@ def three_runs(tmp_path_factory):
 
 def test_compare_starts_with_the_candidates_diagnosis_and_the_baselines_where_it_differs(three_runs):
     text = cli("compare", three_runs["loader"], three_runs["fast"])
-    first = text.splitlines()[0]
+    head = text.split("TRAINING TIME COMPARISON")[0].splitlines()  # each run's diagnosis from a line of its own
+    first = head[0]
     assert first.startswith("Diagnosis of fast: compute-bound: forward + backward + optimizer step 95.0%")
-    assert "| Diagnosis of loader: input-bound: data loading + transfer 34.8%" in first
-    markdown = cli("compare", three_runs["loader"], three_runs["fast"], "--format", "markdown")
-    assert markdown.splitlines()[0] == f"**{first}**"
+    assert [line for line in head if line.startswith("Diagnosis of")][1].startswith(
+        "Diagnosis of loader: input-bound: data loading + transfer 34.8%")
     result = json.loads(cli("compare", three_runs["loader"], three_runs["fast"], "--format", "json"))
+    lines = result["diagnosis"]["lines"]
+    markdown = cli("compare", three_runs["loader"], three_runs["fast"], "--format", "markdown")
+    assert markdown.split("\n\n")[:2] == [f"**{lines[0]}**", f"**{lines[1]}**"]
     assert list(result)[0] == "diagnosis" and result["diagnosis"]["differs"] is True
     assert result["diagnosis"]["candidate"]["verdict"] == "compute-bound"
-    assert result["diagnosis"]["base"]["verdict"] == "input-bound" and result["diagnosis"]["line"] == first
+    assert result["diagnosis"]["base"]["verdict"] == "input-bound" and lines[0].startswith(first)
+    assert result["diagnosis"]["line"] == " | ".join(lines)
 
 
 def test_compare_of_one_verdict_says_so_and_reads_files_from_before_diagnoses(three_runs, tmp_path):
-    same = cli("compare", three_runs["fast"], three_runs["faster"]).splitlines()[0]
-    assert same.startswith("Diagnosis of faster: compute-bound") and same.endswith("| fast: the same verdict")
+    head = cli("compare", three_runs["fast"], three_runs["faster"]).split("TRAINING TIME COMPARISON")[0]
+    assert head.startswith("Diagnosis of faster: compute-bound") and head.endswith("\nfast: the same verdict\n")
     with open(three_runs["loader"]) as fh:
         old = json.load(fh)
     del old["diagnosis"]  # a file written before the diagnosis existed: computed from its figures

@@ -303,9 +303,35 @@ def test_one_callback_twice_across_suites_is_refused_at_setup(tmp_path, callback
     assert trainer.global_step == 0
 
 
-def test_two_identical_suites_are_refused_when_the_trainer_is_built(tmp_path):
-    with pytest.raises(RuntimeError, match=r"state_key` must be unique"):
-        Trainer(callbacks=[PerfSuite(), PerfSuite()], **trainer_kwargs(tmp_path))
+def test_two_identical_suites_are_refused_naming_the_argument_before_any_step(tmp_path):
+    """Before: Lightning's own "Found more than one stateful callback of type `PerfSuite`" from ``Trainer(...)``,
+    which names neither the argument nor a way out. Now the Trainer is built (the suites' keys differ until
+    ``setup``), and ``setup`` refuses the pair naming ``PerfSuite(callbacks=...)`` before any training step."""
+    steps = []
+
+    class Counting(TinyModel):
+        def training_step(self, batch, batch_idx):
+            steps.append(batch_idx)
+            return super().training_step(batch, batch_idx)
+
+    trainer = Trainer(callbacks=[PerfSuite(), PerfSuite()], **trainer_kwargs(tmp_path, max_epochs=1))
+    with pytest.raises(PerfConfigError, match=r"PerfSuite\(callbacks=\.\.\.\): this Trainer has two PerfSuites with"
+                                              r" the same callbacks \(IterationTimer, SectionProfiler, VRAMMonitor,"
+                                              r" EvalNoGradGuard"):
+        trainer.fit(Counting())
+    assert steps == []
+
+
+def test_a_suite_has_its_plain_key_from_setup_on_whatever_else_was_built(tmp_path):
+    """The key a checkpoint's entry is saved under never depends on which other suites were alive: a suite built
+    while a twin waits (not set up) is keyed apart only until its own setup."""
+    waiting = PerfSuite()
+    suite = PerfSuite()
+    assert suite.state_key != waiting.state_key  # in one Trainer(...) these would pass Lightning's check
+    fit(tmp_path, [suite, ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)], max_epochs=1)
+    plain = suite._generate_state_key(callbacks=[cb.state_key for cb in suite.callbacks])
+    assert suite.state_key == plain  # whatever keys the suites not set up hold (their keys wait for their setup)
+    assert plain in torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["callbacks"]
 
 
 def test_the_same_callback_object_in_a_suite_and_in_the_trainer_is_refused(tmp_path):

@@ -393,3 +393,78 @@ def test_a_relative_summary_path_lands_where_it_was_checked_when_the_folder_chan
         max_steps=3)
     assert json.loads((tmp_path / "a" / "out" / "s.json").read_text())["status"] == "completed"
     assert not (tmp_path / "b" / "out").exists()
+
+
+# -- issue 45, item 4: a summary write that fails, inputs that are not regular files ----------------------------------
+def test_a_summary_that_cannot_be_written_anywhere_says_so_once_naming_the_run(tmp_path, monkeypatch):
+    """Before: the write raised into each callback, and all the user saw was "EvalNoGradGuard: measurement failed in
+    `write_summary`". Now one warning says the summary was NOT written, for which run, and why; no callback blames
+    itself for it."""
+    from lightning_perf import EvalNoGradGuard
+    from lightning_perf.callbacks import _summary_book
+
+    def full(path, data):
+        raise OSError(27, "File too large")
+
+    monkeypatch.setattr(_summary_book, "write_json_atomic", full)
+    with pytest.warns(UserWarning) as caught:
+        trainer = fit(tmp_path / "run", [IterationTimer(run_name="nightly"), EvalNoGradGuard()], max_epochs=1)
+    texts = [str(w.message) for w in caught]
+    not_written = [t for t in texts if "summary NOT written" in t]
+    assert len(not_written) == 1, texts
+    assert "'nightly'" in not_written[0] and "File too large" in not_written[0], not_written
+    assert trainer.log_dir in not_written[0], not_written  # where it would have gone
+    assert not any("write_summary" in t for t in texts), texts
+    for cb in trainer.callbacks:
+        if isinstance(cb, (IterationTimer, EvalNoGradGuard)):
+            assert "write_summary" not in cb.summary_section().get("measurement_failures", {})
+
+
+def test_a_file_size_limit_below_the_summary_loses_it_with_one_plain_line(tmp_path):
+    """The adversarial run's case, for real: RLIMIT_FSIZE below the summary's size (Python ignores SIGXFSZ, so the
+    write fails with EFBIG). The fit completes; stderr says once that the summary was not written, naming the run."""
+    script = tmp_path / "limited.py"
+    script.write_text(
+        "import resource, sys\n"
+        f"sys.path.insert(0, {os.path.join(os.path.dirname(os.path.abspath(__file__)))!r})\n"
+        "from helpers import fit\n"
+        "from lightning_perf import EvalNoGradGuard, IterationTimer\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (2000, resource.RLIM_INFINITY))\n"
+        f"fit({str(tmp_path / 'run')!r}, [IterationTimer(run_name='limited'), EvalNoGradGuard()], max_epochs=1,"
+        " logger=False, enable_checkpointing=False)\n"
+        "print('FIT DONE')\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONWARNINGS="default"))
+    assert proc.returncode == 0 and "FIT DONE" in proc.stdout, proc.stderr[-3000:]
+    assert proc.stderr.count("summary NOT written") == 1, proc.stderr[-3000:]
+    assert "'limited'" in proc.stderr and "File too large" in proc.stderr, proc.stderr[-3000:]
+    assert "measurement failed in `write_summary`" not in proc.stderr, proc.stderr[-3000:]
+    assert not list((tmp_path / "run").glob("**/perf_summary.json"))
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo"])
+def test_compare_refuses_an_input_that_is_not_a_regular_file_without_reading_it(kind, tmp_path):
+    """Before: `compare /dev/zero b.json` read forever (and a named pipe blocked until a writer came)."""
+    path = "/dev/zero" if kind == "/dev/zero" else fifo(tmp_path / "pipe.json")
+    real = tmp_path / "b.json"
+    real.write_text("{}")
+    for args in (("compare", path, str(real)), ("report", path)):
+        proc = cli(*args, timeout=30)
+        err = one_line_error(proc)
+        assert path in err and ("a character device" in err or "a named pipe" in err), err
+        assert "not a regular file" in err, err
+
+
+def test_an_input_over_the_size_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as fh:  # sparse: 65 MB of nothing, no disk used
+        fh.truncate(summary_io.MAX_INPUT_BYTES + 1)
+    proc = cli("compare", str(big), str(big), timeout=60)
+    err = one_line_error(proc)
+    assert str(big) in err and "64 MB" in err, err
+
+
+@pytest.mark.parametrize("args", [("bench", "--from-csv", "/dev/zero"), ("bench-compare", "/dev/zero", "/dev/zero")])
+def test_bench_csv_inputs_that_are_not_regular_files_are_refused(args):
+    err = one_line_error(cli(*args, timeout=30))
+    assert "'/dev/zero' is a character device, not a regular file" in err, err

@@ -172,3 +172,39 @@ def test_a_printer_that_dies_is_replaced_by_the_next_flush_and_its_table_is_not_
     assert not first.is_alive() and not printer._running
     assert printer.flush(timeout=10.0) and not printer.pending()
     assert printed == ["after", "next"] and printer._thread is not first
+
+
+def test_the_periodic_table_nests_user_sections_under_their_parents_as_the_final_table_does(tmp_path, caplog):
+    """Before: the periodic table listed "unet" flat beside "denoise" (its parent), its share counted twice to the
+    eye; the final table indented it as "unet (in denoise)" under its parent."""
+    from lightning_perf import profile_section
+    from tests.helpers import TinyModel
+
+    class Nested(TinyModel):
+        def training_step(self, batch, batch_idx):
+            with profile_section("denoise"):
+                with profile_section("unet"):
+                    loss = super().training_step(batch, batch_idx)
+                time.sleep(0.001)  # the parent holds more than its child: the order below is by total
+            return loss
+
+    with caplog.at_level(logging.INFO):
+        fit(tmp_path, [SectionProfiler(warmup_steps=0, report_every_n_steps=4)], model=Nested(), max_epochs=1)
+    tables = [r.getMessage() for r in caplog.records if "=== SectionProfiler" in r.getMessage()]
+    periodic, final = tables[0], tables[-1]
+    assert "SectionProfiler report" in periodic and final.startswith("=== SectionProfiler: ")
+
+    def labels(table):
+        names = []
+        for line in table.splitlines()[2:]:
+            if not line or not line[0].isspace() and line.split()[0] in ("after", "Insights:"):
+                break
+            names.append(line[:len(line) - len(line.lstrip())] + line.split()[0]
+                         + (" " + " ".join(line.split()[1:3]) if "(in" in line else ""))
+        return names
+
+    for table in (periodic, final):
+        names = labels(table)
+        parent = next(i for i, n in enumerate(names) if n == "forward")  # the user sections run inside forward
+        assert names[parent + 1] == "  denoise (in forward)", (names, table)
+        assert names[parent + 2] == "    unet (in denoise)", (names, table)

@@ -154,7 +154,7 @@ def test_markdown_shows_absolute_deltas_beside_the_percentages(runs):
     # phase2 against phase1: 8 -> 5 ms is +60.0% and +75.00 it/s; train 800 -> 700 MB; eval 2500 -> 3000 MB
     assert cells["phase2"][header.index("Change")] == "+60.0%, +75.00 it/s"
     assert cells["phase2"][header.index("Train peak")] == "700 MB (-100 MB, -12.5%)"
-    assert cells["phase2"][header.index("Eval peak")] == "2.93 GB (+500 MB, +20.0%)"
+    assert cells["phase2"][header.index("Eval peak")] == "3000 MB (+500 MB, +20.0%)"  # one unit in a cell
     assert cells["baseline"][header.index("Change")] == "baseline"
     assert "against the row before each (`--change-vs previous`)" in proc.stdout
     first = cli("report", *runs.values()).stdout  # default: against the first row, 10 -> 5 ms
@@ -312,7 +312,7 @@ def test_report_shows_the_hook_phase_and_the_train_peak_it_no_longer_inflates(tm
     out = cli("report", *paths).stdout
     header = [c.strip() for c in out.splitlines()[0].split("|")]
     row = [c.strip() for c in out.splitlines()[3].split("|")]
-    assert row[header.index("Eval in train hooks peak")] == "2.44 GB"  # 500 + 2000 MB
-    assert row[header.index("Train peak")] == "600 MB (-1.86 GB, -76.0%)"  # 2500 -> 600 MB
+    assert row[header.index("Eval in train hooks peak")] == "2500 MB"  # 500 + 2000 MB
+    assert row[header.index("Train peak")] == "600 MB (-1900 MB, -76.0%)"  # 2500 -> 600 MB: one unit in a cell
     rows, _ = report_csv({"folded": paths[0], "apart": paths[1]})
     assert rows[0]["eval_in_train_hooks_peak_mb"] == "" and float(rows[1]["eval_in_train_hooks_peak_mb"]) == 2500

@@ -117,6 +117,11 @@ def _read_json(path: str) -> Optional[Dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
+def _os_error_text(err: OSError) -> str:
+    """``OSError: [Errno 27] File too large``: the type and the message, on one line."""
+    return f"{type(err).__name__}: {' '.join(error_message(err).split())}"
+
+
 class SummaryBook:
     """Collects the sections of every lightning_perf callback of one Trainer and writes them as one file.
 
@@ -139,6 +144,7 @@ class SummaryBook:
         self._exit_hook: Any = None
         self._handed_paths: List[str] = []  # in the parent of spawned workers: the files rank 0's worker named
         self._diagnosis: Optional[Dict[str, Any]] = None  # the fit's, once printed: the file says what was printed
+        self._warned: set = set()  # write failures already said for this record
 
     def attach(self, trainer: Trainer, callback: PerfCallback, stage: str = "fit") -> None:
         """Called from ``setup`` on every rank: the only place ``trainer.log_dir`` (a broadcast under DDP) is read."""
@@ -353,21 +359,52 @@ class SummaryBook:
                 pass
             return
         for path in self.paths(trainer):
-            try:
-                write_json_atomic(path, data)
-            except OSError as err:  # the disk failed after the set-up check: keep the results in the log dir
-                fallback = stage_path(os.path.join(self.log_dir or trainer.default_root_dir, SUMMARY_FILENAME),
-                                      self.stage)
-                if os.path.abspath(fallback) == os.path.abspath(path):
-                    raise
-                write_json_atomic(fallback, data)
-                rank_zero_warn(f"lightning_perf: could not write {path} ({err}); the summary went to {fallback}")
-                path = fallback
+            path = self._write_or_fall_back(trainer, path, data)
+            if path is None:
+                continue
             if path not in self._written_paths:
                 self._written_paths.add(path)
                 rank_zero_info(f"lightning_perf: summary written to {path}")
         if exception is None:
             self._close_hand_off()  # the worker's record ended normally: nothing for the parent to take over
+
+    def _write_or_fall_back(self, trainer: Trainer, path: str, data: Dict[str, Any]) -> Optional[str]:
+        """Writes ``data`` to ``path``; where the disk fails after the set-up check, to ``<log_dir>/perf_summary.json``
+        with a warning naming it; where that fails too, one warning that the summary was NOT written, naming the run
+        and why. Returns the path written, or None. Never raises an ``OSError``: a lost file is the book's to say,
+        not a failure of whichever callback happened to end last."""
+        try:
+            write_json_atomic(path, data)
+            return path
+        except OSError as err:
+            reason = f"could not write {path} ({_os_error_text(err)})"
+        fallback = stage_path(os.path.join(self.log_dir or trainer.default_root_dir, SUMMARY_FILENAME), self.stage)
+        if os.path.abspath(fallback) != os.path.abspath(path):
+            try:
+                write_json_atomic(fallback, data)
+            except OSError as err:
+                reason += f", nor the fallback {fallback} ({_os_error_text(err)})"
+            else:
+                self._warn_once_per_record(f"fallback:{path}", f"lightning_perf: {reason}; the summary went to"
+                                                               f" {fallback}")
+                return fallback
+        self._warn_once_per_record(f"lost:{path}", f"lightning_perf: summary NOT written for {self._run_label(data)}:"
+                                                   f" {reason}")
+        return None
+
+    def _warn_once_per_record(self, key: str, message: str) -> None:
+        """Each callback's end or exception calls ``write``: a failure is said once per record, not once per call."""
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(message)
+
+    def _run_label(self, data: Dict[str, Any]) -> str:
+        """The run as the user knows it: its ``run_name`` where given, its log dir, and the stage."""
+        run = data.get("run") if isinstance(data.get("run"), dict) else {}
+        name = run.get("name")
+        where = f"logged in {self.log_dir}" if self.log_dir else "with no log dir"
+        stage = "" if self.stage == "fit" else f", stage {self.stage}"
+        return (f"the run {name!r} ({where}{stage})" if name else f"the run {where}{stage}")
 
     def flush(self, trainer: Trainer) -> None:
         """Writes a record whose end some callback never reported (called from every callback's teardown)."""

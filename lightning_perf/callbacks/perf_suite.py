@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 import warnings
+import weakref
 from typing import Any, Dict, List, Optional
 
 from lightning.pytorch import Callback
@@ -13,7 +14,7 @@ from lightning_perf.callbacks._arguments import bad_argument
 from lightning_perf.callbacks._base import HeldStateKey, PerfCallback, callback_states
 from lightning_perf.callbacks._rank_gather import close_gather_batch, open_gather_batch
 from lightning_perf.callbacks._scalars import WAITING, close_log_batch, drain_scalars, flush_scalars, open_log_batch
-from lightning_perf.errors import PerfCheckFailed
+from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 
 #: Every hook Lightning calls on a callback with (trainer, pl_module, ...): state_dict/load_state_dict are not here,
 #: nor on_load_checkpoint, which the suite answers itself (it knows where Lightning delivers each callback's state).
@@ -25,6 +26,11 @@ _HOOKS = tuple(sorted(name for name in dir(Callback) if (name.startswith("on_") 
 #: method directly (``_build_dispatch``).
 _STEP_HOOKS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backward", "on_after_backward",
                "on_before_optimizer_step")
+
+
+#: Suites not yet set up, by the state key each holds: two suites of the same callbacks in one Trainer get distinct
+#: keys until ``setup`` (see ``PerfSuite._compute_state_key``).
+_UNSET_KEYS: "weakref.WeakValueDictionary[str, PerfSuite]" = weakref.WeakValueDictionary()
 
 
 class PerfSuite(Callback):
@@ -46,7 +52,9 @@ class PerfSuite(Callback):
     Raises:
         ValueError: for something that is not a lightning_perf callback, or two callbacks with one ``state_key``
             (their checkpoint state would collide); ``PerfConfigError`` at setup when a callback's key is also used
-            by another lightning_perf callback of the Trainer (beside the suite or in another suite).
+            by another lightning_perf callback of the Trainer (beside the suite or in another suite), naming
+            ``PerfSuite(callbacks=...)`` when two suites of one Trainer hold the same callbacks (``PerfSuite()``
+            twice).
 
     Example::
 
@@ -88,6 +96,7 @@ class PerfSuite(Callback):
                                f"Two callbacks share the state key {', '.join(twice)}: give them different"
                                " `summary_path`s or keep one.")
         self.callbacks: List[PerfCallback] = list(callbacks)
+        self._set_up = False
         self._build_dispatch()
 
     #: Lightning formats ``f"[Callback]{callback.state_key}.{hook}"`` for its profiler on every hook call: built from
@@ -130,6 +139,7 @@ class PerfSuite(Callback):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._copied = True  # a copy is its original's twin by design: keyed as the original (`_compute_state_key`)
         self._build_dispatch()  # bound methods point at the copies, not the originals
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -142,8 +152,39 @@ class PerfSuite(Callback):
         """``PerfSuite`` with the state keys of its callbacks, so two suites of different callbacks in one Trainer
         keep their checkpoint state apart. A resume finds each callback's state by the callback's own key, in any
         suite's entry or beside it, so a suite whose callbacks changed (or a checkpoint of an older version, saved
-        under ``PerfSuite``) still resumes."""
-        return self._generate_state_key(callbacks=[cb.state_key for cb in self.callbacks])
+        under ``PerfSuite``) still resumes.
+
+        Two suites of the same callbacks (``PerfSuite()`` twice) would share that key, and Lightning refuses them in
+        ``Trainer(...)`` with its own "more than one stateful callback" error, before any hook of ours runs. So until
+        its ``setup``, a suite (not a copy) whose key another suite not yet set up holds gets it with ``copy=N``: the
+        Trainer is built, and ``setup`` refuses the pair with a ``PerfConfigError`` naming the argument. From
+        ``setup`` on (where the key is built again, before Lightning restores a checkpoint) every suite has its plain
+        key, so a checkpoint's entry never depends on which suites were alive when it was built."""
+        keys = [cb.state_key for cb in self.callbacks]
+        key, copy = self._generate_state_key(callbacks=keys), 1
+        while not getattr(self, "_set_up", True) and not getattr(self, "_copied", False):
+            holder = _UNSET_KEYS.get(key)
+            if holder is None or holder is self or getattr(holder, "_set_up", True):
+                _UNSET_KEYS[key] = self
+                break
+            copy += 1
+            key = self._generate_state_key(callbacks=keys, copy=copy)
+        return key
+
+    def _refuse_a_twin(self, trainer: Any) -> None:
+        """At setup: another suite of this Trainer with callbacks of the same keys is refused, naming the argument.
+        Their callbacks would share checkpoint entries and summary sections (the callbacks' own check would say
+        so too, naming a callback; this names the suites, which is what the user wrote twice)."""
+        mine = [cb.state_key for cb in self.callbacks]
+        for other in getattr(trainer, "callbacks", ()):
+            if isinstance(other, PerfSuite) and other is not self and [cb.state_key for cb in other.callbacks] == mine:
+                other._set_up = True  # refused with this one: its copy key no longer sets later suites apart
+                other.__dict__.pop("state_key", None)
+                names = ", ".join(type(cb).__name__ for cb in self.callbacks) or "none"
+                raise PerfConfigError(
+                    f"PerfSuite(callbacks=...): this Trainer has two PerfSuites with the same callbacks ({names}, of"
+                    " the same state keys); their checkpoint state and summary sections would collide. Keep one"
+                    " PerfSuite, or give the callbacks of one different `summary_path`s.")
 
     def state_dict(self) -> Dict[str, Any]:
         return {cb.state_key: cb.state_dict() for cb in self.callbacks}
@@ -196,7 +237,9 @@ def _forwarder(name: str) -> Any:
         forward = _plain_forwarder(name)
 
         def setup(self: PerfSuite, *args: Any, **kwargs: Any) -> None:
+            self._set_up = True  # the plain key from here on (see `_compute_state_key`)
             self.__dict__.pop("state_key", None)  # a callback's key may have changed since (its summary_path)
+            self._refuse_a_twin(args[0] if args else kwargs.get("trainer"))
             forward(self, *args, **kwargs)
 
         setup.__name__, setup.__qualname__, setup.__doc__ = forward.__name__, forward.__qualname__, forward.__doc__

@@ -69,11 +69,17 @@ SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, 
 
 
 def _report_table(step: int, iters: int, mean_ms: float, rows: List[tuple]) -> str:
-    """The periodic report's table (built on the printer's thread: see ``_printer``), sections by total time."""
+    """The periodic report's table (built on the printer's thread: see ``_printer``): sections by total time, each
+    user section under the one it ran in, as the final table (``_printed_rows``)."""
+    table = {row[0]: {"kind": row[7], "parent": row[8], "count": row[1], "total_s": row[2], "row": row}
+             for row in rows}
+    labelled = _printed_rows(table)
+    w = max([22] + [len(label) + 2 for label, _ in labelled])
     lines = [f"=== SectionProfiler report (step {step}, last {iters} iterations, {mean_ms:.2f} ms mean) ===",
-             f"{'section':<22}{'count':>7}{'total s':>9}{'mean ms':>9}{'min ms':>9}{'max ms':>9}{'share':>8}"]
-    for name, n, total, mean, low, high, pct in sorted(rows, key=lambda r: -r[2]):
-        lines.append(f"{name:<22}{n:>7}{total:>9.3f}{mean:>9.2f}{low:>9.2f}{high:>9.2f}{pct or 0:>7.1f}%")
+             f"{'section':<{w}}{'count':>7}{'total s':>9}{'mean ms':>9}{'min ms':>9}{'max ms':>9}{'share':>8}"]
+    for label, r in labelled:
+        _, n, total, mean, low, high, pct = r["row"][:7]
+        lines.append(f"{label:<{w}}{n:>7}{total:>9.3f}{mean:>9.2f}{low:>9.2f}{high:>9.2f}{pct or 0:>7.1f}%")
     return "\n".join(lines)
 
 
@@ -1075,7 +1081,8 @@ class SectionProfiler(PerfCallback):
             metrics[f"time_share/{name}_pct"] = 100.0 * sec.window_s / seconds if seconds > 0 else None
             if sec.window_n:
                 rows.append((name, sec.window_n, sec.window_s, 1000.0 * sec.window_s / sec.window_n,
-                             1000.0 * sec.window_min, 1000.0 * sec.window_max, metrics[f"time_share/{name}_pct"]))
+                             1000.0 * sec.window_min, 1000.0 * sec.window_max, metrics[f"time_share/{name}_pct"],
+                             sec.kind, sec.parent))
             sec.window_reset()
         self._iteration.window_reset()
         log_scalars(trainer, metrics)

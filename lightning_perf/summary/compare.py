@@ -14,7 +14,6 @@ from lightning_perf.summary.fields import (
     blocks,
     finite,
     fmt_duration,
-    fmt_mb,
     fmt_num,
     fmt_pct,
     markdown_table,
@@ -47,6 +46,10 @@ def _no_speed(name: str, run: PerfSummary, mean: Optional[float]) -> Optional[st
         return f"{name} has no iteration_timer section"
     if mean is None:
         return f"{name} has no measured iterations"
+    measured = run.iteration_timer.measured_iterations
+    if measured is not None and measured < 1:  # None: a schema-1 file, which has no such count
+        return (f"{name} has 0 measured iterations behind its mean ms/iter ({mean!r}): a figure without the"
+                " iterations behind it cannot decide")
     if not (0.0 < mean < math.inf):
         return f"{name}'s mean ms/iter is {mean!r}, not a positive finite time"
     return None
@@ -225,9 +228,24 @@ def diagnoses(base: PerfSummary, candidate: PerfSummary, base_name: str, candida
     run's recorded one, or the one its figures give for a file from before diagnoses)."""
     cand, old = recorded_or_computed(candidate), recorded_or_computed(base)
     differs = old.get("verdict") != cand.get("verdict")
-    line = diagnosis_line(cand, candidate_name) + (f" | {diagnosis_line(old, base_name)}" if differs else
-                                                    f" | {base_name}: the same verdict")
-    return {"candidate": cand, "base": old, "differs": differs, "line": line}
+    lines = [diagnosis_line(cand, candidate_name),
+             diagnosis_line(old, base_name) if differs else f"{base_name}: the same verdict"]
+    return {"candidate": cand, "base": old, "differs": differs, "line": " | ".join(lines), "lines": lines}
+
+
+#: The width compare's text wraps its diagnoses to: each run's on lines of its own, not one line of 600 characters.
+TEXT_WIDTH = 100
+
+
+def _diagnosis_text(result: Dict[str, Any]) -> List[str]:
+    """Each run's diagnosis from its own line, wrapped at :data:`TEXT_WIDTH` with the continuation indented."""
+    import textwrap
+
+    diagnosis = result["diagnosis"]
+    lines = diagnosis.get("lines") or [diagnosis["line"]]
+    return [wrapped for line in lines
+            for wrapped in textwrap.wrap(line, width=TEXT_WIDTH, subsequent_indent="    ", break_long_words=False,
+                                         break_on_hyphens=False) or [line]]
 
 
 def _section_ms(run: PerfSummary) -> Dict[str, Dict[str, Optional[float]]]:
@@ -443,17 +461,82 @@ def _spread_line(run: Dict[str, Any]) -> str:
     )
 
 
+def ratio_words(speedup: float, digits: int = 2) -> str:
+    """A speed ratio as words: ``1.58x faster``, ``7.20x slower`` (never ``0.14x``), ``the same speed``."""
+    if round(speedup, digits) == 1.0 and round(1.0 / speedup, digits) == 1.0:
+        return "the same speed" if speedup == 1.0 else f"1.{'0' * digits}x {'faster' if speedup > 1 else 'slower'}"
+    return f"{speedup:.{digits}f}x faster" if speedup > 1.0 else f"{1.0 / speedup:.{digits}f}x slower"
+
+
+def _ci_words(lo: float, hi: float) -> str:
+    """The interval in the headline's words: ``1.551x to 1.612x faster``, ``6.90x to 7.50x slower``, or each bound
+    with its own word where it holds 1 (``1.03x slower to 1.01x faster``)."""
+    if lo >= 1.0:
+        return f"{lo:.3f}x to {hi:.3f}x faster"
+    if hi <= 1.0:
+        return f"{1.0 / hi:.3f}x to {1.0 / lo:.3f}x slower"
+    return f"{ratio_words(lo, 3)} to {ratio_words(hi, 3)}"
+
+
+def speed_label(result: Dict[str, Any]) -> str:
+    """``Slowdown`` where the candidate is slower, else ``Speedup``."""
+    return "Slowdown" if result["speedup"] is not None and result["speedup"] < 1.0 else "Speedup"
+
+
 def _speedup_text(result: Dict[str, Any]) -> str:
     if result["speedup"] is None:
         return "n/a"
-    text = f"{result['speedup']:.2f}x ({fmt_pct(result['change_pct'])}, {result['speedup_basis']})"
+    text = f"{ratio_words(result['speedup'])} ({fmt_pct(result['change_pct'])} {result['speedup_basis']})"
     if result["speedup_ci95"]:
         lo, hi = result["speedup_ci95"]
         verdict = "significant" if result["speedup_significant"] else "not significant: within noise"
         if not result["speedup_significant"] and (lo > 1.0 or hi < 1.0):
             verdict = f"within noise: below the {result['min_effect_pct']:g}% a second run of the same setup can move"
-        text += f", 95% CI {lo:.3f}x to {hi:.3f}x, {verdict}"
+        text += f", 95% CI {_ci_words(lo, hi)}, {verdict}"
     return text
+
+
+def time_saved_words(result: Dict[str, Any], duration=fmt_duration) -> tuple:
+    """(label, text) of the time to N iterations: ``Time saved``, ``6.2 min (86.1%)``; where the candidate takes
+    longer ``Time lost``, ``amp takes 6.2 min longer (+620.0%)``, never a negative saving."""
+    saved, pct = result["time_saved_s"], result["time_saved_pct"]
+    if finite(saved) is None:
+        return "Time saved", "n/a"
+    known = finite(pct) is not None
+    if saved < 0:
+        return "Time lost", (f"{result['candidate']['name']} takes {duration(-saved)} longer"
+                             + (f" (+{-pct:.1f}%)" if known else ""))
+    return "Time saved", duration(saved) + (f" ({pct:.1f}%)" if known else "")
+
+
+#: Memory from this many MB on is said in GB: below, MB keeps a change of one MB visible.
+GB_FROM_MB = 10 * 1024.0
+
+
+def _memory_unit(largest: float) -> tuple:
+    """(MB per unit, unit, decimals) for figures up to ``largest`` MB."""
+    if largest >= GB_FROM_MB:
+        return 1024.0, "GB", 2
+    return 1.0, "MB", 0 if largest >= 100 else 1
+
+
+def memory_texts(base: Optional[float], candidate: Optional[float]) -> tuple:
+    """(base, candidate, change) in MB or GB, one unit for the three, chosen by the larger figure: ``1039 MB``,
+    ``1039 MB``, ``+0 MB`` for 1039.32 -> 1039.41 (never ``1.01 GB -> 1.02 GB`` for a change of 0.09 MB). Decimals
+    are added (up to three) where the rounded figures differ and the rounded change is none, or the reverse. A figure
+    that is not known is ``n/a``, and so is the change."""
+    known = [abs(v) for v in (base, candidate) if finite(v) is not None]
+    if not known:
+        return "n/a", "n/a", "n/a"
+    scale, unit, digits = _memory_unit(max(known))
+    if finite(base) is None or finite(candidate) is None:
+        return tuple(f"{v / scale:.{digits}f} {unit}" if finite(v) is not None else "n/a"
+                     for v in (base, candidate)) + ("n/a",)
+    for places in range(digits, digits + 4):
+        b, c, d = (round(v / scale, places) or 0.0 for v in (base, candidate, candidate - base))  # never "-0"
+        if (b == c) == (d == 0):  # a change shown where the change rounds to none, or the reverse: more decimals
+            break
+    return f"{b:.{places}f} {unit}", f"{c:.{places}f} {unit}", f"{d:+.{places}f} {unit}"
 
 
 def format_text(result: Dict[str, Any]) -> str:
@@ -461,17 +544,19 @@ def format_text(result: Dict[str, Any]) -> str:
     n = result["iterations"]
     width = max(len(b["name"]), len(c["name"]), len("Time saved")) + 2
     typical = result["typical_iteration_speedup"]
+    saved_label, saved_text = time_saved_words(result)
     lines = [
-        result["diagnosis"]["line"],
+        *_diagnosis_text(result),
         "TRAINING TIME COMPARISON",
         "=" * 70,
         "",
         "Training performance (wall time over the measured iterations):",
         f"  {b['name'] + ':':<{width}}{_speed_line(b)}",
         f"  {c['name'] + ':':<{width}}{_speed_line(c)}",
-        f"  {'Speedup:':<{width}}{_speedup_text(result)}",
+        f"  {speed_label(result) + ':':<{width}}{_speedup_text(result)}",
         f"  {'Typical:':<{width}}"
-        + ("n/a" if typical is None else f"{typical:.2f}x the median iteration (stalls and slow steps left out)"),
+        + ("n/a" if typical is None else f"{ratio_words(typical)} in the median iteration (stalls and slow steps left"
+                                         " out)"),
         *([f"  {'Between:':<{width}}{result['between_runs']}"] if result.get("between_runs") else []),
         *_warmup_lines(result, width),
         "",
@@ -488,16 +573,14 @@ def format_text(result: Dict[str, Any]) -> str:
         f"Estimated time to {n:,} iterations (from the mean, warm-up included):",
         f"  {b['name'] + ':':<{width}}{_time_text(result, 'base')}",
         f"  {c['name'] + ':':<{width}}{_time_text(result, 'candidate')}",
-        f"  {'Time saved:':<{width}}{fmt_duration(result['time_saved_s'])}"
-        f" ({fmt_pct(result['time_saved_pct'])})",
+        f"  {saved_label + ':':<{width}}{saved_text}",
     ]
     lines += _sections_text(result)
     if result["memory_mb"]:
         lines += ["", "Peak memory:"]
         for label, d in result["memory_mb"].items():
-            lines.append(
-                f"  {label}: {fmt_mb(d['base'])} -> {fmt_mb(d['candidate'])} ({fmt_pct(d['delta_pct'])})"
-            )
+            base_text, candidate_text, change = memory_texts(d["base"], d["candidate"])
+            lines.append(f"  {label}: {base_text} -> {candidate_text} ({change}, {fmt_pct(d['delta_pct'])})")
     if result["quality"]:
         lines += ["", "Quality:"]
         for name, d in result["quality"].items():
@@ -521,6 +604,7 @@ def _time_text(result: Dict[str, Any], key: str) -> str:
 
 def format_markdown(result: Dict[str, Any]) -> str:
     b, c = result["base"], result["candidate"]
+    saved_label, saved_text = time_saved_words(result)
     rows = [
         [
             run["name"],
@@ -541,22 +625,20 @@ def format_markdown(result: Dict[str, Any]) -> str:
     headers = ["run", "ms/iter (mean)", "it/s", "samples/s", "min ms", "median ms", "p95 ms", "p99 ms", "max ms",
                f"time to {n}", f"time to {n} with eval"]
     parts = [
-        f"**{result['diagnosis']['line']}**", "",
+        *[part for line in (result["diagnosis"].get("lines") or [result["diagnosis"]["line"]])
+          for part in (f"**{line}**", "")],
         markdown_table(headers, rows),
         "",
-        f"**Speedup:** {_speedup_text(result)}. **Time saved:** {fmt_duration(result['time_saved_s'])}"
-        f" ({fmt_pct(result['time_saved_pct'])}).",
+        f"**{speed_label(result)}:** {_speedup_text(result)}. **{saved_label}:** {saved_text}.",
     ]
     if result.get("between_runs"):
         parts += ["", f"**Between runs:** {result['between_runs']}."]
     parts += _sections_markdown(result)
     parts += ["", f"**Break-even:** {break_even_text(result['break_even'])}."] if result.get("break_even") else []
     if result["memory_mb"]:
-        mem_rows = [
-            [label, fmt_mb(d["base"]), fmt_mb(d["candidate"]), fmt_pct(d["delta_pct"])]
-            for label, d in result["memory_mb"].items()
-        ]
-        parts += ["", markdown_table(["peak memory", b["name"], c["name"], "change"], mem_rows)]
+        mem_rows = [[label, *memory_texts(d["base"], d["candidate"]), fmt_pct(d["delta_pct"])]
+                    for label, d in result["memory_mb"].items()]
+        parts += ["", markdown_table(["peak memory", b["name"], c["name"], "change", "change %"], mem_rows)]
     if result["quality"]:
         q_rows = [
             [name, fmt_num(d["base"], 4), fmt_num(d["candidate"], 4), fmt_pct(d["delta_pct"])]

@@ -41,6 +41,19 @@ STEP_SECTIONS = ("forward", "backward", "optimizer_step", "training_step")
 _ADD_PROFILER = ("Add SectionProfiler to the Trainer's callbacks (or PerfSuite(), which holds it) and train at least"
                  f" {MIN_ITERATIONS} iterations past its warm-up.")
 
+def _switched_off(profiler: Any) -> Tuple[str, str]:
+    """(reason, advice) where the run had SectionProfiler and switched it off: by ``LIGHTNING_PERF_PROFILE=0`` (its
+    ``unavailable.sections`` names the variable's value), else by ``enabled=False``."""
+    recorded = str(_get(_get(profiler, "unavailable"), "sections") or "")
+    if "LIGHTNING_PERF_PROFILE=0" in recorded:
+        return ("SectionProfiler was switched off by the environment variable LIGHTNING_PERF_PROFILE=0",
+                f"Unset LIGHTNING_PERF_PROFILE (or set it to 1) and train at least {MIN_ITERATIONS} iterations past"
+                " its warm-up.")
+    return ("SectionProfiler was switched off in this run (`SectionProfiler(enabled=False)`)",
+            f"Construct it with enabled=True (or set LIGHTNING_PERF_PROFILE=1) and train at least {MIN_ITERATIONS}"
+            " iterations past its warm-up.")
+
+
 TAIL_ADVICE = {
     "epoch_start": "keep the DataLoader's workers alive across epochs (`persistent_workers=True`)",
     "checkpoint": "save checkpoints less often (`every_n_train_steps`) or asynchronously (`AsyncCheckpointIO`)",
@@ -93,7 +106,7 @@ def _shares(summary: PerfSummary) -> Tuple[Optional[Dict[str, float]], Optional[
     if sp is None:
         return None, "the summary has no SectionProfiler section, whose iteration breakdown every verdict weighs"
     if sp.enabled is False:
-        return None, "SectionProfiler was disabled in this run"
+        return None, _switched_off(sp)[0]
     iterations = sp.iterations or 0
     if iterations < MIN_ITERATIONS:
         return None, (f"SectionProfiler measured {iterations} iteration{'' if iterations == 1 else 's'}; a verdict"
@@ -170,7 +183,9 @@ def diagnose(summary: Any) -> Dict[str, Any]:
                            "contention": contention_line(contention(summary))}
     shares, why = _shares(summary)
     if shares is None:
-        out.update(reason=why, advice=_ADD_PROFILER)
+        profiler = summary.section_profiler
+        out.update(reason=why, advice=_switched_off(profiler)[1] if profiler is not None and profiler.enabled is False
+                   else _ADD_PROFILER)
         return out
     unchecked: Dict[str, str] = out["unchecked"]
     evaluation, eval_source = _evaluation_pct(summary)

@@ -232,10 +232,36 @@ def write_json_atomic(path: str, data: Dict[str, Any]) -> None:
         raise
 
 
+#: The largest input file a reader opens: a summary is tens of kB (a fit with every section and 64 ranks is under
+#: 2 MB), so 64 MB is a wrong file, not a summary; read whole, it would cost gigabytes of memory as Python objects.
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+
+
+def _checked_input(path: str) -> None:
+    """Refuses an input that is not a regular file (``/dev/zero`` reads forever, a named pipe blocks until a writer
+    comes) or that is larger than :data:`MAX_INPUT_BYTES`, before it is opened."""
+    kind = special_kind(path)
+    if kind == "a directory":
+        raise SummaryError(f"{path}: is a directory, expected a perf_summary.json file")
+    if kind is not None:
+        raise SummaryError(f"{path}: is {kind}, not a regular file; expected a perf_summary.json file")
+    try:
+        size = os.stat(path).st_size
+    except (OSError, ValueError):
+        return  # said by the open below, as it always was
+    if size > MAX_INPUT_BYTES:
+        raise SummaryError(f"{path}: {size / 2**20:.0f} MB, over the readers' limit of"
+                           f" {MAX_INPUT_BYTES // 2**20} MB; expected a perf_summary.json (tens of kB)")
+
+
 def _decode(path: str) -> Any:
+    _checked_input(path)
     try:
         with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+            text = fh.read(MAX_INPUT_BYTES + 1)  # a file that grew since its size was read stops here too
+        if len(text) > MAX_INPUT_BYTES:
+            raise SummaryError(f"{path}: over the readers' limit of {MAX_INPUT_BYTES // 2**20} MB; expected a"
+                               " perf_summary.json (tens of kB)")
     except FileNotFoundError:
         raise SummaryError(f"{path}: no such file") from None
     except IsADirectoryError:

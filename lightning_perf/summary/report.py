@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from lightning_perf.summary.compare import headline
+from lightning_perf.summary.compare import headline, memory_texts
 from lightning_perf.summary.fields import (
     SummaryLike,
     csv_text,
     eval_peak_mb,
     finite,
-    fmt_mb,
     fmt_num,
     fmt_pct,
     markdown_table,
@@ -180,18 +179,14 @@ def _memory_deltas(ref: PerfSummary, run: PerfSummary, first: bool) -> Dict[str,
     return out
 
 
-def _fmt_mb_delta(mb: Optional[float]) -> str:
-    if finite(mb) is None:
-        return "n/a"
-    sign = "+" if mb >= 0 else "-"
-    return f"{sign}{abs(mb) / 1024:.2f} GB" if abs(mb) >= 1024 else f"{sign}{abs(mb):.0f} MB"
-
-
 def _memory_cell(row: Dict[str, Any], key: str, first: bool) -> str:
-    text = fmt_mb(row[f"{key}_mb"])
-    if first or row[f"{key}_mb"] is None or row[f"{key}_delta_mb"] is None:
-        return text
-    return f"{text} ({_fmt_mb_delta(row[f'{key}_delta_mb'])}, {fmt_pct(row[f'{key}_delta_pct'])})"
+    """``1039 MB``, or with the change from the reference row in the same unit: ``1039 MB (+0 MB, +0.0%)`` (the
+    rule of compare's memory lines: :func:`~lightning_perf.summary.compare.memory_texts`)."""
+    value, delta = row[f"{key}_mb"], row[f"{key}_delta_mb"]
+    if first or finite(value) is None or finite(delta) is None:
+        return memory_texts(None, value)[1]
+    _, text, change = memory_texts(value - delta, value)
+    return f"{text} ({change}, {fmt_pct(row[f'{key}_delta_pct'])})"
 
 
 def _fmt_logged(value: Optional[float]) -> str:
