@@ -28,8 +28,10 @@ from lightning_perf.measure.tail import OWN_WORK, SlowestPieces, median_per_iter
 #: The host work of Lightning's loop between two batches (batch-end hooks after this profiler's, logging, the
 #: progress bar, the loop's own bookkeeping): its own section where ``data_loading`` is the fetch alone.
 BETWEEN = "between_batches"
-AUTO_SECTIONS = ("data_loading", BETWEEN, "transfer", "forward", "backward", "optimizer_step", "checkpointing",
-                 "other")
+#: (checkpointing last: the ninth section made shares its histogram batches' phase with the iterations', see
+#: ``_Samples``, and a checkpoint rarely comes every iteration)
+AUTO_SECTIONS = ("data_loading", BETWEEN, "transfer", "forward", "backward", "optimizer_step", "other",
+                 "checkpointing")
 MANUAL_SECTIONS = ("data_loading", BETWEEN, "transfer", "training_step", "checkpointing", "other")
 ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
 _FETCH_ACTION = "].train_dataloader_next"
