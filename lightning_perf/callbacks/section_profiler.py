@@ -20,6 +20,7 @@ from lightning_perf.callbacks._printer import PRINTER
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.measure import loader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, next_device_timed, now
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
@@ -66,6 +67,7 @@ FORWARD_PCT = 60.0
 OPTIMIZER_PCT = 20.0
 CHECKPOINT_PCT = 10.0
 HOST_OVER_DEVICE = 1.5
+BETWEEN_BATCHES_PCT = 15.0
 GAP_REASON = ("Lightning announced no dataloader fetch through its profiler (an action ending in"
               f" '{_FETCH_ACTION}') in 3 iterations: data loading is now timed as the whole gap from the end of one"
               " batch to the start of the next (data_loading_boundary='batch_gap'), so it also holds Lightning's loop,"
@@ -246,7 +248,7 @@ class SectionProfiler(PerfCallback):
     section_name = "section_profiler"
     _transient = ("_checkpoint_io", "_strategy", "_profiler", "_profiler_start", "_profiler_stop",
                   "_fetch_watch_toggles", "_fetch_stop_toggles",
-                  "_previous_sink", "_clock",
+                  "_previous_sink", "_clock", "_worker_timer",
                   "_pending_user", "_transfer")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
@@ -335,6 +337,11 @@ class SectionProfiler(PerfCallback):
         self._fetch_watch_toggles = False
         self._fetch_stop_toggles = False
         self._transfer: Any = None  # our mark on the strategy's batch_to_device, during a fit
+        self._worker_timer: Optional[loader.WorkerTimer] = None  # the DataLoader workers' own time, during a fit
+        self._loaders: Any = None  # trainer.train_dataloader at train start
+        self._workers: Optional[Dict[str, Any]] = None  # the summary's ``workers`` block, made at train end
+        self._workers_reason: Optional[str] = None
+        self._batches_per_iteration = 1
 
     def _is_enabled(self) -> bool:
         value = os.environ.get(ENV_SWITCH)
@@ -878,6 +885,10 @@ class SectionProfiler(PerfCallback):
         self._checkpoint_reason = (None if self._checkpoint_io is not None else
                                    timed_checkpoint_io.OWN_WRITER_REASON.format(strategy=type(trainer.strategy).__name__))
         self._transfer = batch_transfer.install(trainer.strategy, self._batch_transfer)
+        # the workers' own fetch and collate time: torch's fetchers wrapped before any worker of this fit forks
+        self._worker_timer = loader.WorkerTimer()
+        if not self._worker_timer.install():
+            self._workers_reason = self._worker_timer.reason
         if not self._gap_mode:
             self._profiler = trainer.profiler
             self._profiler_start = trainer.profiler.start
@@ -905,6 +916,9 @@ class SectionProfiler(PerfCallback):
             self._fetch_t = self._fetch_resume = None
         batch_transfer.uninstall(self._transfer)
         self._transfer = None
+        if self._worker_timer is not None:
+            self._worker_timer.close()
+            self._worker_timer = None
         if self._strategy is not None:
             timed_checkpoint_io.uninstall(self._strategy, self._checkpoint_io)
             self._checkpoint_io = self._strategy = None
@@ -933,6 +947,10 @@ class SectionProfiler(PerfCallback):
         self._ends_without_fetch = None if self._gap_mode else 0
         self._closes_due, self._tape_timing = self._iterations, True
         self._use_clock(DeviceIntervalClock() if (self.device_timing and on_cuda) else None)
+        self._loaders = trainer.train_dataloader
+        self._batches_per_iteration = 1 if self._manual else max(1, int(trainer.accumulate_grad_batches or 1))
+        if self._worker_timer is not None:
+            self._worker_timer.start()
         self._switch("other")
         self._arm_fetch_watch()
 
@@ -1252,6 +1270,8 @@ class SectionProfiler(PerfCallback):
             t = now()
             self._switch(None, t)  # the piece so far stays with its section; validation is off the table
             self._val_start = t
+            if self._worker_timer is not None:
+                self._worker_timer.stop()  # (validation's workers may have the training workers' ids)
 
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -1263,6 +1283,8 @@ class SectionProfiler(PerfCallback):
             self._val_start = None
             self._switch(self._between_batches(), t)
             self._arm_fetch_watch()
+            if self._worker_timer is not None:
+                self._worker_timer.start()
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -1273,10 +1295,45 @@ class SectionProfiler(PerfCallback):
             return
         if self._ending:  # the last iteration closes; what follows is the fit's final work, up to on_fit_end
             self._close_iteration(trainer, "other", now())
+        self._read_workers()
         self._poll_device(flush=True)
         self._fold()
         means = [self._sections[n].host.mean if n in self._sections else None for n in AUTO_SECTIONS]
         gather_floats_then(trainer, means, self._set_ranks, self)
+
+    def _read_workers(self) -> None:
+        """The summary's ``workers`` block: what the training DataLoader's workers spent making each batch (their
+        fetch and collate, timed inside them), beside the main process's wait (``data_loading``)."""
+        timer, self._workers = self._worker_timer, None
+        workers = loader.num_workers(self._loaders)
+        if workers is None:
+            self._workers_reason = "no DataLoader in trainer.train_dataloader"
+            return
+        row: Dict[str, Any] = {"num_workers": workers, "batches": None, "busy_ms_per_batch": None, "busy_pct": None,
+                               "cpu_count": loader.cpu_count()}
+        self._workers = row
+        if workers == 0:
+            self._workers_reason = ("num_workers=0: batches are made in the main process, and its wait for them is"
+                                    " data_loading")
+            return
+        if timer is None or self._workers_reason is not None:
+            return
+        timer.stop()
+        busy, batches = timer.totals()
+        if not batches:
+            self._workers_reason = (
+                "no batch made by a worker was timed: workers started by spawn or forkserver do not inherit the timer"
+                " (only forked workers do)" if not loader.uses_fork(self._loaders) else
+                "no batch made by a worker was timed")
+            return
+        row["batches"] = batches
+        row["busy_ms_per_batch"] = per_batch = 1000.0 * busy / batches
+        # at the loop's measured pace (counted iterations, warm-up left out): the share of the workers' time that
+        # making its batches takes; 100% or more: they are saturated, the loop cannot go faster than they make batches
+        self._fold()
+        iteration_ms = self._iteration.host.mean
+        if iteration_ms:
+            row["busy_pct"] = 100.0 * per_batch * self._batches_per_iteration / (workers * iteration_ms)
 
     def _close_final(self, t: float) -> None:
         """The fit's work after its last iteration closed (epoch-end hooks, the last checkpoint, every
@@ -1294,8 +1351,10 @@ class SectionProfiler(PerfCallback):
             for name, seconds in part.items():
                 pieces[name] = pieces.get(name, 0.0) + seconds
         writes = pieces.pop("checkpointing", None)
+        # (at least 0: a user section opened in the last iteration's batch-end work and closed here is carved whole
+        # out of this row, though its start was counted in that iteration)
         rows: Dict[str, Dict[str, Any]] = {
-            "other": {"kind": "auto", "parent": None, "count": 1, "total_s": sum(pieces.values())}}
+            "other": {"kind": "auto", "parent": None, "count": 1, "total_s": max(0.0, sum(pieces.values()))}}
         if writes is not None:
             rows["checkpointing"] = {"kind": "auto", "parent": None, "count": self._final_calls, "total_s": writes}
         for name, seconds, failed in self._iter_calls:
@@ -1452,12 +1511,24 @@ class SectionProfiler(PerfCallback):
         share = {n: r.get("inclusive_share_pct", r["share_pct"]) or 0.0 for n, r in table.items()}
         out: List[str] = []
         data = share.get("data_loading", 0.0)
+        workers = self._workers
         if data > DATA_LOADING_PCT:
-            out.append(f"Data loading takes {data:.1f}% of each iteration (above {DATA_LOADING_PCT:g}%): the model"
-                       " waits for data. Raise DataLoader num_workers, set pin_memory=True and persistent_workers=True,"
-                       " or make preprocessing lighter.")
+            advice = loader.wait_advice(workers)
+            out.append(f"Data loading takes {data:.1f}% of each iteration (above {DATA_LOADING_PCT:g}%): the loop"
+                       " waits for batches. " + (advice[0].upper() + advice[1:] + "." if advice else
+                                                 "Raise DataLoader num_workers, set pin_memory=True and"
+                                                 " persistent_workers=True, or make preprocessing lighter."))
         elif "data_loading" in table:
-            out.append(f"Data loading {data:.1f}%: efficient.")
+            busy = workers.get("busy_pct") if workers else None
+            out.append(f"Data loading {data:.1f}%: efficient" + (
+                f"; the loop hardly waits for batches (workers busy {busy:.0f}%): more workers would gain nothing."
+                if busy is not None else "."))
+        between = share.get(BETWEEN, 0.0)
+        if between > BETWEEN_BATCHES_PCT:
+            out.append(f"Lightning's loop between batches takes {between:.1f}% (above {BETWEEN_BATCHES_PCT:g}%): host"
+                       " work of the loop, not data loading (batch-end hooks of callbacks and the module, logging, the"
+                       " progress bar). Log less often (log_every_n_steps), refresh the progress bar less often"
+                       " (TQDMProgressBar(refresh_rate=...)), or put profile_section in your batch-end hooks.")
         fwd, bwd = (table.get(n, {}).get("inclusive_mean_ms") for n in ("forward", "backward"))
         if fwd and bwd and bwd > BACKWARD_OVER_FORWARD * fwd:
             out.append(f"Backward takes {bwd / fwd:.1f}x the forward (usually about 2x): look for gradient"
@@ -1538,6 +1609,8 @@ class SectionProfiler(PerfCallback):
             unavailable["data_loading_fetch"] = GAP_REASON
         if self._checkpoint_reason:
             unavailable["checkpointing"] = self._checkpoint_reason
+        if self._active and self._workers_reason and (self._workers is not None or self._iteration.host.count):
+            unavailable["workers"] = self._workers_reason
         if self._active and self._final_row is None:
             unavailable["after_last_iteration"] = (
                 "no iteration ended in this fit" if self._fit_iterations == 0 else
@@ -1545,6 +1618,7 @@ class SectionProfiler(PerfCallback):
         return {
             "enabled": self._active,
             "data_loading_boundary": "batch_gap" if self._gap_mode else "fetch",
+            "workers": self._workers,
             "manual_optimization": self._manual,
             "warmup_steps": self.warmup_steps,
             "device_timing_every_n_iterations": self.device_timing_every_n_iterations,
@@ -1562,5 +1636,6 @@ class SectionProfiler(PerfCallback):
             "unavailable": unavailable,
             "thresholds": {"data_loading_pct": DATA_LOADING_PCT, "backward_over_forward": BACKWARD_OVER_FORWARD,
                            "optimizer_pct": OPTIMIZER_PCT, "forward_pct": FORWARD_PCT, "checkpointing_pct": CHECKPOINT_PCT,
-                           "host_over_device": HOST_OVER_DEVICE},
+                           "host_over_device": HOST_OVER_DEVICE, "between_batches_pct": BETWEEN_BATCHES_PCT,
+                           "workers_busy_pct": loader.WORKERS_BUSY_PCT},
         }
