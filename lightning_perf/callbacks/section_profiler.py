@@ -188,15 +188,17 @@ def _printed_rows(table: Dict[str, Dict[str, Any]]) -> List[tuple]:
 class SectionProfiler(PerfCallback):
     r"""Splits every training iteration into sections and reports count, total, mean, min, max, p50, p95 and share.
 
-    An iteration runs from where the previous one closed to where the next one starts (its fetch with
-    ``data_loading_boundary="fetch"``, else its transfer or ``on_train_batch_start``), or to an epoch end or the end
+    An iteration runs from where the previous one closed to where the next one starts (its fetch by default, with
+    ``data_loading_boundary="batch_gap"`` its transfer or ``on_train_batch_start``), or to an epoch end or the end
     of training: the work at its end (later callbacks' and the module's ``on_train_batch_end``, a checkpoint saved
     there, one saved after a validation) is its own. What the fit runs after its last iteration (the epoch-end and
     ``on_train_end`` hooks, the last checkpoint) is the summary's ``after_last_iteration`` row, outside the table.
 
-    Automatic sections, from Lightning's hooks: ``data_loading`` (the wait for the iteration's batch: with
-    ``"batch_gap"`` the gap from the end of the previous batch to this one's transfer, less what is carved out of it,
-    which is the previous iteration's batch-end work), ``transfer`` (Lightning's ``batch_to_device``: the
+    Automatic sections, from Lightning's hooks: ``data_loading`` (the loop's wait for the iteration's batch:
+    Lightning's fetch; with ``"batch_gap"`` the gap from the end of the previous batch to this one's transfer, less
+    what is carved out of it, which is the previous iteration's batch-end work), ``between_batches`` (the host work
+    of Lightning's loop between two batches: later callbacks' and the module's batch-end hooks, the progress bar,
+    logging, the loop's bookkeeping; only with the fetch), ``transfer`` (Lightning's ``batch_to_device``: the
     host-to-device copy, ``transfer_batch_to_device`` and ``on_after_batch_transfer``), ``forward``
     (``training_step``), ``backward``, ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (checkpoint
     writes and removals, timed through the strategy's ``CheckpointIO`` plugin) and ``other`` (gradient clipping,
@@ -212,12 +214,13 @@ class SectionProfiler(PerfCallback):
         report_every_n_steps: iterations between periodic reports (printed on rank 0 and logged).
         warmup_steps: iterations at the start of each fit left out.
         device_timing: also time sections with CUDA events when training on CUDA.
-        data_loading_boundary: where ``data_loading`` starts. ``"batch_gap"``: at the end of the previous batch
-            (this profiler's ``on_train_batch_end``), through public hooks only; later callbacks' batch-end hooks,
-            logger writes and LR schedulers are inside it, less the sections and checkpoint writes carved out of it
-            (those are the previous iteration's). ``"fetch"``: at Lightning's dataloader fetch, recognised
-            by the action name Lightning gives it in ``trainer.profiler`` (more precise; relies on that name and
-            warns and falls back to ``"batch_gap"`` when no such fetch is announced in 3 iterations).
+        data_loading_boundary: what ``data_loading`` is. ``"fetch"``: Lightning's dataloader fetch, from its start
+            to its return, recognised by the action name Lightning gives it in ``trainer.profiler`` (relies on that
+            name; warns and falls back to ``"batch_gap"`` when no such fetch is announced in 3 iterations); the rest
+            of the gap between two batches is ``between_batches``. ``"batch_gap"``: the whole gap from the end of the
+            previous batch (this profiler's ``on_train_batch_end``) to the transfer, through public hooks only; later
+            callbacks' batch-end hooks, the progress bar, logger writes and LR schedulers are inside it (an upper
+            bound of the wait), less the sections and checkpoint writes carved out of it.
         device_timing_every_n_iterations: time sections on the device in the first n iterations after the warm-up,
             then in one iteration of every n, and report the mean over those. Each section boundary costs a CUDA
             event record, and each interval an event query and read: ~75 µs of CUDA calls per iteration on an H100
@@ -227,8 +230,12 @@ class SectionProfiler(PerfCallback):
         print_reports: print the periodic and the final table (rank 0); logging happens either way.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
 
+    With DataLoader workers, the summary's ``workers`` block says what they spend per batch (their fetch and collate,
+    timed inside them), beside the loop's wait.
+
     Logged metrics (every ``report_every_n_steps``, means over the window): ``time/<section>_ms`` and
     ``time_share/<section>_pct`` for each section, e.g. ``time/forward_ms``, ``time_share/data_loading_pct``,
+    ``time/between_batches_ms``,
     ``time/transfer_ms``,
     ``time/ema_ms``; ``time/iteration_ms``.
 
@@ -321,6 +328,7 @@ class SectionProfiler(PerfCallback):
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
         self._fetch_t: Optional[float] = None  # where the fetch running now started (boundary "fetch")
+        self._fetch_ends = 0  # fetches whose return Lightning announced (its profiler's stop)
         self._fetch_resume: Optional[str] = None  # the section its end goes back to, where it started live
         self._ends_without_fetch: Optional[int] = None  # step ends without a fetch seen (fall back after 3)
         self._device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
@@ -507,6 +515,7 @@ class SectionProfiler(PerfCallback):
             t = now()
             try:
                 start, self._fetch_t = self._fetch_t, None
+                self._fetch_ends += 1
                 if self._fetch_stop_toggles and self._profiler.__dict__.get("stop") == self._profiler_stopped:
                     del self._profiler.stop
                 resume, self._fetch_resume = self._fetch_resume, None
@@ -1127,8 +1136,9 @@ class SectionProfiler(PerfCallback):
     def _fetch_seen_or_fall_back(self) -> None:
         """At a step's end in the first iterations of a fit: once a fetch was announced, nothing more to check; after
         3 steps without one (a Lightning release that renames the announcement, a loop of its own), data loading is
-        the gap between batches from here on (``batch_gap``), with a warning and the reason in the summary."""
-        if self._gap_mode or self._fetches:
+        the gap between batches from here on (``batch_gap``), with a warning and the reason in the summary. A fetch
+        whose start is announced and not its return counts as none."""
+        if self._gap_mode or self._fetch_ends:
             self._ends_without_fetch = None
             return
         self._ends_without_fetch += 1
