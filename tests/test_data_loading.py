@@ -4,7 +4,11 @@ two batches is ``between_batches``; with workers, what they spend per batch is m
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -196,5 +200,109 @@ def test_without_the_fetch_announcement_the_gap_is_data_loading_and_says_so(tmp_
     assert section["sections"]["between_batches"]["count"] == 0  # (the first steps were warm-up)
 
 
+#: A user's script, unchanged by any measuring tool: Lightning's defaults (progress bar on), an in-memory dataset,
+#: and its own clock around the DataLoader's ``__next__``, written to ``waits.json`` in the folder it runs in.
+SCRIPT = '''
+import json
+import sys
+import time
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+WAITS = []
+
+
+class Clocked:
+    def __init__(self, iterator):
+        self.iterator = iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        start = time.perf_counter()
+        try:
+            return next(self.iterator)
+        finally:
+            WAITS.append(time.perf_counter() - start)
+
+
+class Loader(DataLoader):
+    def __iter__(self):
+        return Clocked(super().__iter__())
+
+
+class Net(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 768), torch.nn.ReLU(), torch.nn.Linear(768, 768),
+                                       torch.nn.ReLU(), torch.nn.Linear(768, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss, prog_bar=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+g = torch.Generator().manual_seed(0)
+x = torch.randn(2048, 64, generator=g)
+loader = Loader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=32, num_workers=int(sys.argv[1]),
+                persistent_workers=int(sys.argv[1]) > 0)
+Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        log_every_n_steps=1).fit(Net(), loader)
+with open("waits.json", "w") as fh:
+    json.dump(WAITS, fh)
+'''
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_lightning_perf_run_on_a_script_with_a_progress_bar_reports_the_loaders_own_wait(tmp_path, workers):
+    """``lightning-perf run`` on an unchanged script (Lightning's progress bar and a logged metric on every step, an
+    in-memory dataset): ``data_loading`` is the DataLoader's own ``__next__`` time within 15% or 0.05 ms, the run is
+    not input-bound, and with workers their own time is in the summary."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT).lstrip())
+    out = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "run", "--out", str(out), "--name", "cheap",
+                           "--", sys.executable, str(script), str(workers)], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "cheap" / "perf_summary.json").read_text())
+    waits = json.loads((tmp_path / "waits.json").read_text())
+    section = summary["section_profiler"]
+    warmup = section["warmup_steps"]
+    counted = waits[warmup:]
+    assert section["sections"]["data_loading"]["count"] == len(counted) == 64 - warmup
+    assert_close_to_the_loaders_clock(section["sections"]["data_loading"]["mean_ms"],
+                                      1000.0 * sum(counted) / len(counted))
+    assert section["sections"]["between_batches"]["mean_ms"] > 0  # the progress bar and the logging are there
+    assert summary["diagnosis"]["verdict"] != "input-bound", summary["diagnosis"]
+    if workers:
+        assert section["workers"]["num_workers"] == 2 and section["workers"]["batches"] == 64
+        assert section["workers"]["busy_ms_per_batch"] > 0
+
+
 def test_the_default_boundary_is_the_fetch():
     assert SectionProfiler().data_loading_boundary == "fetch"
+
+
+def test_without_torchs_fetchers_the_workers_figures_are_null_with_the_reason(tmp_path, monkeypatch):
+    """The workers' time comes from wrapping torch's DataLoader fetchers (private names): a torch without one gives
+    null figures and says why, and training and the rest of the sections go on as before."""
+    from torch.utils.data._utils import fetch as fetch_module
+
+    monkeypatch.delattr(fetch_module, "_IterableDatasetFetcher")
+    spent, shared = [], multiprocessing.Array("d", 2)
+    loader = ClockedLoader(SelfTimedItems(256, 0.0, shared), batch_size=32, num_workers=2, spent=spent)
+    summary, section, loader_ms = clocked_fit(tmp_path, loader, spent)
+    assert section["workers"]["num_workers"] == 2 and section["workers"]["busy_ms_per_batch"] is None
+    assert "_IterableDatasetFetcher" in section["unavailable"]["workers"]
+    assert fetch_module._MapDatasetFetcher.fetch.__name__ == "fetch" and not hasattr(
+        fetch_module._MapDatasetFetcher.fetch, "__wrapped__")  # nothing of the wrapper left behind
+    assert_close_to_the_loaders_clock(section["sections"]["data_loading"]["mean_ms"], loader_ms)

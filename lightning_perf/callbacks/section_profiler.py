@@ -909,6 +909,20 @@ class SectionProfiler(PerfCallback):
                 trainer.profiler.stop = self._profiler_stopped  # type: ignore[method-assign]
 
     def _restore(self) -> None:
+        self._release_profiler()
+        batch_transfer.uninstall(self._transfer)
+        self._transfer = None
+        if self._worker_timer is not None:
+            self._worker_timer.close()
+            self._worker_timer = None
+        if self._strategy is not None:
+            timed_checkpoint_io.uninstall(self._strategy, self._checkpoint_io)
+            self._checkpoint_io = self._strategy = None
+        if user_sections.current_sink() is self:
+            user_sections.set_sink(self._previous_sink)
+
+    def _release_profiler(self) -> None:
+        """Gives the trainer's profiler back its own ``start`` and ``stop`` (or what another tool had put there)."""
         if self._profiler_start is not None:
             own = self._profiler.__dict__
             if self._fetch_watch_toggles:
@@ -923,16 +937,7 @@ class SectionProfiler(PerfCallback):
                 self._profiler.stop = self._profiler_stop
             self._profiler_start = self._profiler_stop = self._profiler = None
             self._fetch_t = self._fetch_resume = None
-        batch_transfer.uninstall(self._transfer)
-        self._transfer = None
-        if self._worker_timer is not None:
-            self._worker_timer.close()
-            self._worker_timer = None
-        if self._strategy is not None:
-            timed_checkpoint_io.uninstall(self._strategy, self._checkpoint_io)
-            self._checkpoint_io = self._strategy = None
-        if user_sections.current_sink() is self:
-            user_sections.set_sink(self._previous_sink)
+            self._fetch_watch_toggles = self._fetch_stop_toggles = False
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -1146,9 +1151,7 @@ class SectionProfiler(PerfCallback):
             self._replay()  # (the events so far with the labels they were taped under)
             self._gap_mode, self._ends_without_fetch = True, None
             self._warn_once("fetch", GAP_REASON)
-            if self._profiler is not None and self._fetch_watch_toggles:
-                self._disarm_fetch_watch()
-                self._fetch_watch_toggles = False  # (no fetch to watch for: the profiler's own start again)
+            self._release_profiler()  # (no fetch to watch for: the profiler's own start and stop again)
 
     def _close_iteration(self, trainer: Optional[Trainer], section: str, t: float) -> None:
         """The iteration whose step ended closes at ``t``, where ``section`` of the next one starts: its pieces go
