@@ -374,3 +374,49 @@ def test_compare_of_one_verdict_says_so_and_reads_files_from_before_diagnoses(th
     result = json.loads(cli("compare", three_runs["fast"], str(path), "--format", "json"))
     assert result["diagnosis"]["candidate"]["verdict"] == "input-bound"
     assert result["diagnosis"]["candidate"]["value"] == pytest.approx(100 * 16 / 46)
+
+
+# -- the loop's own work between batches is not input; the workers' own time picks the advice -----------------------
+
+class BatchEndWork(Callback):
+    """A later callback's batch-end hook (a progress bar, a logger) that costs ``ms`` on the virtual clock."""
+
+    def __init__(self, clock, ms):
+        self.clock, self.ms = clock, ms
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.clock.advance(self.ms / 1000.0)
+
+
+def test_batch_end_work_of_other_callbacks_is_the_loops_host_work_not_input(tmp_path, monkeypatch):
+    """fetch 4 ms, step 10 ms, 12 ms of a later callback's batch-end hook: data loading is the 4 ms fetch (15.4%),
+    the hook is `between_batches` (46.2%), and the run is not input-bound (counting the gap as data loading made it
+    61.5%, "raise num_workers"): no cost dominates, and the advice names the loop's work."""
+    s = run(tmp_path, monkeypatch, fetch=4.0, step=10.0,
+            callbacks=lambda clock: {"callbacks": [BatchEndWork(clock, 12.0)]})
+    table = s["section_profiler"]["sections"]
+    assert table["data_loading"]["mean_ms"] == pytest.approx(4.0)
+    assert table["between_batches"]["mean_ms"] == pytest.approx(12.0)
+    d = s["diagnosis"]
+    assert d["verdict"] == "mixed" and "input-bound" not in d["also"], d
+    assert "between_batches" in d["figure"] and d["value"] == pytest.approx(100 * 12 / 26)
+    assert d["advice"] == diag.LOOP_ADVICE and "progress bar" in d["advice"]
+
+
+@pytest.mark.parametrize("workers, advice", [
+    ({"num_workers": 0, "cpu_count": 8}, "`num_workers=0`"),
+    ({"num_workers": 2, "busy_pct": 97.0, "busy_ms_per_batch": 30.0, "cpu_count": 8}, "add workers"),
+    ({"num_workers": 8, "busy_pct": 97.0, "busy_ms_per_batch": 30.0, "cpu_count": 8}, "make loading and the transform"
+                                                                                        " cheaper"),
+    ({"num_workers": 4, "busy_pct": 20.0, "busy_ms_per_batch": 3.0, "cpu_count": 8}, "more workers will not help"),
+])
+def test_an_input_bound_run_is_advised_by_what_its_workers_spend(tmp_path, monkeypatch, workers, advice):
+    """The same input-bound run (a 16 ms fetch beside a 30 ms step) with each kind of worker figures: no workers
+    (load in workers), saturated workers with cores to spare (add workers), saturated on every core (a cheaper
+    transform), workers mostly idle while the loop waits (more will not help)."""
+    s = run(tmp_path, monkeypatch, fetch=16.0, step=30.0)
+    s["section_profiler"]["workers"] = dict({"batches": 100, "busy_pct": None, "busy_ms_per_batch": None}, **workers)
+    d = diagnose(s)
+    assert d["verdict"] == "input-bound" and advice in d["advice"], d["advice"]
+    if workers.get("busy_pct"):
+        assert f"{workers['busy_pct']:.0f}% of the time" in d["advice"]

@@ -87,7 +87,10 @@ def test_every_sampling_call_and_every_checkpoint_is_counted_the_last_ones_too(t
     files = len(list((tmp_path / "ckpt").glob("*.ckpt")))
     assert model.sampled == 4 and files == io.saves == 3
     assert sp["iterations"] == 12
-    assert table["sampling"]["count"] == model.sampled and table["sampling"]["parent"] == "other"
+    # the module's batch-end sampling runs between two batches: with the fetch as data loading that is the loop's own
+    # section; with batch_gap it is carved out of the gap and named `other` (not part of the fetch)
+    between = "other" if boundary == "batch_gap" else "between_batches"
+    assert table["sampling"]["count"] == model.sampled and table["sampling"]["parent"] == between
     assert table["sampling"]["total_s"] == pytest.approx(model.sampled * SAMPLE_S)
     assert table["checkpointing"]["count"] == files and table["checkpointing"]["total_s"] == pytest.approx(
         files * SAVE_S)
@@ -202,7 +205,7 @@ class BatchEndHeavy(TinyModel):
 @pytest.mark.parametrize("boundary", ["batch_gap", "fetch"])
 def test_device_time_labels_follow_the_host_pieces_across_the_iteration_close(tmp_path, monkeypatch, boundary):
     """Batch-end work outside any section is the next iteration's data_loading (batch_gap) or this iteration's
-    `other` (fetch), on the host: the device intervals are labelled the same way, section by section."""
+    `between_batches` (fetch), on the host: the device intervals are labelled the same way, section by section."""
     clock = use_virtual_clock(monkeypatch)
     sp = profiler(warmup_steps=2, device_timing_every_n_iterations=1, data_loading_boundary=boundary)
     fit(tmp_path, [sp, SimulatedDevice(sp)], model=BatchEndHeavy(clock), max_epochs=2, enable_checkpointing=False)
@@ -212,13 +215,13 @@ def test_device_time_labels_follow_the_host_pieces_across_the_iteration_close(tm
     for name, row in table.items():
         if row["count"]:
             assert row["device_mean_ms"] == pytest.approx(row["mean_ms"], abs=1e-6), (name, row)
-    where = "data_loading" if boundary == "batch_gap" else "other"
+    where = "data_loading" if boundary == "batch_gap" else "between_batches"
     fetch_ms = 8 * 1000 * FETCH_S
     if boundary == "batch_gap":
         assert table["data_loading"]["mean_ms"] == pytest.approx(fetch_ms + 2.0)
     else:
         assert table["data_loading"]["mean_ms"] == pytest.approx(fetch_ms)
-        assert table["other"]["mean_ms"] == pytest.approx(2.0)
+        assert table["between_batches"]["mean_ms"] == pytest.approx(2.0)
     assert table[where]["count"] == 14
 
 
@@ -327,8 +330,9 @@ def test_the_next_timed_iteration_is_the_first_that_device_timed_says_is_timed()
                 assert sp._next_timed(fit_iteration) == first, (warmup, every, fit_iteration)
 
 
+@pytest.mark.parametrize("boundary", ["fetch", "batch_gap"])
 @pytest.mark.parametrize("timing", [8, 3])
-def test_on_a_device_clock_a_run_of_plain_iterations_stops_before_a_mark(tmp_path, monkeypatch, timing):
+def test_on_a_device_clock_a_run_of_plain_iterations_stops_before_a_mark(tmp_path, monkeypatch, timing, boundary):
     """With a device clock (SimulatedDevice), the iterations between two timed ones tape, and the replay works out
     their plain steps as arithmetic (``_apply_plain_steps``), which records no event: the run must stop before the
     first switch that ends or starts a timed piece (the batch end before a timed iteration), and the flag of marks
@@ -353,7 +357,8 @@ def test_on_a_device_clock_a_run_of_plain_iterations_stops_before_a_mark(tmp_pat
 
     def run(root, taping):
         clock = use_virtual_clock(monkeypatch)
-        sp = profiler(report_every_n_steps=10**6, warmup_steps=5, device_timing_every_n_iterations=timing)
+        sp = profiler(report_every_n_steps=10**6, warmup_steps=5, device_timing_every_n_iterations=timing,
+                      data_loading_boundary=boundary)
         pending = []
 
         class Watch(Callback):
@@ -380,7 +385,9 @@ def test_on_a_device_clock_a_run_of_plain_iterations_stops_before_a_mark(tmp_pat
     sp = profiler(warmup_steps=5, device_timing_every_n_iterations=timing)
     assert closes and all(not any(sp._device_timed(f + j) for j in range(k + 2)) for f, k in closes), closes
     longest = max(k for f, k in closes)
-    assert longest == (timing - 4 if timing > 3 else 0), closes  # up to the batch end before a timed iteration
+    # up to the batch end before a timed iteration; with the fetch the next iteration starts at its fetch, not at the
+    # batch end before it, so a run takes one iteration more
+    assert longest == (timing - 4 + (boundary == "fetch") if timing > 3 else 0), closes
 
 
 def test_on_a_device_clock_the_replay_at_a_pause_is_counted_once_in_the_overhead(tmp_path, monkeypatch):
@@ -523,11 +530,13 @@ def test_an_interrupt_inside_a_plain_steps_arithmetic_never_applies_it_twice():
     assert dict(sp._piece) == {"data_loading": 1.0, "transfer": 1.0}  # counted once; the rest of the step is lost
 
 
-def _random_tape(rng):
+def _random_tape(rng, fetch=False):
     """A tape of many iterations, mostly plain ones, with now and then a user section (in the step or at the batch
-    end), a checkpoint write, an accumulating batch or a batch with no transfer; times a few ms apart."""
-    from lightning_perf.callbacks.section_profiler import (_BATCH_START, _CHECKPOINT, _STEP_END, _TRANSFER,
-                                                           _USER_SECTION)
+    end), a checkpoint write, an accumulating batch or a batch with no transfer; times a few ms apart. ``fetch``: each
+    batch's fetch before its transfer (the default boundary), now and then one inside the step (a ``dataloader_iter``
+    step) or none."""
+    from lightning_perf.callbacks.section_profiler import (_BATCH_START, _CHECKPOINT, _FETCH, _STEP_END, _TRANSFER,
+                                                           _USER_SECTION, BETWEEN)
 
     t, tape = 0.0, []
 
@@ -538,6 +547,8 @@ def _random_tape(rng):
 
     for _ in range(rng.randint(20, 300)):
         kind = rng.random()
+        if fetch and rng.random() < 0.99:
+            tape.append((_FETCH, at(), at()))
         if rng.random() < 0.03:  # before the transfer (an epoch start's hook): its iteration's, not the last one's
             tape.append((_USER_SECTION, "setup", None, rng.uniform(0, 1e-3), False))
         if kind > 0.03:
@@ -545,8 +556,10 @@ def _random_tape(rng):
         tape.append((_BATCH_START, at()))
         if kind < 0.06:
             tape.append((_USER_SECTION, "noise", None, rng.uniform(0, 1e-5), False))
+        if fetch and rng.random() < 0.01:
+            tape.append((_FETCH, at(), at()))
         if 0.06 <= kind < 0.1:  # accumulating: no optimizer step, the iteration goes on
-            tape += [("backward", at()), ("other", at()), ("data_loading", at())]
+            tape += [("backward", at()), ("other", at()), (BETWEEN if fetch else "data_loading", at())]
             continue
         tape += [("optimizer_step", at()), ("backward", at()), ("other", at()), ("optimizer_step", at()),
                  (_STEP_END, at())]
@@ -570,8 +583,9 @@ def _profiler_state(sp):
             sp._final_calls, sp._prev_end, sp._last_folded, dict(sp._failures), sp._tape)
 
 
+@pytest.mark.parametrize("boundary", ["fetch", "batch_gap"])
 @pytest.mark.parametrize("seed", range(60))
-def test_runs_of_plain_iterations_replay_as_the_events_one_by_one(monkeypatch, seed):
+def test_runs_of_plain_iterations_replay_as_the_events_one_by_one(monkeypatch, seed, boundary):
     """``_apply_plain_steps`` works out a run of plain iterations (closes and steps) at once; the same random tapes
     replayed event by event (no arithmetic at all) leave every figure, histogram, slowest iteration and state field
     the same, bit for bit: across folds (every FOLD_EVERY iterations), the warm-up's end, reports (with a trainer in
@@ -580,7 +594,7 @@ def test_runs_of_plain_iterations_replay_as_the_events_one_by_one(monkeypatch, s
     from types import SimpleNamespace
 
     rng = random.Random(seed)
-    tape = _random_tape(rng)
+    tape = _random_tape(rng, fetch=boundary == "fetch")
     every, warmup = rng.choice([1, 2, 3, 7, 50, 1000]), rng.choice([0, 0, 1, 5])
     cuts = sorted(rng.sample(range(1, len(tape)), k=min(len(tape) - 1, rng.randint(0, 6))))
     states, runs = [], []
@@ -597,7 +611,7 @@ def test_runs_of_plain_iterations_replay_as_the_events_one_by_one(monkeypatch, s
             monkeypatch.setattr(SectionProfiler, "_apply_plain_steps", counted)
         else:
             monkeypatch.setattr(SectionProfiler, "_plain_step", lambda self, tape, i: False)
-        sp = profiler(report_every_n_steps=every, warmup_steps=warmup)
+        sp = profiler(report_every_n_steps=every, warmup_steps=warmup, data_loading_boundary=boundary)
         sp._active = sp._taping = True
         sp._current, sp._t0, sp._counted = "data_loading", 0.0, warmup == 0
         # a trainer with no logger: reports are made (and reset the windows) where the events one by one make them
@@ -613,15 +627,20 @@ def test_runs_of_plain_iterations_replay_as_the_events_one_by_one(monkeypatch, s
         assert max(runs) >= 10  # long runs were worked out at once
 
 
-def test_an_interrupt_inside_a_run_of_plain_iterations_neither_loses_nor_repeats_one(monkeypatch):
+@pytest.mark.parametrize("boundary", ["fetch", "batch_gap"])
+def test_an_interrupt_inside_a_run_of_plain_iterations_neither_loses_nor_repeats_one(monkeypatch, boundary):
     """Ctrl-C landing in the fold that a run of plain iterations reaches (every FOLD_EVERY iterations): what the
     run took is kept as taken, and the replay that follows goes on from there: every iteration closes once."""
+    from lightning_perf.callbacks.section_profiler import _FETCH
     from lightning_perf.measure.stats import FOLD_EVERY
 
     def replayed(interrupt):
         tape = _plain_tape()  # one plain iteration, then 99 more after it, a ms apart
         _add_plain_iterations(tape, 99, tape[-1][1], 0.001)
-        sp = profiler(report_every_n_steps=1000)
+        if boundary == "fetch":  # each iteration's fetch before its transfer
+            tape = [e for event in tape for e in ([(_FETCH, event[1] - 3e-4, event[1] - 2e-4)]
+                                                   if event[0] == tape[0][0] else []) + [event]]
+        sp = profiler(report_every_n_steps=1000, data_loading_boundary=boundary)
         sp._active = sp._taping = True
         sp._current, sp._t0, sp._tape, sp._trainer_ref = "data_loading", 0.0, tape, None
         events = len(tape)

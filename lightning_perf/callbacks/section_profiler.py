@@ -20,16 +20,23 @@ from lightning_perf.callbacks._printer import PRINTER
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.measure import loader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, next_device_timed, now
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
 from lightning_perf.measure.tail import OWN_WORK, SlowestPieces, median_per_iteration
 
-AUTO_SECTIONS = ("data_loading", "transfer", "forward", "backward", "optimizer_step", "checkpointing", "other")
-MANUAL_SECTIONS = ("data_loading", "transfer", "training_step", "checkpointing", "other")
+#: The host work of Lightning's loop between two batches (batch-end hooks after this profiler's, logging, the
+#: progress bar, the loop's own bookkeeping): its own section where ``data_loading`` is the fetch alone.
+BETWEEN = "between_batches"
+#: (checkpointing last: the ninth section made shares its histogram batches' phase with the iterations', see
+#: ``_Samples``, and a checkpoint rarely comes every iteration)
+AUTO_SECTIONS = ("data_loading", BETWEEN, "transfer", "forward", "backward", "optimizer_step", "other",
+                 "checkpointing")
+MANUAL_SECTIONS = ("data_loading", BETWEEN, "transfer", "training_step", "checkpointing", "other")
 ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
 _FETCH_ACTION = "].train_dataloader_next"
-BOUNDARIES = ("batch_gap", "fetch")
+BOUNDARIES = ("fetch", "batch_gap")
 _MAX_CALLS_PER_ITERATION = 10_000
 #: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
 #: IterationTimer's default ``keep_slowest`` (10), so that its kept iterations are found here too.
@@ -41,15 +48,17 @@ HISTOGRAM_EVERY = 512
 OVERHEAD_SAMPLE = 8
 #: Events of the step path written down while taping (see ``_replay``): a switch is (section, t); the others
 #: (code, ...) with these codes.
-_TRANSFER, _BATCH_START, _STEP_END, _USER_SECTION, _CHECKPOINT = range(5)
+_TRANSFER, _BATCH_START, _STEP_END, _USER_SECTION, _CHECKPOINT, _FETCH = range(6)
 #: The tape is replayed at the latest once it holds this many events (a long gradient accumulation, many user
 #: sections, a large ``report_every_n_steps``): O(1) memory per step.
 TAPE_LIMIT = 1024
 #: A plain iteration's automatic pieces, in the order its switches make them (``_apply_plain_steps``).
 _PLAIN_PIECES = ("data_loading", "transfer", "forward", "optimizer_step", "backward", "other")
+#: The same with the fetch as data loading (``_apply_plain_fetch_steps``): seven pieces.
+_PLAIN_FETCH_PIECES = ("data_loading", BETWEEN, "transfer", "forward", "optimizer_step", "backward", "other")
 #: Where a replayed event came from, for ``measurement_failures`` (a switch: "step switch").
 _EVENT_PLACES = {_TRANSFER: "batch_to_device", _BATCH_START: "on_train_batch_start", _STEP_END: "on_train_batch_end",
-                 _USER_SECTION: "profile_section", _CHECKPOINT: "checkpoint write"}
+                 _USER_SECTION: "profile_section", _CHECKPOINT: "checkpoint write", _FETCH: "dataloader fetch"}
 
 # Insight thresholds (documented in docs/section_profiler.md).
 DATA_LOADING_PCT = 15.0
@@ -58,10 +67,11 @@ FORWARD_PCT = 60.0
 OPTIMIZER_PCT = 20.0
 CHECKPOINT_PCT = 10.0
 HOST_OVER_DEVICE = 1.5
+BETWEEN_BATCHES_PCT = 15.0
 GAP_REASON = ("Lightning announced no dataloader fetch through its profiler (an action ending in"
               f" '{_FETCH_ACTION}') in 3 iterations: data loading is now timed as the whole gap from the end of one"
-              " batch to the start of the next, other callbacks' batch-end hooks included, and `other` is only what"
-              " runs inside the step.")
+              " batch to the start of the next (data_loading_boundary='batch_gap'), so it also holds Lightning's loop,"
+              " logging, the progress bar and other callbacks' batch-end hooks: an upper bound of the wait for data.")
 SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, overlapped with it, so that time is"
                " part of `backward`; timing it apart would need a DDP communication hook installed on your model,"
                " which a measurement must not do. `ranks` shows each rank's sections: a straggler's data loading or"
@@ -184,15 +194,17 @@ def _printed_rows(table: Dict[str, Dict[str, Any]]) -> List[tuple]:
 class SectionProfiler(PerfCallback):
     r"""Splits every training iteration into sections and reports count, total, mean, min, max, p50, p95 and share.
 
-    An iteration runs from where the previous one closed to where the next one starts (its fetch with
-    ``data_loading_boundary="fetch"``, else its transfer or ``on_train_batch_start``), or to an epoch end or the end
+    An iteration runs from where the previous one closed to where the next one starts (its fetch by default, with
+    ``data_loading_boundary="batch_gap"`` its transfer or ``on_train_batch_start``), or to an epoch end or the end
     of training: the work at its end (later callbacks' and the module's ``on_train_batch_end``, a checkpoint saved
     there, one saved after a validation) is its own. What the fit runs after its last iteration (the epoch-end and
     ``on_train_end`` hooks, the last checkpoint) is the summary's ``after_last_iteration`` row, outside the table.
 
-    Automatic sections, from Lightning's hooks: ``data_loading`` (the wait for the iteration's batch: with
-    ``"batch_gap"`` the gap from the end of the previous batch to this one's transfer, less what is carved out of it,
-    which is the previous iteration's batch-end work), ``transfer`` (Lightning's ``batch_to_device``: the
+    Automatic sections, from Lightning's hooks: ``data_loading`` (the loop's wait for the iteration's batch:
+    Lightning's fetch; with ``"batch_gap"`` the gap from the end of the previous batch to this one's transfer, less
+    what is carved out of it, which is the previous iteration's batch-end work), ``between_batches`` (the host work
+    of Lightning's loop between two batches: later callbacks' and the module's batch-end hooks, the progress bar,
+    logging, the loop's bookkeeping; only with the fetch), ``transfer`` (Lightning's ``batch_to_device``: the
     host-to-device copy, ``transfer_batch_to_device`` and ``on_after_batch_transfer``), ``forward``
     (``training_step``), ``backward``, ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (checkpoint
     writes and removals, timed through the strategy's ``CheckpointIO`` plugin) and ``other`` (gradient clipping,
@@ -208,12 +220,13 @@ class SectionProfiler(PerfCallback):
         report_every_n_steps: iterations between periodic reports (printed on rank 0 and logged).
         warmup_steps: iterations at the start of each fit left out.
         device_timing: also time sections with CUDA events when training on CUDA.
-        data_loading_boundary: where ``data_loading`` starts. ``"batch_gap"``: at the end of the previous batch
-            (this profiler's ``on_train_batch_end``), through public hooks only; later callbacks' batch-end hooks,
-            logger writes and LR schedulers are inside it, less the sections and checkpoint writes carved out of it
-            (those are the previous iteration's). ``"fetch"``: at Lightning's dataloader fetch, recognised
-            by the action name Lightning gives it in ``trainer.profiler`` (more precise; relies on that name and
-            warns and falls back to ``"batch_gap"`` when no such fetch is announced in 3 iterations).
+        data_loading_boundary: what ``data_loading`` is. ``"fetch"``: Lightning's dataloader fetch, from its start
+            to its return, recognised by the action name Lightning gives it in ``trainer.profiler`` (relies on that
+            name; warns and falls back to ``"batch_gap"`` when no such fetch is announced in 3 iterations); the rest
+            of the gap between two batches is ``between_batches``. ``"batch_gap"``: the whole gap from the end of the
+            previous batch (this profiler's ``on_train_batch_end``) to the transfer, through public hooks only; later
+            callbacks' batch-end hooks, the progress bar, logger writes and LR schedulers are inside it (an upper
+            bound of the wait), less the sections and checkpoint writes carved out of it.
         device_timing_every_n_iterations: time sections on the device in the first n iterations after the warm-up,
             then in one iteration of every n, and report the mean over those. Each section boundary costs a CUDA
             event record, and each interval an event query and read: ~75 µs of CUDA calls per iteration on an H100
@@ -223,8 +236,12 @@ class SectionProfiler(PerfCallback):
         print_reports: print the periodic and the final table (rank 0); logging happens either way.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
 
+    With DataLoader workers, the summary's ``workers`` block says what they spend per batch (their fetch and collate,
+    timed inside them), beside the loop's wait.
+
     Logged metrics (every ``report_every_n_steps``, means over the window): ``time/<section>_ms`` and
     ``time_share/<section>_pct`` for each section, e.g. ``time/forward_ms``, ``time_share/data_loading_pct``,
+    ``time/between_batches_ms``,
     ``time/transfer_ms``,
     ``time/ema_ms``; ``time/iteration_ms``.
 
@@ -242,14 +259,15 @@ class SectionProfiler(PerfCallback):
     """
 
     section_name = "section_profiler"
-    _transient = ("_checkpoint_io", "_strategy", "_profiler", "_profiler_start", "_fetch_watch_toggles",
-                  "_previous_sink", "_clock",
+    _transient = ("_checkpoint_io", "_strategy", "_profiler", "_profiler_start", "_profiler_stop",
+                  "_fetch_watch_toggles", "_fetch_stop_toggles",
+                  "_previous_sink", "_clock", "_worker_timer",
                   "_pending_user", "_transfer")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
                  device_timing: bool = True, print_reports: bool = True, summary_path: Optional[str] = None,
                  run_name: Optional[str] = None, run_notes: Optional[str] = None,
-                 device_timing_every_n_iterations: int = 32, data_loading_boundary: str = "batch_gap") -> None:
+                 device_timing_every_n_iterations: int = 32, data_loading_boundary: str = "fetch") -> None:
         super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         check_positive_int("SectionProfiler", "report_every_n_steps", report_every_n_steps)
         check_positive_int("SectionProfiler", "warmup_steps", warmup_steps, minimum=0)
@@ -315,6 +333,10 @@ class SectionProfiler(PerfCallback):
         self._marks_near = False  # a switch now can end or start a piece timed on the device (``_near_timed``)
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
+        self._fetch_t: Optional[float] = None  # where the fetch running now started (boundary "fetch")
+        self._fetch_ends = 0  # fetches whose return Lightning announced (its profiler's stop)
+        self._fetch_resume: Optional[str] = None  # the section its end goes back to, where it started live
+        self._ends_without_fetch: Optional[int] = None  # step ends without a fetch seen (fall back after 3)
         self._device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
         self._device_iteration: Optional[int] = None
         self._ranks: Optional[Dict[str, Any]] = None
@@ -325,8 +347,15 @@ class SectionProfiler(PerfCallback):
         self._checkpoint_reason: Optional[str] = None
         self._profiler: Any = None
         self._profiler_start: Any = None
+        self._profiler_stop: Any = None
         self._fetch_watch_toggles = False
+        self._fetch_stop_toggles = False
         self._transfer: Any = None  # our mark on the strategy's batch_to_device, during a fit
+        self._worker_timer: Optional[loader.WorkerTimer] = None  # the DataLoader workers' own time, during a fit
+        self._loaders: Any = None  # trainer.train_dataloader at train start
+        self._workers: Optional[Dict[str, Any]] = None  # the summary's ``workers`` block, made at train end
+        self._workers_reason: Optional[str] = None
+        self._batches_per_iteration = 1
 
     def _is_enabled(self) -> bool:
         value = os.environ.get(ENV_SWITCH)
@@ -469,15 +498,59 @@ class SectionProfiler(PerfCallback):
 
     def _profiler_started(self, action_name: str) -> None:
         if self._active and action_name.endswith(_FETCH_ACTION):
-            self._fetches += 1
             t = now()
-            self._disarm_fetch_watch()
-            if self._ending:  # the fetch starts the next iteration: the one whose step ended closes here
-                self._close_iteration(self._trainer(), "data_loading", t)
-            else:
-                self._switch("data_loading", t)  # the fetch, until the transfer (or on_train_batch_start)
+            try:
+                self._fetches += 1
+                self._disarm_fetch_watch()
+                self._fetch_t = t
+                if self._fetch_stop_toggles:
+                    self._profiler.stop = self._profiler_stopped  # type: ignore[method-assign]
+                if not self._taping:
+                    closes = self._ending
+                    self._fetch_begins(t)
+                    if closes and self._tape_ok and not self._marks_near:
+                        self._resume_taping_after_close()  # the rest of the iteration it starts tapes
+            except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
+                self._record_failure(_EVENT_PLACES[_FETCH], err)
             self._overhead_s += now() - t
         self._profiler_start(action_name)
+
+    def _profiler_stopped(self, action_name: str) -> None:
+        self._profiler_stop(action_name)
+        if self._fetch_t is not None and action_name.endswith(_FETCH_ACTION):
+            t = now()
+            try:
+                start, self._fetch_t = self._fetch_t, None
+                self._fetch_ends += 1
+                if self._fetch_stop_toggles and self._profiler.__dict__.get("stop") == self._profiler_stopped:
+                    del self._profiler.stop
+                resume, self._fetch_resume = self._fetch_resume, None
+                if self._taping:
+                    tape = self._tape
+                    # begun live (a close that left the timed iterations behind): only its end is left to tape
+                    tape.append((resume, t) if resume is not None else (_FETCH, start, t))
+                    if len(tape) >= TAPE_LIMIT:
+                        self._replay()
+                elif resume is not None and self._active:
+                    self._switch(resume, t)
+            except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
+                self._record_failure(_EVENT_PLACES[_FETCH], err)
+            self._overhead_s += now() - t
+
+    def _fetch_begins(self, t: float) -> None:
+        """Lightning's fetch of the next training batch starts (``data_loading`` until it returns): it closes the
+        iteration whose step ended; a fetch inside a step (a ``dataloader_iter`` step) is carved out of the section it
+        ran in. ``_fetch_resume``: the section its end goes back to (``between_batches`` outside a step)."""
+        current = self._current
+        if current is None:  # (not in the training loop: nothing runs to carve it from)
+            self._fetch_resume = None
+            return
+        if self._ending:  # the fetch starts the next iteration: the one whose step ended closes here
+            self._close_iteration(self._trainer(), "data_loading", t)
+            self._fetch_resume = BETWEEN
+            return
+        self._fetch_resume = BETWEEN if current in (BETWEEN, "data_loading") else current
+        self._switch("data_loading", t)
 
     # Lightning starts ~30 profiler actions a step (one per hook of every callback, module and strategy): the watch
     # for the fetch is armed only from where a fetch can come next (the batch end, an epoch or a validation boundary)
@@ -569,7 +642,8 @@ class SectionProfiler(PerfCallback):
                     if code.__class__ is str:
                         switch(code, event[1])
                     elif code == _STEP_END:
-                        switch("data_loading", event[1], True)
+                        gap = self._gap_mode
+                        switch("data_loading" if gap else BETWEEN, event[1], gap)
                         self._ending = True
                     elif code == _TRANSFER:
                         self._transfer_at(event[1])
@@ -583,6 +657,11 @@ class SectionProfiler(PerfCallback):
                         self._batch_start_at(self._trainer(), event[1])
                     elif code == _USER_SECTION:
                         self._section_ended(event[1], event[2], event[3], None, event[4])
+                    elif code == _FETCH:
+                        self._fetch_begins(event[1])
+                        resume, self._fetch_resume = self._fetch_resume, None
+                        if resume is not None:
+                            switch(resume, event[2])
                     else:
                         self._checkpoint_at(event[1])
                 except Exception as err:  # noqa: BLE001 - as live: one event's failure is its own, the rest go on
@@ -624,7 +703,8 @@ class SectionProfiler(PerfCallback):
         piece["backward"] = get("backward", 0.0) + (after[1] - backward[1])
         piece["other"] = get("other", 0.0) + (step[1] - after[1])
         piece["optimizer_step"] += end[1] - step[1]
-        self._current, self._t0, self._carved, self._next_owner = "data_loading", end[1], 0.0, True
+        gap = self._gap_mode
+        self._current, self._t0, self._carved, self._next_owner = "data_loading" if gap else BETWEEN, end[1], 0.0, gap
         self._ending = True
 
     def _apply_plain_steps(self, tape: List[tuple], i: int) -> None:
@@ -636,6 +716,9 @@ class SectionProfiler(PerfCallback):
         ``_run_end`` follows the events taken (before they are applied: an interrupt never applies one twice)."""
         self._apply_plain_step(tape[i:i + 6])
         i += 6
+        if not self._gap_mode:
+            self._apply_plain_fetch_steps(tape, i)
+            return
         last, every = len(tape) - 7, self.report_every_n_steps
         iterations = self._iterations
         if (i > last or not self._counted or not (iterations + 1) % every or self._user_s or self._iter_calls
@@ -678,6 +761,60 @@ class SectionProfiler(PerfCallback):
                 self._final_calls, self._timing = 0, not iterations % OVERHEAD_SAMPLE
                 # on CUDA the device's events are read where the closes one by one would read them (``_marks_near``
                 # stays false: the run ends where a timed iteration comes near)
+                if self._clock is not None and self._fit_iterations // POLL_EVERY != polled:
+                    self._poll_device()
+
+    def _apply_plain_fetch_steps(self, tape: List[tuple], i: int) -> None:
+        """``_apply_plain_steps``' run with the fetch as data loading: after a plain step, each plain iteration that
+        follows on the tape (its fetch, transfer and plain step: eight events) as arithmetic. The iteration whose step
+        ended takes the gap up to the fetch as ``between_batches`` and closes at the fetch's start; the next one's
+        ``data_loading`` is the fetch, its ``between_batches`` the loop's work from the fetch to the transfer and, at
+        its close, from its step's end to the next fetch. A closed iteration waits for the fold as a tuple of its
+        seven pieces (``_PLAIN_FETCH_PIECES``), with the float operations the switches one by one make."""
+        last, every = len(tape) - 8, self.report_every_n_steps
+        iterations = self._iterations
+        if (i > last or not self._counted or not (iterations + 1) % every or self._user_s or self._iter_calls
+                or self._end_pieces or self._ahead or self._current != BETWEEN):
+            return
+        if self._clock is not None:  # each iteration closed and stepped here, and the next, not timed on the device
+            first = self._fit_iterations + 2
+            last = min(last, i + 8 * (self._next_timed(first) - first - 1))
+        head, t0, unfolded, piece = None, self._t0, self._unfolded, self._piece
+        try:
+            while i <= last:
+                fetch, transfer, start, zero, backward, after, step, end = tape[i:i + 8]
+                if not (fetch[0] == _FETCH and transfer[0] == _TRANSFER and start[0] == _BATCH_START
+                        and zero[0] == "optimizer_step" and backward[0] == "backward" and after[0] == "other"
+                        and step[0] == "optimizer_step" and end[0] == _STEP_END):
+                    break
+                self._run_end = i = i + 8
+                begin = fetch[1]
+                if head is None:
+                    piece[BETWEEN] = piece.get(BETWEEN, 0.0) + (begin - t0)
+                    closing: Any = piece
+                else:
+                    closing = head[:1] + (head[1] + (begin - t0),) + head[2:]
+                t, z, s, e = transfer[1], zero[1], step[1], end[1]
+                head = (fetch[2] - begin, t - fetch[2], start[1] - t, z - start[1], (backward[1] - z) + (e - s),
+                        after[1] - backward[1], s - after[1])
+                t0 = e
+                iterations += 1
+                unfolded.append((closing, 0.0, (), iterations - 1, None))
+                if len(unfolded) >= FOLD_EVERY:
+                    begun = now()
+                    self._fold(histograms=False)
+                    self._own_work(now() - begun)
+                    unfolded = self._unfolded
+                if not (iterations + 1) % every:
+                    break  # that close reports: the events one by one
+        finally:
+            if head is not None:
+                piece = {"data_loading": head[0], BETWEEN: head[1], "transfer": head[2], "forward": head[3],
+                         "optimizer_step": head[4], "backward": head[5], "other": head[6]}
+                polled = self._fit_iterations // POLL_EVERY
+                self._fit_iterations += iterations - self._iterations
+                self._iterations, self._piece, self._t0 = iterations, piece, t0
+                self._final_calls, self._timing = 0, not iterations % OVERHEAD_SAMPLE
                 if self._clock is not None and self._fit_iterations // POLL_EVERY != polled:
                     self._poll_device()
 
@@ -763,24 +900,50 @@ class SectionProfiler(PerfCallback):
         self._checkpoint_reason = (None if self._checkpoint_io is not None else
                                    timed_checkpoint_io.OWN_WRITER_REASON.format(strategy=type(trainer.strategy).__name__))
         self._transfer = batch_transfer.install(trainer.strategy, self._batch_transfer)
+        # the workers' own fetch and collate time: torch's fetchers wrapped before any worker of this fit forks
+        self._worker_timer = loader.WorkerTimer()
+        if not self._worker_timer.install():
+            self._workers_reason = self._worker_timer.reason
         if not self._gap_mode:
             self._profiler = trainer.profiler
             self._profiler_start = trainer.profiler.start
+            self._profiler_stop = trainer.profiler.stop
             self._fetch_watch_toggles = "start" not in trainer.profiler.__dict__
+            self._fetch_stop_toggles = "stop" not in trainer.profiler.__dict__
             trainer.profiler.start = self._profiler_started  # type: ignore[method-assign]
+            if not self._fetch_stop_toggles:  # (another tool's there: ours stays in the chain for the fit)
+                trainer.profiler.stop = self._profiler_stopped  # type: ignore[method-assign]
 
     def _restore(self) -> None:
-        if self._profiler_start is not None:
-            if self._profiler.__dict__.get("start") is not None:
-                del self._profiler.start
-            self._profiler_start = self._profiler = None
+        self._release_profiler()
         batch_transfer.uninstall(self._transfer)
         self._transfer = None
+        if self._worker_timer is not None:
+            self._worker_timer.close()
+            self._worker_timer = None
         if self._strategy is not None:
             timed_checkpoint_io.uninstall(self._strategy, self._checkpoint_io)
             self._checkpoint_io = self._strategy = None
         if user_sections.current_sink() is self:
             user_sections.set_sink(self._previous_sink)
+
+    def _release_profiler(self) -> None:
+        """Gives the trainer's profiler back its own ``start`` and ``stop`` (or what another tool had put there)."""
+        if self._profiler_start is not None:
+            own = self._profiler.__dict__
+            if self._fetch_watch_toggles:
+                if own.get("start") == self._profiler_started:
+                    del self._profiler.start
+            elif own.get("start") == self._profiler_started:
+                self._profiler.start = self._profiler_start  # (the one another tool had put there)
+            if self._fetch_stop_toggles:
+                if own.get("stop") == self._profiler_stopped:
+                    del self._profiler.stop
+            elif own.get("stop") == self._profiler_stopped:
+                self._profiler.stop = self._profiler_stop
+            self._profiler_start = self._profiler_stop = self._profiler = None
+            self._fetch_t = self._fetch_resume = None
+            self._fetch_watch_toggles = self._fetch_stop_toggles = False
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -788,7 +951,8 @@ class SectionProfiler(PerfCallback):
             return
         self._manual = not pl_module.automatic_optimization
         for name in (MANUAL_SECTIONS if self._manual else AUTO_SECTIONS):
-            self._section(name)
+            if name != BETWEEN or not self._gap_mode:  # (with batch_gap the loop's work is in data_loading)
+                self._section(name)
         self._stepped = False
         # the slowest iterations are joined to IterationTimer's by global step (it counts its iterations from its
         # own checkpoint state, which a SectionProfiler added at a resume does not have): under automatic
@@ -796,25 +960,32 @@ class SectionProfiler(PerfCallback):
         self._step_offset = None if self._manual else trainer.global_step - self._iterations
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._fit_offset = self._iterations - self._fit_iterations
-        # the step path tapes its events where nothing live depends on them: no fetch to watch for (the gap is data
-        # loading), one iteration a batch-or-accumulation known from on_before_optimizer_step, and on CUDA no event to
-        # record at the boundaries near (``_use_clock``, ``_resume_taping``)
-        self._tape_ok = self._gap_mode and not self._manual
+        # the step path tapes its events where nothing live depends on them: one iteration a batch-or-accumulation
+        # known from on_before_optimizer_step (the fetch, taped too, closes it), and on CUDA no event to record at the
+        # boundaries near (``_use_clock``, ``_resume_taping``)
+        self._tape_ok = not self._manual
+        self._ends_without_fetch = None if self._gap_mode else 0
         self._closes_due, self._tape_timing = self._iterations, True
         self._use_clock(DeviceIntervalClock() if (self.device_timing and on_cuda) else None)
+        self._loaders = trainer.train_dataloader
+        self._batches_per_iteration = 1 if self._manual else max(1, int(trainer.accumulate_grad_batches or 1))
+        if self._worker_timer is not None:
+            self._worker_timer.start()
         self._switch("other")
         self._arm_fetch_watch()
 
     def _between_batches(self) -> str:
-        """The section that runs from the end of a batch (or a validation) until the next batch starts."""
-        return "data_loading" if self._gap_mode else "other"
+        """The section that runs from the end of a batch (or a validation) until the next batch starts: with the
+        fetch as data loading, the loop's own work (the fetch is carved out of it where it comes)."""
+        return "data_loading" if self._gap_mode else BETWEEN
 
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._replay()
-        # what follows is the new epoch's dataloader iterator (workers starting) and its first fetch
-        if self._active and (self._current is None or self._gap_mode):
-            self._switch(self._between_batches())
+        # what follows is the new epoch's dataloader iterator (workers starting) and its first fetch: the wait for the
+        # first batch
+        if self._active:
+            self._switch("data_loading")
         self._arm_fetch_watch()
 
     @guarded
@@ -824,8 +995,8 @@ class SectionProfiler(PerfCallback):
             return
         if self._ending:  # the epoch's last iteration closes; epoch-end hooks go to the next one (or the final row)
             self._close_iteration(trainer, "other", now())
-        elif self._gap_mode:
-            self._switch("other")  # epoch-end hooks, epoch-level logging: not data loading
+        elif self._current in ("data_loading", BETWEEN):
+            self._switch("other")  # epoch-end hooks, epoch-level logging: not the loop between two batches
         self._flush_tables()  # the epoch's tables before what Lightning prints at its end (`Trainer.fit` stopped...)
 
     def _flush_tables(self) -> None:
@@ -925,6 +1096,8 @@ class SectionProfiler(PerfCallback):
                 tape = self._tape
                 if self._stepped:
                     self._stepped = False
+                    if self._ends_without_fetch is not None:  # (the first steps of a fit: was a fetch seen?)
+                        self._fetch_seen_or_fall_back()
                     tape.append((_STEP_END, t))
                     due = self._closes_due = self._closes_due + 1
                     if not due % self.report_every_n_steps:
@@ -935,7 +1108,9 @@ class SectionProfiler(PerfCallback):
                         self._pause_taping()  # the next iteration is timed on the device (the replay counts itself)
                         t = now()
                 else:  # accumulating: the iteration goes on with the next batch
-                    tape.append(("data_loading", t))
+                    tape.append(("data_loading" if self._gap_mode else BETWEEN, t))
+                if self._fetch_watch_toggles:
+                    self._profiler.start = self._profiler_started  # type: ignore[method-assign]
                 if WAITING.count:
                     self._drain_scalars(trainer)
                 self._overhead_s += now() - t
@@ -950,15 +1125,14 @@ class SectionProfiler(PerfCallback):
                     self._overhead_s += now() - t
                     return
                 self._stepped = False
-            if not self._gap_mode and self._fit_iterations == 2 and self._fetches == 0:
-                self._gap_mode = True  # 3 iterations without a fetch seen: the gap that starts now is the wait for data
-                self._warn_once("fetch", GAP_REASON)
+            if self._ends_without_fetch is not None:  # (the first steps of a fit: was a fetch seen?)
+                self._fetch_seen_or_fall_back()
             # The step is done, the iteration is not: batch-end work (later callbacks' and the module's batch-end hooks,
             # a checkpoint save, a validation's checkpoint) belongs to it. It closes where the next iteration starts. In
             # batch_gap mode the gap now running is the wait for the next batch: it belongs to the next iteration, and
             # what is carved out of it (sections, checkpoint writes) to this one.
             gap = self._gap_mode
-            self._switch("data_loading" if gap else "other", t, gap)  # _between_batches, inline on the step path
+            self._switch("data_loading" if gap else BETWEEN, t, gap)  # _between_batches, inline on the step path
             self._ending = True
             if self._fetch_watch_toggles:
                 self._arm_fetch_watch()
@@ -969,6 +1143,21 @@ class SectionProfiler(PerfCallback):
             self._overhead_s += now() - t
         except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
             self._record_failure("on_train_batch_end", err)
+
+    def _fetch_seen_or_fall_back(self) -> None:
+        """At a step's end in the first iterations of a fit: once a fetch was announced, nothing more to check; after
+        3 steps without one (a Lightning release that renames the announcement, a loop of its own), data loading is
+        the gap between batches from here on (``batch_gap``), with a warning and the reason in the summary. A fetch
+        whose start is announced and not its return counts as none."""
+        if self._gap_mode or self._fetch_ends:
+            self._ends_without_fetch = None
+            return
+        self._ends_without_fetch += 1
+        if self._ends_without_fetch >= 3:
+            self._replay()  # (the events so far with the labels they were taped under)
+            self._gap_mode, self._ends_without_fetch = True, None
+            self._warn_once("fetch", GAP_REASON)
+            self._release_profiler()  # (no fetch to watch for: the profiler's own start and stop again)
 
     def _close_iteration(self, trainer: Optional[Trainer], section: str, t: float) -> None:
         """The iteration whose step ended closes at ``t``, where ``section`` of the next one starts: its pieces go
@@ -1021,6 +1210,7 @@ class SectionProfiler(PerfCallback):
             rows: List[Any] = []  # their pieces' values, one tuple an iteration: appended per section by column
             for piece, user_s, calls, before, end in self._unfolded:
                 plain = piece.__class__ is tuple  # a plain iteration's pieces (``_apply_plain_steps``)
+                plain_names = _PLAIN_FETCH_PIECES if plain and len(piece) == 7 else _PLAIN_PIECES
                 values = piece if plain else tuple(piece.values())
                 total = sum(values) + user_s
                 if total <= 0:
@@ -1036,11 +1226,11 @@ class SectionProfiler(PerfCallback):
                     aligned += carried[0]
                 if aligned > floor:
                     slowest.offer(aligned, before + 1, None if offset is None else before + 1 + offset,
-                                  dict(zip(_PLAIN_PIECES, piece)) if plain else piece, calls,
+                                  dict(zip(plain_names, piece)) if plain else piece, calls,
                                   end[1] if end else None, carried[1] if carried else None)
                     floor = slowest.floor
                 prev_end, last = end, before + 1
-                names = _PLAIN_PIECES if plain else tuple(piece)
+                names = plain_names if plain else tuple(piece)
                 if names != keys:
                     self._fold_columns(keys, rows)
                     keys, rows = names, []
@@ -1100,6 +1290,8 @@ class SectionProfiler(PerfCallback):
             t = now()
             self._switch(None, t)  # the piece so far stays with its section; validation is off the table
             self._val_start = t
+            if self._worker_timer is not None:
+                self._worker_timer.stop()  # (validation's workers may have the training workers' ids)
 
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -1111,6 +1303,8 @@ class SectionProfiler(PerfCallback):
             self._val_start = None
             self._switch(self._between_batches(), t)
             self._arm_fetch_watch()
+            if self._worker_timer is not None:
+                self._worker_timer.start()
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -1121,10 +1315,45 @@ class SectionProfiler(PerfCallback):
             return
         if self._ending:  # the last iteration closes; what follows is the fit's final work, up to on_fit_end
             self._close_iteration(trainer, "other", now())
+        self._read_workers()
         self._poll_device(flush=True)
         self._fold()
         means = [self._sections[n].host.mean if n in self._sections else None for n in AUTO_SECTIONS]
         gather_floats_then(trainer, means, self._set_ranks, self)
+
+    def _read_workers(self) -> None:
+        """The summary's ``workers`` block: what the training DataLoader's workers spent making each batch (their
+        fetch and collate, timed inside them), beside the main process's wait (``data_loading``)."""
+        timer, self._workers = self._worker_timer, None
+        workers = loader.num_workers(self._loaders)
+        if workers is None:
+            self._workers_reason = "no DataLoader in trainer.train_dataloader"
+            return
+        row: Dict[str, Any] = {"num_workers": workers, "batches": None, "busy_ms_per_batch": None, "busy_pct": None,
+                               "cpu_count": loader.cpu_count()}
+        self._workers = row
+        if workers == 0:
+            self._workers_reason = ("num_workers=0: batches are made in the main process, and its wait for them is"
+                                    " data_loading")
+            return
+        if timer is None or self._workers_reason is not None:
+            return
+        timer.stop()
+        busy, batches = timer.totals()
+        if not batches:
+            self._workers_reason = (
+                "no batch made by a worker was timed: workers started by spawn or forkserver do not inherit the timer"
+                " (only forked workers do)" if not loader.uses_fork(self._loaders) else
+                "no batch made by a worker was timed")
+            return
+        row["batches"] = batches
+        row["busy_ms_per_batch"] = per_batch = 1000.0 * busy / batches
+        # at the loop's measured pace (counted iterations, warm-up left out): the share of the workers' time that
+        # making its batches takes; 100% or more: they are saturated, the loop cannot go faster than they make batches
+        self._fold()
+        iteration_ms = self._iteration.host.mean
+        if iteration_ms:
+            row["busy_pct"] = 100.0 * per_batch * self._batches_per_iteration / (workers * iteration_ms)
 
     def _close_final(self, t: float) -> None:
         """The fit's work after its last iteration closed (epoch-end hooks, the last checkpoint, every
@@ -1142,8 +1371,10 @@ class SectionProfiler(PerfCallback):
             for name, seconds in part.items():
                 pieces[name] = pieces.get(name, 0.0) + seconds
         writes = pieces.pop("checkpointing", None)
+        # (at least 0: a user section opened in the last iteration's batch-end work and closed here is carved whole
+        # out of this row, though its start was counted in that iteration)
         rows: Dict[str, Dict[str, Any]] = {
-            "other": {"kind": "auto", "parent": None, "count": 1, "total_s": sum(pieces.values())}}
+            "other": {"kind": "auto", "parent": None, "count": 1, "total_s": max(0.0, sum(pieces.values()))}}
         if writes is not None:
             rows["checkpointing"] = {"kind": "auto", "parent": None, "count": self._final_calls, "total_s": writes}
         for name, seconds, failed in self._iter_calls:
@@ -1300,12 +1531,24 @@ class SectionProfiler(PerfCallback):
         share = {n: r.get("inclusive_share_pct", r["share_pct"]) or 0.0 for n, r in table.items()}
         out: List[str] = []
         data = share.get("data_loading", 0.0)
+        workers = self._workers
         if data > DATA_LOADING_PCT:
-            out.append(f"Data loading takes {data:.1f}% of each iteration (above {DATA_LOADING_PCT:g}%): the model"
-                       " waits for data. Raise DataLoader num_workers, set pin_memory=True and persistent_workers=True,"
-                       " or make preprocessing lighter.")
+            advice = loader.wait_advice(workers)
+            out.append(f"Data loading takes {data:.1f}% of each iteration (above {DATA_LOADING_PCT:g}%): the loop"
+                       " waits for batches. " + (advice[0].upper() + advice[1:] + "." if advice else
+                                                 "Raise DataLoader num_workers, set pin_memory=True and"
+                                                 " persistent_workers=True, or make preprocessing lighter."))
         elif "data_loading" in table:
-            out.append(f"Data loading {data:.1f}%: efficient.")
+            busy = workers.get("busy_pct") if workers else None
+            out.append(f"Data loading {data:.1f}%: efficient" + (
+                f"; the loop hardly waits for batches (workers busy {busy:.0f}%): more workers would gain nothing."
+                if busy is not None else "."))
+        between = share.get(BETWEEN, 0.0)
+        if between > BETWEEN_BATCHES_PCT:
+            out.append(f"Lightning's loop between batches takes {between:.1f}% (above {BETWEEN_BATCHES_PCT:g}%): host"
+                       " work of the loop, not data loading (batch-end hooks of callbacks and the module, logging, the"
+                       " progress bar). Log less often (log_every_n_steps), refresh the progress bar less often"
+                       " (TQDMProgressBar(refresh_rate=...)), or put profile_section in your batch-end hooks.")
         fwd, bwd = (table.get(n, {}).get("inclusive_mean_ms") for n in ("forward", "backward"))
         if fwd and bwd and bwd > BACKWARD_OVER_FORWARD * fwd:
             out.append(f"Backward takes {bwd / fwd:.1f}x the forward (usually about 2x): look for gradient"
@@ -1386,6 +1629,8 @@ class SectionProfiler(PerfCallback):
             unavailable["data_loading_fetch"] = GAP_REASON
         if self._checkpoint_reason:
             unavailable["checkpointing"] = self._checkpoint_reason
+        if self._active and self._workers_reason and (self._workers is not None or self._iteration.host.count):
+            unavailable["workers"] = self._workers_reason
         if self._active and self._final_row is None:
             unavailable["after_last_iteration"] = (
                 "no iteration ended in this fit" if self._fit_iterations == 0 else
@@ -1393,6 +1638,7 @@ class SectionProfiler(PerfCallback):
         return {
             "enabled": self._active,
             "data_loading_boundary": "batch_gap" if self._gap_mode else "fetch",
+            "workers": self._workers,
             "manual_optimization": self._manual,
             "warmup_steps": self.warmup_steps,
             "device_timing_every_n_iterations": self.device_timing_every_n_iterations,
@@ -1410,5 +1656,6 @@ class SectionProfiler(PerfCallback):
             "unavailable": unavailable,
             "thresholds": {"data_loading_pct": DATA_LOADING_PCT, "backward_over_forward": BACKWARD_OVER_FORWARD,
                            "optimizer_pct": OPTIMIZER_PCT, "forward_pct": FORWARD_PCT, "checkpointing_pct": CHECKPOINT_PCT,
-                           "host_over_device": HOST_OVER_DEVICE},
+                           "host_over_device": HOST_OVER_DEVICE, "between_batches_pct": BETWEEN_BATCHES_PCT,
+                           "workers_busy_pct": loader.WORKERS_BUSY_PCT},
         }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from lightning_perf.measure.loader import wait_advice
 from lightning_perf.measure.tail import section_elsewhere
 from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.model import PerfSummary, as_summary
@@ -38,6 +39,12 @@ THRESHOLDS = {"input_bound_pct": INPUT_BOUND_PCT, "evaluation_heavy_pct": EVALUA
               "compute_bound_step_pct": COMPUTE_BOUND_STEP_PCT, "min_iterations": MIN_ITERATIONS}
 
 STEP_SECTIONS = ("forward", "backward", "optimizer_step", "training_step")
+#: Lightning's loop between two batches (SectionProfiler's section): host work of the loop, not input.
+LOOP_SECTION = "between_batches"
+LOOP_ADVICE = ("no single cost dominates; the largest is Lightning's loop between batches (`between_batches`: batch-end"
+               " hooks of callbacks and the module, logging, the progress bar), host work and not input: log less"
+               " often (`log_every_n_steps`), refresh the progress bar less often (`TQDMProgressBar(refresh_rate=...)`),"
+               " or `profile_section` in your batch-end hooks")
 _ADD_PROFILER = ("Add SectionProfiler to the Trainer's callbacks (or PerfSuite(), which holds it) and train at least"
                  f" {MIN_ITERATIONS} iterations past its warm-up.")
 
@@ -195,9 +202,11 @@ def diagnose(summary: Any) -> Dict[str, Any]:
     data, transfer = shares.get("data_loading", 0.0), shares.get("transfer", 0.0)
     if data + transfer > INPUT_BOUND_PCT:
         split = f"transfer {_pct(transfer)}, data loading {_pct(data)}"
+        workers = wait_advice(_get(summary.section_profiler, "workers"))
         advice = (f"the host-to-device copy is most of it ({split}): `pin_memory=True` in the DataLoader and"
                   " non-blocking copies (`.to(device, non_blocking=True)` in `transfer_batch_to_device`)"
                   if transfer > data else
+                  f"the loop waits for batches ({split}): {workers}" if workers else
                   f"the model waits for batches ({split}): more DataLoader workers (`num_workers`, with"
                   " `persistent_workers=True`), or lighter loading and collation")
         fired.append({"verdict": "input-bound", "figure": "data loading + transfer", "of": "iteration time",
@@ -258,8 +267,9 @@ def diagnose(summary: Any) -> Dict[str, Any]:
         name, share = max(shares.items(), key=lambda kv: kv[1])
         out.update(verdict="mixed", figure=f"the largest section, {name}", of="iteration time", value=share,
                    threshold=None,
-                   advice=f"no single cost dominates; `{name}` is the largest: `profile_section` inside it shows"
-                          " which part is slow")
+                   advice=LOOP_ADVICE if name == LOOP_SECTION else
+                   f"no single cost dominates; `{name}` is the largest: `profile_section` inside it shows"
+                   " which part is slow")
     return out
 
 

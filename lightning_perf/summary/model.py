@@ -555,9 +555,20 @@ class SlowIteration(Section):
     over_median: Obj(OverMedian) = None
 
 
+class LoaderWorkers(Section):
+    num_workers: Count = Field(None, description="the training DataLoaders' workers")
+    batches: Count = Field(None, description="batches the workers made while training ran (timed inside them)")
+    busy_ms_per_batch: Ms = Field(None, description="a worker's fetch and collate time per batch, mean")
+    busy_pct: Pct = Field(None, description="making the batches of an iteration, % of the workers' time at the loop's"
+                                            " pace (100 or more: saturated)")
+    cpu_count: Count = Field(None, description="the cores this process may run on")
+
+
 class SectionProfiler(Section):
     enabled: Flag = None
-    data_loading_boundary: Text = Field(None, description="`batch_gap` or `fetch`: where data loading was timed")
+    data_loading_boundary: Text = Field(None, description="`fetch` or `batch_gap`: where data loading was timed")
+    workers: Obj(LoaderWorkers) = Field(
+        None, description="what the DataLoader's workers spent per batch, beside the loop's wait (`data_loading`)")
     manual_optimization: Flag = None
     warmup_steps: Count = None
     device_timing_every_n_iterations: Positive = None
