@@ -4,8 +4,10 @@ import urllib.error
 import numpy as np
 import pytest
 import torch
+import torchmetrics
 from lightning.pytorch.callbacks import ModelCheckpoint
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+from torchmetrics.functional import mean_absolute_error
 from torchmetrics.functional.image import peak_signal_noise_ratio as tm_psnr
 from torchmetrics.functional.image import structural_similarity_index_measure as tm_ssim
 
@@ -292,3 +294,88 @@ def test_fit_end_prints_every_failed_check_and_the_verdict(tmp_path, caplog):
         gate_fit(tmp_path, baseline={**{n: functional[n] for n in IMAGE}, "psnr": functional["psnr"] + 1.0})
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("QualityGate:"))
     assert "FAILED 2 of 2 checks (step 4: psnr; step 8: psnr)" in line, line
+
+
+# -- any memory layout; a gate that scored nothing -------------------------------------------------------------------
+
+LAYOUTS = {
+    "channels_last": lambda t: t.contiguous(memory_format=torch.channels_last),
+    "transposed": lambda t: t.transpose(2, 3),  # a non-contiguous view: other strides, the same storage
+}
+
+
+class LaidOutModel(ImageModel):
+    """Validation outputs in another memory layout than torch's default (a channels_last model's)."""
+
+    def __init__(self, layout: str) -> None:
+        super().__init__()
+        self.layout = layout
+
+    def validation_step(self, batch, batch_idx):
+        out = super().validation_step(batch, batch_idx)
+        return {k: LAYOUTS[self.layout](v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_outputs_in_any_memory_layout_score_as_their_contiguous_copy(tmp_path, layout):
+    preds, target = (LAYOUTS[layout](t) for t in ImageModel().val_pairs())
+    assert not preds.is_contiguous()
+    preds, target = preds.contiguous(), target.contiguous()  # the same images, torch's default layout
+    gate = QualityGate(metrics=IMAGE + ["lpips"], lpips_pretrained=False)
+    fit(tmp_path, [gate], model=LaidOutModel(layout), max_epochs=1)
+    q = find_summary(tmp_path)["quality_gate"]
+    with torch.no_grad():
+        expected = {"psnr": float(tm_psnr(preds, target, data_range=1.0, dim=(1, 2, 3))),
+                    "ssim": float(tm_ssim(preds, target, data_range=1.0)),
+                    "l1": float(mean_absolute_error(preds, target)),
+                    "lpips": float(gate._lpips_model(preds * 2 - 1, target * 2 - 1).mean())}
+    for name, value in expected.items():
+        assert q["metrics"][name]["value"] == pytest.approx(value, rel=1e-5), (name, q["metrics"][name])
+    assert q["images_scored"] == 16 and "measurement_failures" not in q
+
+
+def broken_l1_update(monkeypatch):
+    """L1's update fails as it did on channels_last outputs: the measurement breaks, not the model."""
+    def update(self, preds, target):
+        raise RuntimeError("view size is not compatible with input tensor's size and stride")
+
+    monkeypatch.setattr(torchmetrics.MeanAbsoluteError, "update", update)
+
+
+def test_a_gate_that_scored_nothing_is_not_checked_with_the_reason_not_a_diverged_model(tmp_path, monkeypatch):
+    from lightning_perf import PerfCheckFailed
+
+    broken_l1_update(monkeypatch)
+    _, functional = reference_values()
+    gate = QualityGate(metrics=["l1"], baseline={"l1": functional["l1"]}, action="fail")
+    with pytest.raises(PerfCheckFailed, match=r"never checked: .*l1 could not score .*view size is not compatible"):
+        fit(tmp_path, [gate], model=ImageModel(), max_epochs=2)
+    q = find_summary(tmp_path)["quality_gate"]
+    assert q["passed"] is False and q["reason"].startswith("never checked:") and "view size" in q["reason"]
+    assert q["checks"] == 0 and q["failed_check_count"] == 0 and q["images_scored"] in (None, 0)
+    assert "diverged" not in json.dumps(q)
+    assert q["metrics"]["l1"]["value"] is None and q["metrics"]["l1"]["passed"] is None
+    assert q["metrics"]["l1"]["reason"].startswith("not checked: could not score")
+    assert "quality/gate_passed" not in read_scalars(tmp_path)  # no verdict was logged
+
+
+def test_a_metric_that_could_not_score_leaves_the_gate_not_passed_and_the_others_checked(tmp_path, monkeypatch):
+    broken_l1_update(monkeypatch)
+    _, functional = reference_values()
+    with pytest.warns(UserWarning, match=r"l1 could not score the validation outputs \(RuntimeError: view size"):
+        _, summary = gate_fit(tmp_path, metrics=["psnr", "l1"],
+                              baseline={"psnr": functional["psnr"], "l1": functional["l1"]})
+    q = summary["quality_gate"]
+    assert q["metrics"]["psnr"]["passed"] is True and q["metrics"]["psnr"]["value"] == pytest.approx(functional["psnr"])
+    assert q["metrics"]["l1"]["passed"] is None and "view size" in q["metrics"]["l1"]["reason"]
+    assert q["checks"] == 2 and q["failed_check_count"] == 0 and q["images_scored"] == 16
+    assert q["passed"] is False and q["reason"].startswith("not checked at 2 validations; first at step 4: l1 could not score")
+    assert "diverged" not in json.dumps(q)
+
+
+def test_without_a_baseline_a_gate_that_scored_nothing_says_why(tmp_path, monkeypatch):
+    broken_l1_update(monkeypatch)
+    _, summary = gate_fit(tmp_path, metrics=["l1"])
+    q = summary["quality_gate"]
+    assert q["passed"] is None and "view size" in q["unavailable"]["metrics"]
+    assert "diverged" not in json.dumps(q)
