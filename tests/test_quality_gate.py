@@ -161,7 +161,7 @@ def test_lpips_with_a_random_backbone_computes_through_the_same_path(tmp_path):
         ({"tolerance": -0.1}, r"QualityGate\(tolerance=-0.1\).*from 0 to"),
         ({"tolerance_mode": "percent"}, r"relative, absolute"),
         ({"monitor": {"val/acc": "up"}}, r"'val/acc' -> 'max' or 'min'"),
-        ({"baseline": "/no/such/baseline.json"}, r"does not exist"),
+        ({"baseline": "/no/such/baseline.json"}, r"baseline file /no/such/baseline.json: no such file"),
         ({"baseline": {"psnr": 26.0}}, r"lacks gated metric\(s\) ssim, l1, lpips; it has: psnr"),
         ({"lpips_net": "resnet"}, r"alex, vgg, squeeze"),
         ({"at_steps": [-1]}, r"QualityGate\(at_steps=\[-1\]\)"),
@@ -176,7 +176,7 @@ def test_bad_arguments_fail_at_construction(kwargs, match):
 def test_baseline_file_that_is_not_json(tmp_path):
     bad = tmp_path / "b.json"
     bad.write_text("psnr: 26")
-    with pytest.raises(ValueError, match="is not valid JSON"):
+    with pytest.raises(ValueError, match=r"baseline file .*b\.json: not valid JSON"):
         QualityGate(baseline=str(bad))
 
 
@@ -379,3 +379,17 @@ def test_without_a_baseline_a_gate_that_scored_nothing_says_why(tmp_path, monkey
     q = summary["quality_gate"]
     assert q["passed"] is None and "view size" in q["unavailable"]["metrics"]
     assert "diverged" not in json.dumps(q)
+
+
+def test_a_baseline_nested_too_deeply_gives_the_cli_readers_one_line_error(tmp_path):
+    from lightning_perf.summary.io import load_summary
+    from lightning_perf.summary.schema import SummaryError
+
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"psnr": ' * 200_000 + "1" + "}" * 200_000)
+    with pytest.raises(SummaryError) as cli_error:
+        load_summary(str(deep))
+    with pytest.raises(ValueError) as gate_error:
+        QualityGate(metrics=["psnr"], baseline=str(deep))
+    assert str(cli_error.value) in str(gate_error.value) and "\n" not in str(gate_error.value)
+    assert str(gate_error.value).startswith("Unsupported parameter value `QualityGate(baseline=")

@@ -25,8 +25,7 @@ from lightning_perf.measure.image_quality import (
 )
 from lightning_perf.summary.baseline import (
     BaselineError,
-    read_baseline_meta,
-    read_baseline_with_gaps,
+    load_baseline,
     verdict,
     write_baseline,
 )
@@ -172,8 +171,7 @@ class QualityGate(PerfCallback):
         self._baseline_gaps: Dict[str, str] = {}
         if baseline is not None:
             try:
-                self.baseline, gaps = read_baseline_with_gaps(baseline)
-                self._baseline_meta = read_baseline_meta(baseline)
+                self.baseline, gaps, self._baseline_meta = load_baseline(baseline)
             except BaselineError as err:
                 raise bad_argument(owner, "baseline", baseline, str(err)) from None
             # A metric the baseline run could not measure (LPIPS offline) is not gated; one it lacks is an error.
