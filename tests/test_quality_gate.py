@@ -13,9 +13,16 @@ from torchmetrics.functional.image import structural_similarity_index_measure as
 
 from helpers import ImageModel, find_summary, fit, read_scalars
 from lightning_perf import QualityGate
+from lightning_perf.measure import image_quality
 from lightning_perf.summary.compare import compare_summaries
 
 IMAGE = ["psnr", "ssim", "l1"]
+
+
+@pytest.fixture(autouse=True)
+def _lpips_not_tried_yet(monkeypatch):
+    """Each test loads LPIPS as a fresh process would: a failure another test simulated is not remembered."""
+    monkeypatch.setattr(image_quality, "_LPIPS_FAILURES", {})
 
 
 def reference_values():
@@ -128,11 +135,23 @@ def test_named_metric_gate_and_model_checkpoint_on_quality(tmp_path):
     assert ckpt.best_model_score is not None and ckpt.best_model_path
 
 
-def test_lpips_offline_is_unavailable_and_the_rest_is_gated(tmp_path, monkeypatch):
-    def offline(*args, **kwargs):
+def go_offline(monkeypatch):
+    """The backbone's download fails as it does without internet; returns the list of download attempts."""
+    import torchvision.models._api
+
+    attempts = []
+
+    def offline(url, *args, **kwargs):
+        attempts.append(url)
         raise urllib.error.URLError("Name or service not known")
 
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    # torchvision downloads through its own import of torch.hub's function: patched where it is called
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
+    return attempts
+
+
+def test_lpips_offline_is_unavailable_and_the_rest_is_gated(tmp_path, monkeypatch):
+    attempts = go_offline(monkeypatch)
     _, functional = reference_values()
     baseline = {**functional, "lpips": 0.1}
     with pytest.warns(UserWarning, match="LPIPS is unavailable and not gated: the pretrained alex backbone"):
@@ -141,6 +160,7 @@ def test_lpips_offline_is_unavailable_and_the_rest_is_gated(tmp_path, monkeypatc
     assert "URLError" in g["unavailable"]["lpips"] and "lpips_weights_dir" in g["unavailable"]["lpips"]
     assert "lpips" not in g["metrics"] and g["lpips"]["available"] is False
     assert g["passed"] is True and set(g["metrics"]) == set(IMAGE)
+    assert len(attempts) == 1
 
 
 def test_lpips_with_a_random_backbone_computes_through_the_same_path(tmp_path):
@@ -219,10 +239,7 @@ def test_ddp_gives_the_numbers_of_one_process(tmp_path):
 
 
 def test_a_metric_the_baseline_run_could_not_measure_is_not_gated(tmp_path, monkeypatch):
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("offline")
-
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    go_offline(monkeypatch)
     with pytest.warns(UserWarning, match="LPIPS is unavailable"):
         gate_fit(tmp_path / "base", metrics=IMAGE + ["lpips"])
     base = next((tmp_path / "base").rglob("perf_summary.json"))
@@ -393,3 +410,17 @@ def test_a_baseline_nested_too_deeply_gives_the_cli_readers_one_line_error(tmp_p
         QualityGate(metrics=["psnr"], baseline=str(deep))
     assert str(cli_error.value) in str(gate_error.value) and "\n" not in str(gate_error.value)
     assert str(gate_error.value).startswith("Unsupported parameter value `QualityGate(baseline=")
+
+
+def test_lpips_that_cannot_load_offline_is_tried_once_per_process(tmp_path, monkeypatch, recwarn):
+    attempts = go_offline(monkeypatch)
+    _, functional = reference_values()
+    for run in ("first", "second"):
+        _, summary = gate_fit(tmp_path / run, metrics=IMAGE + ["lpips"], baseline={**functional, "lpips": 0.1})
+        q = summary["quality_gate"]
+        assert "URLError" in q["unavailable"]["lpips"] and q["lpips"]["available"] is False, run
+        assert q["passed"] is True and set(q["metrics"]) == set(IMAGE), run  # the other metrics carry on
+    assert len(attempts) == 1  # the second fit did not try (and wait on) the download again
+    assert "not tried again: it failed earlier in this process" in q["unavailable"]["lpips"]
+    said = [w for w in recwarn if "LPIPS is unavailable" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in said]

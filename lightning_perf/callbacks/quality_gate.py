@@ -275,7 +275,8 @@ class QualityGate(PerfCallback):
                 self._lpips_model = load_lpips(self.lpips_net, self.lpips_pretrained, self.lpips_weights_dir)
             except LpipsUnavailable as err:
                 self._lpips_reason = str(err)
-                self._warn_once("lpips", f"LPIPS is unavailable and not gated: {err} The other metrics go on.")
+                if not err.again:  # said once a process: a later run's summary still records it
+                    self._warn_once("lpips", f"LPIPS is unavailable and not gated: {err} The other metrics go on.")
         self._image_metrics = {
             name: metric.to(trainer.strategy.root_device)
             for name, metric in build_image_metrics(self.metrics, self.data_range, self._lpips_model).items()
