@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 import torch
 import torchmetrics
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 from torchmetrics.functional import mean_absolute_error
 from torchmetrics.functional.image import peak_signal_noise_ratio as tm_psnr
 from torchmetrics.functional.image import structural_similarity_index_measure as tm_ssim
 
-from helpers import ImageModel, find_summary, fit, read_scalars
+from helpers import ImageModel, find_summary, fit, read_scalars, trainer_kwargs
 from lightning_perf import QualityGate
 from lightning_perf.measure import image_quality
 from lightning_perf.summary.compare import compare_summaries
@@ -424,3 +425,34 @@ def test_lpips_that_cannot_load_offline_is_tried_once_per_process(tmp_path, monk
     assert "not tried again: it failed earlier in this process" in q["unavailable"]["lpips"]
     said = [w for w in recwarn if "LPIPS is unavailable" in str(w.message)]
     assert len(said) == 1, [str(w.message) for w in said]
+
+
+class KeepOutputs(Callback):
+    """What validation_step returned, as the gate saw it: the images torchmetrics scores independently below."""
+
+    def __init__(self) -> None:
+        self.preds, self.target = [], []
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self.preds.append(outputs["preds"].detach().clone())
+            self.target.append(outputs["target"].detach().clone())
+
+
+def test_the_demo_denoiser_in_channels_last_is_scored(tmp_path):
+    """Seed 002's matrix variant: `--model.channels_last=true` on the demo's DenoiseNet."""
+    from denoise import DenoiseDataModule, DenoiseNet
+
+    kept, gate = KeepOutputs(), QualityGate(metrics=IMAGE)
+    trainer = Trainer(callbacks=[gate, kept], **trainer_kwargs(tmp_path, max_epochs=1))
+    trainer.fit(DenoiseNet(channels=8, depth=3, channels_last=True),
+                datamodule=DenoiseDataModule(batch_size=4, patch_size=32, train_samples=8, val_samples=8))
+    preds, target = torch.cat(kept.preds), torch.cat(kept.target)
+    assert preds.is_contiguous(memory_format=torch.channels_last) and not preds.is_contiguous()
+    preds, target = preds.contiguous(), target.contiguous()
+    q = find_summary(tmp_path)["quality_gate"]
+    assert q["images_scored"] == len(preds) == 8 and "measurement_failures" not in q
+    assert q["metrics"]["psnr"]["value"] == pytest.approx(float(tm_psnr(preds, target, data_range=1.0,
+                                                                         dim=(1, 2, 3))), rel=1e-5)
+    assert q["metrics"]["ssim"]["value"] == pytest.approx(float(tm_ssim(preds, target, data_range=1.0)), rel=1e-5)
+    assert q["metrics"]["l1"]["value"] == pytest.approx(float(mean_absolute_error(preds, target)), rel=1e-5)

@@ -24,6 +24,7 @@ from lightning_perf.measure.image_quality import (
     load_lpips,
 )
 from lightning_perf.summary.baseline import (
+    DEFAULT_TOLERANCE,
     BaselineError,
     load_baseline,
     verdict,
@@ -34,7 +35,6 @@ from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
 ACTIONS = ("warn", "fail", "stop")
 MODES = ("max", "min")
 TOLERANCE_MODES = ("relative", "absolute")
-DEFAULT_TOLERANCE = 0.005  # seed 001's +-0.5%
 DEFAULT_TOLERANCE_MODE = "relative"
 _MAX_FAILED_RECORDS = 100
 

@@ -10,6 +10,8 @@ from lightning_perf.summary.io import read_json, write_json_atomic
 from lightning_perf.summary.schema import SummaryError
 
 BASELINE_KIND = "lightning_perf.quality_baseline"
+#: The tolerance of a quality gate unless told otherwise: seed 001's +-0.5%, relative to the baseline.
+DEFAULT_TOLERANCE = 0.005
 
 
 class BaselineError(ValueError):
