@@ -55,7 +55,8 @@ class QualityGate(PerfCallback):
         metrics: image metrics to compute, from ``psnr``, ``ssim``, ``l1``, ``lpips``; ``[]`` for none.
         monitor: logged metric name -> ``"max"`` or ``"min"`` (which way is better), gated like the image metrics.
         baseline: metric -> value, or a path to a baseline file (``record_baseline``) or to an earlier run's
-            ``perf_summary.json``. Every gated metric must be in it. None: measure and log, no verdict.
+            ``perf_summary.json``, read once, as the CLI reads summaries (its one-line errors). Every gated metric
+            must be in it. None: measure and log, no verdict.
         tolerance: allowed loss in the bad direction, relative to the baseline (0.005 = 0.5%) or absolute; one number
             or metric -> number.
         tolerance_mode: ``"relative"`` or ``"absolute"``, or metric -> mode.
@@ -70,7 +71,7 @@ class QualityGate(PerfCallback):
         data_range: the value range of images (1.0 for [0, 1], 255 for bytes).
         lpips_net: LPIPS backbone: ``alex``, ``vgg``, ``squeeze``.
         lpips_weights_dir: a torch hub folder whose ``checkpoints/`` holds torchvision's backbone weights, for
-            machines without internet.
+            machines without internet. A load that fails is tried once per process.
         lpips_pretrained: False uses a random backbone (``pnet_rand=True``): plumbing tests only, not LPIPS.
         require_same_step: a check at another global step than the baseline's (a baseline file's ``step``, an
             earlier summary's ``quality_gate.step``) fails, naming both steps; False (default): it warns once and
@@ -82,8 +83,10 @@ class QualityGate(PerfCallback):
     the metric values also go to ``trainer.callback_metrics`` (``pl_module.log(..., logger=False)``), so
     ``ModelCheckpoint(monitor="quality/psnr")`` works.
 
-    A gated metric that is NaN or infinite (a diverged model), or that produced no value, fails its check with the
-    reason. The number of images scored is recorded, and a baseline that scored a different number is warned about
+    Outputs in any memory layout (``channels_last``, strided views) are scored as their contiguous copy. A gated
+    metric that is NaN or infinite from scored images (a diverged model) fails its check with the reason; one that
+    could not score the outputs (its update raised, no image reached it) is not checked, with the error: a broken
+    measurement is no verdict about the model, and with a baseline the gate has not passed (``reason``). The number of images scored is recorded, and a baseline that scored a different number is warned about
     (different validation sets make the gate meaningless). The image metrics (and LPIPS's backbone) are built at
     the first validation, so a fit without a validation loop never loads them.
 
