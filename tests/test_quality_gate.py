@@ -387,7 +387,8 @@ def test_a_metric_that_could_not_score_leaves_the_gate_not_passed_and_the_others
     assert q["metrics"]["psnr"]["passed"] is True and q["metrics"]["psnr"]["value"] == pytest.approx(functional["psnr"])
     assert q["metrics"]["l1"]["passed"] is None and "view size" in q["metrics"]["l1"]["reason"]
     assert q["checks"] == 2 and q["failed_check_count"] == 0 and q["images_scored"] == 16
-    assert q["passed"] is False and q["reason"].startswith("not checked at 2 validations; first at step 4: l1 could not score")
+    assert q["passed"] is False
+    assert q["reason"].startswith("not checked at 2 validations; first at step 4: l1 could not score")
     assert "diverged" not in json.dumps(q)
 
 

@@ -86,8 +86,9 @@ class QualityGate(PerfCallback):
     Outputs in any memory layout (``channels_last``, strided views) are scored as their contiguous copy. A gated
     metric that is NaN or infinite from scored images (a diverged model) fails its check with the reason; one that
     could not score the outputs (its update raised, no image reached it) is not checked, with the error: a broken
-    measurement is no verdict about the model, and with a baseline the gate has not passed (``reason``). The number of images scored is recorded, and a baseline that scored a different number is warned about
-    (different validation sets make the gate meaningless). The image metrics (and LPIPS's backbone) are built at
+    measurement is no verdict about the model, and with a baseline the gate has not passed (``reason``). The number
+    of images scored is recorded, and a baseline that scored a different number is warned about (different
+    validation sets make the gate meaningless). The image metrics (and LPIPS's backbone) are built at
     the first validation, so a fit without a validation loop never loads them.
 
     Raises:
@@ -408,6 +409,7 @@ class QualityGate(PerfCallback):
             return
         values: Dict[str, float] = {}
         for name, metric in self._image_metrics.items():  # compute() syncs across ranks: every rank is here
+            value = math.nan
             if metric.update_count > 0:  # as on every rank: compute() is the same collective everywhere
                 try:
                     value = float(metric.compute())  # NaN and inf kept: they fail the check below
@@ -425,7 +427,7 @@ class QualityGate(PerfCallback):
         self._pending = values
         self._images_scored = self._images if values else 0
         baseline_images = self._baseline_images
-        if baseline_images is not None and self._images != baseline_images:
+        if baseline_images is not None and values and self._images != baseline_images:
             self._warn_once("images", f"this validation scored {self._images} images, the baseline scored"
                                       f" {baseline_images}: different validation sets make the gate meaningless.")
 
