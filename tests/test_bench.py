@@ -133,7 +133,10 @@ def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
     bs4 = json.loads((tmp_path / "runs" / "bs4" / "perf_summary.json").read_text())["iteration_timer"]
     base = json.loads((tmp_path / "runs" / "baseline" / "perf_summary.json").read_text())["iteration_timer"]
     assert float(rows["bs4"]["speedup"]) == pytest.approx(bs4["samples_per_s"] / base["samples_per_s"], rel=1e-6)
-    best = "bs4" if float(rows["bs4"]["end_to_end_speedup"]) > 1.0 else "baseline"  # Best: the whole fit
+    # Best: the whole fit, of the variants whose quality passed against the baseline's (bs4 trains on other batches)
+    assert rows["baseline"]["quality_gate"] == "True" and rows["bs4"]["quality_gate"] in ("True", "False")
+    quick = float(rows["bs4"]["end_to_end_speedup"]) > 1.0 and rows["bs4"]["quality_gate"] == "True"
+    best = "bs4" if quick else "baseline"
     assert f"**Best:** {best}," in text
     assert rows["bs4"]["psnr"] != "" and rows["typo"]["status"].startswith("crashed")
     summary = json.loads((tmp_path / "runs" / "bs4" / "perf_summary.json").read_text())
@@ -436,3 +439,95 @@ def test_matrix_says_which_callbacks_measured_after_set_up_dropped_some():
     assert _callbacks_note([attached]) == ", ".join(SUITE) + " attached by the matrix"
     assert _callbacks_note([attached, dropped]) == (", ".join(SUITE[1:]) + " attached by the matrix, the config's own"
                                                     " IterationTimer")
+
+
+# -- the matrix's quality: each variant gated against the baseline variant, and "no gate ran" where none did ---------
+
+def _gate(psnr=None, ssim=None, l1=None, reasons=None):
+    """A QualityGate section without a baseline of its own (the demo's config): values measured, nothing gated."""
+    metrics = {}
+    for name, value, mode in (("psnr", psnr, "max"), ("ssim", ssim, "max"), ("l1", l1, "min")):
+        reason = (reasons or {}).get(name)
+        if value is not None or reason:
+            metrics[name] = {"value": value, "mode": mode, "passed": None, **({"reason": reason} if reason else {})}
+    return {"passed": None, "metrics": metrics, "checks": 1, "failed_check_count": 0, "failed_checks": []}
+
+
+@pytest.fixture(scope="module")
+def timer_summary(tmp_path_factory):
+    from helpers import fit
+    from lightning_perf import IterationTimer
+
+    folder = tmp_path_factory.mktemp("timer")
+    fit(folder, [IterationTimer(warmup_steps=1, summary_path=str(folder / "s.json"))], max_epochs=1)
+    return json.loads((folder / "s.json").read_text())
+
+
+def _gated_variant(summary, name, mean_ms, gate):
+    result = _variant(summary, name, mean_ms)
+    if gate is not None:
+        result["summary"]["quality_gate"] = gate
+    return result
+
+
+def test_matrix_without_a_quality_gate_says_no_gate_ran(timer_summary):
+    from lightning_perf.bench.matrix import format_matrix, matrix_rows
+
+    rows = matrix_rows([_gated_variant(timer_summary, "baseline", 100.0, None),
+                        _gated_variant(timer_summary, "amp", 80.0, None)])
+    assert [r["quality_gate"] for r in rows] == [None, None] and [r["status"] for r in rows] == ["completed"] * 2
+    text = format_matrix(rows, best_by="steady")
+    best = text.splitlines()[-1]
+    assert best.startswith("**Best:** amp,") and "quality gate not failed" not in best, best
+    assert best.endswith("; quality: no gate ran: the variant's run has no QualityGate."), best
+    assert "| no gate ran | completed |" in text
+
+
+def test_matrix_gates_each_variant_against_the_baseline_variant(timer_summary):
+    """Seed 002's channels_last variant was named Best with a gate that scored nothing: a variant is Best only with
+    its quality within tolerance of the baseline variant's; one that could not be scored is 'not checked'."""
+    from lightning_perf.bench.matrix import findings, format_matrix, matrix_rows
+
+    base = _gate(psnr=26.0, ssim=0.90, l1=0.040)
+    results = [
+        _gated_variant(timer_summary, "baseline", 100.0, base),
+        _gated_variant(timer_summary, "amp", 80.0, _gate(psnr=25.9, ssim=0.899, l1=0.0401)),  # -0.38%: within 0.5%
+        _gated_variant(timer_summary, "worse_psnr", 50.0, _gate(psnr=25.0, ssim=0.90, l1=0.040)),  # -3.8%
+        _gated_variant(timer_summary, "worse_l1", 55.0, _gate(psnr=26.0, ssim=0.90, l1=0.0404)),  # +1%: lower is better
+        _gated_variant(timer_summary, "channels_last", 60.0, _gate(
+            psnr=26.0, ssim=0.90, reasons={"l1": "not checked: could not score the validation outputs (RuntimeError:"
+                                                 " view size is not compatible ...)"})),
+    ]
+    rows = {r["variant"]: r for r in matrix_rows(results)}
+    assert rows["baseline"]["quality_gate"] is True and rows["baseline"]["quality_gate_note"].startswith("reference:")
+    assert rows["amp"]["quality_gate"] is True and rows["amp"]["status"] == "completed"
+    assert rows["amp"]["quality_gate_note"].startswith("passed: psnr 25.9 vs 26 (-0.38%, 0.5% allowed)")
+    assert rows["worse_psnr"]["quality_gate"] is False and rows["worse_psnr"]["status"] == "quality gate FAILED"
+    assert rows["worse_psnr"]["quality_gate_note"] == "FAILED: psnr 25 vs 26 (-3.85%, 0.5% allowed)"
+    assert rows["worse_l1"]["quality_gate_note"] == "FAILED: l1 0.0404 vs 0.04 (+1.00%, 0.5% allowed)"
+    cl = rows["channels_last"]
+    assert cl["quality_gate"] is None and cl["status"] == "quality gate not checked"
+    assert cl["quality_gate_note"].startswith("not checked: l1 not checked: could not score the validation outputs")
+    text = format_matrix(list(rows.values()), best_by="steady")
+    best = text.splitlines()[-1]
+    assert best.startswith("**Best:** amp,") and best.endswith("; quality: " + rows["amp"]["quality_gate_note"] + ".")
+    assert "| FAILED | ⚠ quality gate FAILED |" in text and "| not checked | ⚠ quality gate not checked |" in text
+    assert any(f.startswith("Fastest: amp ") for f in findings(list(rows.values()), "steady"))
+    csv_rows = {r["variant"]: r for r in csv.DictReader(format_matrix(list(rows.values()), "csv").splitlines())}
+    assert csv_rows["worse_psnr"]["quality_gate"] == "False" and "psnr 25 vs 26" in csv_rows["worse_psnr"][
+        "quality_gate_note"]
+
+
+def test_matrix_names_no_best_when_no_fast_variant_passed_its_quality(timer_summary):
+    from lightning_perf.bench.matrix import format_matrix, matrix_rows
+
+    rows = matrix_rows([_gated_variant(timer_summary, "baseline", 100.0, _gate(psnr=26.0)),
+                        _gated_variant(timer_summary, "worse", 50.0, _gate(psnr=20.0))])
+    assert rows[0]["quality_gate"] is True  # the baseline is the reference: it can be Best
+    assert format_matrix(rows, best_by="steady").splitlines()[-1].startswith("**Best:** baseline,")
+    rows = matrix_rows([_gated_variant(timer_summary, "baseline", 100.0, _gate(psnr=None, reasons={
+        "psnr": "not checked: scored no image in this validation"})),
+        _gated_variant(timer_summary, "fast", 50.0, _gate(psnr=26.0))])
+    best = format_matrix(rows, best_by="steady").splitlines()[-1]
+    assert best.startswith("**Best:** n/a: no variant with the steady figure passed its quality gate"), best
+    assert "fast: not checked: nothing to gate against: baseline scored no quality metric" in best

@@ -4,16 +4,26 @@ import urllib.error
 import numpy as np
 import pytest
 import torch
+import torchmetrics
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+from torchmetrics.functional import mean_absolute_error
 from torchmetrics.functional.image import peak_signal_noise_ratio as tm_psnr
 from torchmetrics.functional.image import structural_similarity_index_measure as tm_ssim
 
-from helpers import ImageModel, find_summary, fit, read_scalars
+from helpers import ImageModel, find_summary, fit, read_scalars, trainer_kwargs
 from lightning_perf import QualityGate
+from lightning_perf.measure import image_quality
 from lightning_perf.summary.compare import compare_summaries
 
 IMAGE = ["psnr", "ssim", "l1"]
+
+
+@pytest.fixture(autouse=True)
+def _lpips_not_tried_yet(monkeypatch):
+    """Each test loads LPIPS as a fresh process would: a failure another test simulated is not remembered."""
+    monkeypatch.setattr(image_quality, "_LPIPS_FAILURES", {})
 
 
 def reference_values():
@@ -126,11 +136,23 @@ def test_named_metric_gate_and_model_checkpoint_on_quality(tmp_path):
     assert ckpt.best_model_score is not None and ckpt.best_model_path
 
 
-def test_lpips_offline_is_unavailable_and_the_rest_is_gated(tmp_path, monkeypatch):
-    def offline(*args, **kwargs):
+def go_offline(monkeypatch):
+    """The backbone's download fails as it does without internet; returns the list of download attempts."""
+    import torchvision.models._api
+
+    attempts = []
+
+    def offline(url, *args, **kwargs):
+        attempts.append(url)
         raise urllib.error.URLError("Name or service not known")
 
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    # torchvision downloads through its own import of torch.hub's function: patched where it is called
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
+    return attempts
+
+
+def test_lpips_offline_is_unavailable_and_the_rest_is_gated(tmp_path, monkeypatch):
+    attempts = go_offline(monkeypatch)
     _, functional = reference_values()
     baseline = {**functional, "lpips": 0.1}
     with pytest.warns(UserWarning, match="LPIPS is unavailable and not gated: the pretrained alex backbone"):
@@ -139,6 +161,7 @@ def test_lpips_offline_is_unavailable_and_the_rest_is_gated(tmp_path, monkeypatc
     assert "URLError" in g["unavailable"]["lpips"] and "lpips_weights_dir" in g["unavailable"]["lpips"]
     assert "lpips" not in g["metrics"] and g["lpips"]["available"] is False
     assert g["passed"] is True and set(g["metrics"]) == set(IMAGE)
+    assert len(attempts) == 1
 
 
 def test_lpips_with_a_random_backbone_computes_through_the_same_path(tmp_path):
@@ -159,7 +182,7 @@ def test_lpips_with_a_random_backbone_computes_through_the_same_path(tmp_path):
         ({"tolerance": -0.1}, r"QualityGate\(tolerance=-0.1\).*from 0 to"),
         ({"tolerance_mode": "percent"}, r"relative, absolute"),
         ({"monitor": {"val/acc": "up"}}, r"'val/acc' -> 'max' or 'min'"),
-        ({"baseline": "/no/such/baseline.json"}, r"does not exist"),
+        ({"baseline": "/no/such/baseline.json"}, r"baseline file /no/such/baseline.json: no such file"),
         ({"baseline": {"psnr": 26.0}}, r"lacks gated metric\(s\) ssim, l1, lpips; it has: psnr"),
         ({"lpips_net": "resnet"}, r"alex, vgg, squeeze"),
         ({"at_steps": [-1]}, r"QualityGate\(at_steps=\[-1\]\)"),
@@ -174,7 +197,7 @@ def test_bad_arguments_fail_at_construction(kwargs, match):
 def test_baseline_file_that_is_not_json(tmp_path):
     bad = tmp_path / "b.json"
     bad.write_text("psnr: 26")
-    with pytest.raises(ValueError, match="is not valid JSON"):
+    with pytest.raises(ValueError, match=r"baseline file .*b\.json: not valid JSON"):
         QualityGate(baseline=str(bad))
 
 
@@ -217,10 +240,7 @@ def test_ddp_gives_the_numbers_of_one_process(tmp_path):
 
 
 def test_a_metric_the_baseline_run_could_not_measure_is_not_gated(tmp_path, monkeypatch):
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("offline")
-
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    go_offline(monkeypatch)
     with pytest.warns(UserWarning, match="LPIPS is unavailable"):
         gate_fit(tmp_path / "base", metrics=IMAGE + ["lpips"])
     base = next((tmp_path / "base").rglob("perf_summary.json"))
@@ -292,3 +312,148 @@ def test_fit_end_prints_every_failed_check_and_the_verdict(tmp_path, caplog):
         gate_fit(tmp_path, baseline={**{n: functional[n] for n in IMAGE}, "psnr": functional["psnr"] + 1.0})
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("QualityGate:"))
     assert "FAILED 2 of 2 checks (step 4: psnr; step 8: psnr)" in line, line
+
+
+# -- any memory layout; a gate that scored nothing -------------------------------------------------------------------
+
+LAYOUTS = {
+    "channels_last": lambda t: t.contiguous(memory_format=torch.channels_last),
+    "transposed": lambda t: t.transpose(2, 3),  # a non-contiguous view: other strides, the same storage
+}
+
+
+class LaidOutModel(ImageModel):
+    """Validation outputs in another memory layout than torch's default (a channels_last model's)."""
+
+    def __init__(self, layout: str) -> None:
+        super().__init__()
+        self.layout = layout
+
+    def validation_step(self, batch, batch_idx):
+        out = super().validation_step(batch, batch_idx)
+        return {k: LAYOUTS[self.layout](v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_outputs_in_any_memory_layout_score_as_their_contiguous_copy(tmp_path, layout):
+    preds, target = (LAYOUTS[layout](t) for t in ImageModel().val_pairs())
+    assert not preds.is_contiguous()
+    preds, target = preds.contiguous(), target.contiguous()  # the same images, torch's default layout
+    gate = QualityGate(metrics=IMAGE + ["lpips"], lpips_pretrained=False)
+    fit(tmp_path, [gate], model=LaidOutModel(layout), max_epochs=1)
+    q = find_summary(tmp_path)["quality_gate"]
+    with torch.no_grad():
+        expected = {"psnr": float(tm_psnr(preds, target, data_range=1.0, dim=(1, 2, 3))),
+                    "ssim": float(tm_ssim(preds, target, data_range=1.0)),
+                    "l1": float(mean_absolute_error(preds, target)),
+                    "lpips": float(gate._lpips_model(preds * 2 - 1, target * 2 - 1).mean())}
+    for name, value in expected.items():
+        assert q["metrics"][name]["value"] == pytest.approx(value, rel=1e-5), (name, q["metrics"][name])
+    assert q["images_scored"] == 16 and "measurement_failures" not in q
+
+
+def broken_l1_update(monkeypatch):
+    """L1's update fails as it did on channels_last outputs: the measurement breaks, not the model."""
+    def update(self, preds, target):
+        raise RuntimeError("view size is not compatible with input tensor's size and stride")
+
+    monkeypatch.setattr(torchmetrics.MeanAbsoluteError, "update", update)
+
+
+def test_a_gate_that_scored_nothing_is_not_checked_with_the_reason_not_a_diverged_model(tmp_path, monkeypatch):
+    from lightning_perf import PerfCheckFailed
+
+    broken_l1_update(monkeypatch)
+    _, functional = reference_values()
+    gate = QualityGate(metrics=["l1"], baseline={"l1": functional["l1"]}, action="fail")
+    with pytest.raises(PerfCheckFailed, match=r"never checked: .*l1 could not score .*view size is not compatible"):
+        fit(tmp_path, [gate], model=ImageModel(), max_epochs=2)
+    q = find_summary(tmp_path)["quality_gate"]
+    assert q["passed"] is False and q["reason"].startswith("never checked:") and "view size" in q["reason"]
+    assert q["checks"] == 0 and q["failed_check_count"] == 0 and q["images_scored"] in (None, 0)
+    assert "diverged" not in json.dumps(q)
+    assert q["metrics"]["l1"]["value"] is None and q["metrics"]["l1"]["passed"] is None
+    assert q["metrics"]["l1"]["reason"].startswith("not checked: could not score")
+    assert "quality/gate_passed" not in read_scalars(tmp_path)  # no verdict was logged
+
+
+def test_a_metric_that_could_not_score_leaves_the_gate_not_passed_and_the_others_checked(tmp_path, monkeypatch):
+    broken_l1_update(monkeypatch)
+    _, functional = reference_values()
+    with pytest.warns(UserWarning, match=r"l1 could not score the validation outputs \(RuntimeError: view size"):
+        _, summary = gate_fit(tmp_path, metrics=["psnr", "l1"],
+                              baseline={"psnr": functional["psnr"], "l1": functional["l1"]})
+    q = summary["quality_gate"]
+    assert q["metrics"]["psnr"]["passed"] is True and q["metrics"]["psnr"]["value"] == pytest.approx(functional["psnr"])
+    assert q["metrics"]["l1"]["passed"] is None and "view size" in q["metrics"]["l1"]["reason"]
+    assert q["checks"] == 2 and q["failed_check_count"] == 0 and q["images_scored"] == 16
+    assert q["passed"] is False
+    assert q["reason"].startswith("not checked at 2 validations; first at step 4: l1 could not score")
+    assert "diverged" not in json.dumps(q)
+
+
+def test_without_a_baseline_a_gate_that_scored_nothing_says_why(tmp_path, monkeypatch):
+    broken_l1_update(monkeypatch)
+    _, summary = gate_fit(tmp_path, metrics=["l1"])
+    q = summary["quality_gate"]
+    assert q["passed"] is None and "view size" in q["unavailable"]["metrics"]
+    assert "diverged" not in json.dumps(q)
+
+
+def test_a_baseline_nested_too_deeply_gives_the_cli_readers_one_line_error(tmp_path):
+    from lightning_perf.summary.io import load_summary
+    from lightning_perf.summary.schema import SummaryError
+
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"psnr": ' * 200_000 + "1" + "}" * 200_000)
+    with pytest.raises(SummaryError) as cli_error:
+        load_summary(str(deep))
+    with pytest.raises(ValueError) as gate_error:
+        QualityGate(metrics=["psnr"], baseline=str(deep))
+    assert str(cli_error.value) in str(gate_error.value) and "\n" not in str(gate_error.value)
+    assert str(gate_error.value).startswith("Unsupported parameter value `QualityGate(baseline=")
+
+
+def test_lpips_that_cannot_load_offline_is_tried_once_per_process(tmp_path, monkeypatch, recwarn):
+    attempts = go_offline(monkeypatch)
+    _, functional = reference_values()
+    for run in ("first", "second"):
+        _, summary = gate_fit(tmp_path / run, metrics=IMAGE + ["lpips"], baseline={**functional, "lpips": 0.1})
+        q = summary["quality_gate"]
+        assert "URLError" in q["unavailable"]["lpips"] and q["lpips"]["available"] is False, run
+        assert q["passed"] is True and set(q["metrics"]) == set(IMAGE), run  # the other metrics carry on
+    assert len(attempts) == 1  # the second fit did not try (and wait on) the download again
+    assert "not tried again: it failed earlier in this process" in q["unavailable"]["lpips"]
+    said = [w for w in recwarn if "LPIPS is unavailable" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in said]
+
+
+class KeepOutputs(Callback):
+    """What validation_step returned, as the gate saw it: the images torchmetrics scores independently below."""
+
+    def __init__(self) -> None:
+        self.preds, self.target = [], []
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self.preds.append(outputs["preds"].detach().clone())
+            self.target.append(outputs["target"].detach().clone())
+
+
+def test_the_demo_denoiser_in_channels_last_is_scored(tmp_path):
+    """Seed 002's matrix variant: `--model.channels_last=true` on the demo's DenoiseNet."""
+    from denoise import DenoiseDataModule, DenoiseNet
+
+    kept, gate = KeepOutputs(), QualityGate(metrics=IMAGE)
+    trainer = Trainer(callbacks=[gate, kept], **trainer_kwargs(tmp_path, max_epochs=1))
+    trainer.fit(DenoiseNet(channels=8, depth=3, channels_last=True),
+                datamodule=DenoiseDataModule(batch_size=4, patch_size=32, train_samples=8, val_samples=8))
+    preds, target = torch.cat(kept.preds), torch.cat(kept.target)
+    assert preds.is_contiguous(memory_format=torch.channels_last) and not preds.is_contiguous()
+    preds, target = preds.contiguous(), target.contiguous()
+    q = find_summary(tmp_path)["quality_gate"]
+    assert q["images_scored"] == len(preds) == 8 and "measurement_failures" not in q
+    assert q["metrics"]["psnr"]["value"] == pytest.approx(float(tm_psnr(preds, target, data_range=1.0,
+                                                                         dim=(1, 2, 3))), rel=1e-5)
+    assert q["metrics"]["ssim"]["value"] == pytest.approx(float(tm_ssim(preds, target, data_range=1.0)), rel=1e-5)
+    assert q["metrics"]["l1"]["value"] == pytest.approx(float(mean_absolute_error(preds, target)), rel=1e-5)

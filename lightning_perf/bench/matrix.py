@@ -16,8 +16,10 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lightning_perf._attach import read_manifest
+from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, verdict
 from lightning_perf.summary.compare import break_even_text, compare_summaries, warmup_section
 from lightning_perf.summary.fields import (
+    IMAGE_METRIC_DIRECTIONS,
     csv_text,
     finite,
     fmt_mb,
@@ -297,14 +299,74 @@ def _end_to_end(base: PerfSummary, run: PerfSummary) -> Tuple[Optional[float], O
     return n, seconds, reason
 
 
-def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _within(name: str, r: Dict[str, Any]) -> str:
+    """``psnr 25.10 vs 26.20 (-4.20%, 0.5% allowed)``: one metric against the baseline variant's."""
+    pct = f"{r['delta_pct']:+.2f}%, " if r["delta_pct"] is not None else ""
+    allowed = f"{100 * r['tolerance']:g}%" if r["tolerance_mode"] == "relative" else f"{r['tolerance']:g}"
+    return f"{name} {r['value']:.4g} vs {r['baseline']:.4g} ({pct}{allowed} allowed)"
+
+
+def quality_verdict(base: Optional[PerfSummary], run: PerfSummary, is_base: bool, base_name: str = "the baseline",
+                    tolerance: float = DEFAULT_TOLERANCE) -> Tuple[Optional[bool], str]:
+    """(verdict, note) of a variant's quality: its own QualityGate's verdict, and each metric the baseline variant
+    scored gated against the baseline's value (``tolerance`` relative, the bad way only). The note starts with what
+    happened: ``passed:``, ``FAILED:``, ``not checked:`` (a gate ran and could not decide: a metric the baseline
+    scored and this variant did not, or its own gate's reason), ``no gate ran:`` or, for the baseline, ``reference:``.
+    The verdict is None unless a gate decided: a gate that checked nothing says nothing about the model."""
+    own = run.quality_gate
+    if own is None:
+        return None, "no gate ran: the variant's run has no QualityGate"
+    failed, unchecked, passed = [], [], []
+    if own.failed_check_count or (own.passed is False and not own.reason):
+        failed.append(f"its own gate failed {own.failed_check_count or 'a'} check"
+                      + ("s" if (own.failed_check_count or 1) != 1 else ""))
+    elif own.passed is False:
+        unchecked.append(f"its own gate: {own.reason}")
+    elif own.passed:
+        passed.append("its own gate passed")
+    mine, theirs = quality(run), quality(base) if base is not None and not is_base else {}
+    for name, entry in mine.items():  # no value: a verdict of its gate (NaN: a diverged model), or not scored
+        if finite(entry.value) is None:
+            (failed if entry.passed is False else unchecked).append(f"{name} {entry.reason or 'has no value'}")
+    for name, entry in theirs.items():
+        if finite(entry.value) is None or (name in mine and finite(mine[name].value) is None):
+            continue
+        value = mine[name].value if name in mine else None
+        if value is None:
+            unchecked.append(f"{name} not measured in this variant")
+            continue
+        mode = entry.mode or IMAGE_METRIC_DIRECTIONS.get(name)
+        if mode not in ("max", "min"):
+            continue
+        result = verdict(value, entry.value, mode, tolerance, relative=True)
+        (passed if result["passed"] else failed).append(_within(name, result))
+    if not is_base and base is not None and not any(finite(e.value) is not None for e in theirs.values()):
+        unchecked.append(f"nothing to gate against: {base_name} scored no quality metric")
+    if failed:
+        return False, "FAILED: " + "; ".join(failed)
+    if unchecked:
+        return None, "not checked: " + "; ".join(unchecked)
+    if is_base:
+        scored = [name for name, entry in mine.items() if finite(entry.value) is not None]
+        if scored:
+            return True, (f"reference: the other variants' {', '.join(scored)} are gated against these"
+                          + ("; its own gate passed" if passed else ""))
+    if passed:
+        return True, "passed: " + "; ".join(passed)
+    return None, "no gate ran: the variant's QualityGate scored no metric the baseline scored"
+
+
+def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAULT_TOLERANCE) -> List[Dict[str, Any]]:
     """One row per variant: the end-to-end time (the whole fit, warm-up and evaluation included, at the baseline's
     length) and its speedup, total time (train + eval, what seed 002's "Time (s)" meant), train time, the warm-up
     cost, the steady-state headline speedup with its CI (none for the baseline itself), the break-even, samples/s,
-    peak memory, per-epoch times (``epoch_1_s``, ...), PSNR, the gate, a status that flags a crash, an OOM, a timeout
-    or a failed quality gate, and ``flag`` for a completed variant more than 3x slower than the baseline."""
+    peak memory, per-epoch times (``epoch_1_s``, ...), PSNR, the quality verdict (``quality_gate``, with
+    ``quality_gate_note``: see :func:`quality_verdict`; ``quality_tolerance`` relative), a status that flags a crash,
+    an OOM, a timeout, a failed or unchecked quality gate, and ``flag`` for a completed variant more than 3x slower than
+    the baseline."""
     typed = [_typed(r) for r in results]
     base = next((s for s in typed if s is not None), None)
+    base_name = next((r["name"] for r, s in zip(results, typed) if s is not None), "the baseline")
     base_end = _end_to_end(base, base)[1] if base is not None else None
     rows = []
     for r, s in zip(results, typed):
@@ -316,6 +378,7 @@ def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             train = timer.train_time_s if timer is not None else None
             evaluation = timer.eval_time_s if timer is not None else None
             psnr = quality(s).get("psnr")
+            gate, note = quality_verdict(base, s, s is base, base_name, quality_tolerance)
             row.update(
                 total_time_s=None if train is None else finite(train + (evaluation or 0.0)),
                 train_time_s=train,
@@ -330,13 +393,16 @@ def matrix_rows(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 tflops_per_s=timer.tflops_per_s if timer is not None else None,
                 mfu_pct=timer.mfu_pct if timer is not None else None,
                 psnr=psnr.value if psnr is not None else None,
-                quality_gate=s.quality_gate.passed if s.quality_gate is not None else None,
+                quality_gate=gate,
+                quality_gate_note=note,
             )
             epochs = (timer.epochs if timer is not None else None) or []
             for i, epoch in enumerate(epochs, start=1):
                 row[f"epoch_{i}_s"] = epoch.time_s if epoch is not None else None
             if row["status"] == "completed" and row["quality_gate"] is False:
                 row["status"] = "quality gate FAILED"
+            elif row["status"] == "completed" and note.startswith("not checked"):
+                row["status"] = "quality gate not checked"
             _add_warmup(row, base, s, base_end, cmp.get("break_even"))
         rows.append(row)
     return rows
@@ -380,12 +446,16 @@ def _rank_key(best_by: str) -> str:
 
 
 def best_variant(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> Optional[Dict[str, Any]]:
-    """The fastest completed variant whose gate did not fail: by the end-to-end time at the baseline's length
+    """The fastest completed variant whose quality passed (see :func:`quality_verdict`); where no variant's passed,
+    the fastest completed one of those where no gate ran (the Best line says so), never one whose gate failed or
+    could not check: by the end-to-end time at the baseline's length
     (``end-to-end``, warm-up and evaluation included), or by the steady-state headline (``steady``: mean ms/iter over
     the measured iterations); samples/s (the same samples) where batch sizes differ. None when no variant has the
     figure."""
     key = _rank_key(best_by)
-    ok = [r for r in rows if r["status"] == "completed" and r.get(key) and r.get("quality_gate") is not False]
+    gated = any(r.get("quality_gate") is True for r in rows)
+    ok = [r for r in rows if r["status"] == "completed" and r.get(key) and (r.get("quality_gate") is True or (
+        not gated and str(r.get("quality_gate_note") or "no gate ran").startswith("no gate ran")))]
     return max(ok, key=lambda r: r[key]) if ok else None
 
 
@@ -533,7 +603,7 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
                 speed = "-"
         if r.get("speedup_basis") == "samples/s":
             speed += " samples/s"
-        gate = {True: "passed", False: "FAILED", None: "-"}[r.get("quality_gate")]
+        gate = (r.get("quality_gate_note") or "no gate ran").split(":")[0]
         status = r["status"] if r["status"] == "completed" else f"⚠ {r['status']}"
         if r.get("flag"):
             status = f"⚠ {status}: {r['flag']}"
@@ -571,6 +641,11 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
 def _best_line(rows: List[Dict[str, Any]], best_by: str) -> str:
     base = next((r for r in rows if r.get("baseline")), rows[0] if rows else None)
     best = best_variant(rows, best_by)
+    ranked = [r for r in rows if r.get(_rank_key(best_by))
+              and (r["status"] == "completed" or r["status"].startswith("quality gate"))]
+    if best is None and ranked:  # each fast enough to rank, and none whose quality passed
+        return (f"**Best:** n/a: no variant with the {best_by} figure passed its quality gate ("
+                + "; ".join(f"{r['variant']}: {r.get('quality_gate_note') or 'no gate ran'}" for r in ranked) + ").")
     if best is None or base is None:
         reasons = sorted({r["end_to_end_reason"] for r in rows if r.get("end_to_end_reason")})
         why = f" ({'; '.join(reasons)})" if best_by == "end-to-end" and reasons else ""
@@ -581,4 +656,4 @@ def _best_line(rows: List[Dict[str, Any]], best_by: str) -> str:
             f" ({base['variant']}); {other_text} {'steady state' if best_by == 'end-to-end' else 'end to end'}")
     if not best.get("baseline"):
         line += f"; break-even: {break_even_text(_break_even_of(best))}"
-    return line + "; quality gate not failed."
+    return line + f"; quality: {best.get('quality_gate_note') or 'no gate ran'}."

@@ -24,9 +24,9 @@ from lightning_perf.measure.image_quality import (
     load_lpips,
 )
 from lightning_perf.summary.baseline import (
+    DEFAULT_TOLERANCE,
     BaselineError,
-    read_baseline_meta,
-    read_baseline_with_gaps,
+    load_baseline,
     verdict,
     write_baseline,
 )
@@ -35,7 +35,6 @@ from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
 ACTIONS = ("warn", "fail", "stop")
 MODES = ("max", "min")
 TOLERANCE_MODES = ("relative", "absolute")
-DEFAULT_TOLERANCE = 0.005  # seed 001's +-0.5%
 DEFAULT_TOLERANCE_MODE = "relative"
 _MAX_FAILED_RECORDS = 100
 
@@ -56,7 +55,8 @@ class QualityGate(PerfCallback):
         metrics: image metrics to compute, from ``psnr``, ``ssim``, ``l1``, ``lpips``; ``[]`` for none.
         monitor: logged metric name -> ``"max"`` or ``"min"`` (which way is better), gated like the image metrics.
         baseline: metric -> value, or a path to a baseline file (``record_baseline``) or to an earlier run's
-            ``perf_summary.json``. Every gated metric must be in it. None: measure and log, no verdict.
+            ``perf_summary.json``, read once, as the CLI reads summaries (its one-line errors). Every gated metric
+            must be in it. None: measure and log, no verdict.
         tolerance: allowed loss in the bad direction, relative to the baseline (0.005 = 0.5%) or absolute; one number
             or metric -> number.
         tolerance_mode: ``"relative"`` or ``"absolute"``, or metric -> mode.
@@ -71,7 +71,7 @@ class QualityGate(PerfCallback):
         data_range: the value range of images (1.0 for [0, 1], 255 for bytes).
         lpips_net: LPIPS backbone: ``alex``, ``vgg``, ``squeeze``.
         lpips_weights_dir: a torch hub folder whose ``checkpoints/`` holds torchvision's backbone weights, for
-            machines without internet.
+            machines without internet. A load that fails is tried once per process.
         lpips_pretrained: False uses a random backbone (``pnet_rand=True``): plumbing tests only, not LPIPS.
         require_same_step: a check at another global step than the baseline's (a baseline file's ``step``, an
             earlier summary's ``quality_gate.step``) fails, naming both steps; False (default): it warns once and
@@ -83,9 +83,12 @@ class QualityGate(PerfCallback):
     the metric values also go to ``trainer.callback_metrics`` (``pl_module.log(..., logger=False)``), so
     ``ModelCheckpoint(monitor="quality/psnr")`` works.
 
-    A gated metric that is NaN or infinite (a diverged model), or that produced no value, fails its check with the
-    reason. The number of images scored is recorded, and a baseline that scored a different number is warned about
-    (different validation sets make the gate meaningless). The image metrics (and LPIPS's backbone) are built at
+    Outputs in any memory layout (``channels_last``, strided views) are scored as their contiguous copy. A gated
+    metric that is NaN or infinite from scored images (a diverged model) fails its check with the reason; one that
+    could not score the outputs (its update raised, no image reached it) is not checked, with the error: a broken
+    measurement is no verdict about the model, and with a baseline the gate has not passed (``reason``). The number
+    of images scored is recorded, and a baseline that scored a different number is warned about (different
+    validation sets make the gate meaningless). The image metrics (and LPIPS's backbone) are built at
     the first validation, so a fit without a validation loop never loads them.
 
     Raises:
@@ -172,8 +175,7 @@ class QualityGate(PerfCallback):
         self._baseline_gaps: Dict[str, str] = {}
         if baseline is not None:
             try:
-                self.baseline, gaps = read_baseline_with_gaps(baseline)
-                self._baseline_meta = read_baseline_meta(baseline)
+                self.baseline, gaps, self._baseline_meta = load_baseline(baseline)
             except BaselineError as err:
                 raise bad_argument(owner, "baseline", baseline, str(err)) from None
             # A metric the baseline run could not measure (LPIPS offline) is not gated; one it lacks is an error.
@@ -231,7 +233,10 @@ class QualityGate(PerfCallback):
         self._active = False
         self._results: Dict[str, Dict[str, Any]] = {}
         self._pending: Dict[str, float] = {}  # image metrics of this validation, gated at its end
-        self._images = 0  # images scored in this validation
+        self._images = 0  # images given to the metrics in this validation
+        self._unscored: Dict[str, str] = {}  # metric -> why it could not score this validation's outputs
+        self._not_checked: Optional[str] = None  # the first scheduled check that left a gated metric unscored
+        self._not_checked_count = 0
         self._images_scored: Optional[int] = None  # in the last checked validation
         self._record_problem: Optional[str] = None
         self._checks = 0
@@ -241,7 +246,9 @@ class QualityGate(PerfCallback):
         self._step: Optional[int] = None
         self._validation_runs = 0  # validations of this fit (sanity check not counted): why a gate never checked
         self._validation_steps: List[int] = []  # the global steps of the last few of them
-        self._never_checked: Optional[str] = None  # set at fit end when a gate with a baseline ran no check
+        # set at fit end when a gate with a baseline did not check all it gates: "never checked: ...", "not checked
+        # at N validations; first at step S: ..."
+        self._unchecked: Optional[str] = None
 
     # -- set-up --------------------------------------------------------------------------------------------------
     @guarded
@@ -272,7 +279,8 @@ class QualityGate(PerfCallback):
                 self._lpips_model = load_lpips(self.lpips_net, self.lpips_pretrained, self.lpips_weights_dir)
             except LpipsUnavailable as err:
                 self._lpips_reason = str(err)
-                self._warn_once("lpips", f"LPIPS is unavailable and not gated: {err} The other metrics go on.")
+                if not err.again:  # said once a process: a later run's summary still records it
+                    self._warn_once("lpips", f"LPIPS is unavailable and not gated: {err} The other metrics go on.")
         self._image_metrics = {
             name: metric.to(trainer.strategy.root_device)
             for name, metric in build_image_metrics(self.metrics, self.data_range, self._lpips_model).items()
@@ -305,7 +313,10 @@ class QualityGate(PerfCallback):
             earlier = "..., " if self._validation_runs > len(self._validation_steps) else ""
             ran = f"validations ran at steps {earlier}{', '.join(map(str, self._validation_steps))}"
             why = self._unreachable(last_step)
-            if why is None and (self.at_steps is not None or self.every_n_steps is not None):
+            if self._not_checked:  # validations ran when scheduled, and scored nothing
+                why = (f"the gated metrics scored nothing at {self._times(self._not_checked_count, 'validation')}"
+                       f" ({ran}); first at {self._not_checked}")
+            elif why is None and (self.at_steps is not None or self.every_n_steps is not None):
                 schedule = " or ".join(
                     ([f"at_steps={self.at_steps}"] if self.at_steps is not None else [])
                     + ([f"a multiple of every_n_steps={self.every_n_steps}"] if self.every_n_steps is not None
@@ -337,6 +348,7 @@ class QualityGate(PerfCallback):
             self._validation_runs += 1
             self._validation_steps = (self._validation_steps + [trainer.global_step])[-5:]
         self._images = 0
+        self._unscored = {}
         for metric in self._image_metrics.values():
             metric.reset()
 
@@ -379,9 +391,16 @@ class QualityGate(PerfCallback):
         if not self._active:
             return
         with torch.no_grad():
-            preds, target = preds.detach(), target.detach()
-            for metric in self._image_metrics.values():
-                metric.update(preds, target)
+            # channels_last or strided outputs: torchmetrics' L1 views them flat and fails; scored as the same images
+            preds, target = preds.detach().contiguous(), target.detach().contiguous()
+            for name, metric in self._image_metrics.items():
+                if name in self._unscored:
+                    continue
+                try:
+                    metric.update(preds, target)
+                except Exception as err:  # noqa: BLE001 - the measurement broke, not the model: said, not gated
+                    self._unscored[name] = f"could not score the validation outputs ({type(err).__name__}:" \
+                                           f" {error_message(err)})"
         self._images += int(preds.shape[0]) if preds.dim() > 0 else 1
 
     @guarded
@@ -390,16 +409,25 @@ class QualityGate(PerfCallback):
             return
         values: Dict[str, float] = {}
         for name, metric in self._image_metrics.items():  # compute() syncs across ranks: every rank is here
-            if metric.update_count > 0:
-                values[name] = float(metric.compute())  # NaN and inf kept: they fail the check below
+            value = math.nan
+            if metric.update_count > 0:  # as on every rank: compute() is the same collective everywhere
+                try:
+                    value = float(metric.compute())  # NaN and inf kept: they fail the check below
+                except Exception as err:  # noqa: BLE001 - e.g. the state of updates that all failed
+                    self._unscored.setdefault(name, f"could not score the validation outputs"
+                                                    f" ({type(err).__name__}: {error_message(err)})")
+            if name not in self._unscored and (metric.update_count == 0 or self._images == 0):
+                self._unscored[name] = "scored no image in this validation (no validation batch gave one)"
+            if name not in self._unscored:  # a part of the images is no figure to gate: all or nothing
+                values[name] = value
             metric.reset()
         for name, value in values.items():
             if math.isfinite(value):  # for ModelCheckpoint(monitor=...); loggers get them with the verdict
                 pl_module.log(f"quality/{name}", value, sync_dist=False, rank_zero_only=False, logger=False)
         self._pending = values
-        self._images_scored = self._images
+        self._images_scored = self._images if values else 0
         baseline_images = self._baseline_images
-        if baseline_images is not None and self._images != baseline_images:
+        if baseline_images is not None and values and self._images != baseline_images:
             self._warn_once("images", f"this validation scored {self._images} images, the baseline scored"
                                       f" {baseline_images}: different validation sets make the gate meaningless.")
 
@@ -419,18 +447,27 @@ class QualityGate(PerfCallback):
 
     def _check(self, trainer: Trainer, values: Dict[str, float]) -> None:
         step = trainer.global_step
+        # A metric that scored nothing (its update broke, no image reached it) is not checked: a broken measurement
+        # says nothing about the model. LPIPS unavailable here was said once at load.
+        unscored = {name: self._unscored.get(name, "produced no value in this validation") for name in self.gated
+                    if name not in values and not (name == "lpips" and self._lpips_reason)}
+        for name, why in unscored.items():
+            self._results[name] = {"value": None, "mode": self.modes[name], "passed": None,
+                                   "reason": f"not checked: {why}", "step": step}
+        if unscored:
+            self._note_not_checked(step, unscored)
+        if not any(name in values for name in self.gated):
+            return  # nothing scored: no check, and no verdict about the model
         self._step = step
         self._checks += 1
         failing = []
         mismatch = self._step_mismatch(step)
         for name in self.gated:
-            if name not in values and name == "lpips" and self._lpips_reason:
-                continue  # unavailable here: said once at load, not a failure of the model
-            if name not in values or not math.isfinite(values[name]):
-                reason = ("produced no value in this validation" if name not in values
-                          else f"is {values[name]} (a diverged model?)")
-                self._results[name] = {"value": None, "mode": self.modes[name], "passed": False, "reason": reason,
-                                       "step": step}
+            if name not in values:
+                continue
+            if not math.isfinite(values[name]):  # images were scored: the model's outputs gave this
+                self._results[name] = {"value": None, "mode": self.modes[name], "passed": False,
+                                       "reason": f"is {values[name]} (a diverged model?)", "step": step}
                 failing.append(name)
                 continue
             if self.baseline is None or name in self._baseline_gaps:
@@ -452,8 +489,10 @@ class QualityGate(PerfCallback):
                 self._warn_once(f"failed:{','.join(failing)}", self._failure_message(step, failing))
             return
         passed = not failing
-        self._last_passed = passed
-        log_scalars(trainer, {**logged, "quality/gate_passed": 1.0 if passed else 0.0})
+        self._last_passed = False if failing else (None if unscored else True)
+        # a check that left a gated metric unscored has no verdict to log, unless another metric failed it
+        log_scalars(trainer, {**logged, **({"quality/gate_passed": 1.0 if passed else 0.0}
+                                           if failing or not unscored else {})})
         if not passed:
             self._failed_count += 1
             if len(self._failed) < _MAX_FAILED_RECORDS:
@@ -467,6 +506,17 @@ class QualityGate(PerfCallback):
                 self._warn_once("stop", self._failure_message(step, failing or ["(another rank)"])
                                 + " Training stops (action='stop').")
                 trainer.should_stop = True
+
+    def _note_not_checked(self, step: int, unscored: Dict[str, str]) -> None:
+        """A scheduled check left gated metrics unscored: kept (the first) for the verdict, and warned about once."""
+        self._not_checked_count += 1
+        what = "; ".join(f"{name} {why}" for name, why in unscored.items())
+        if self._not_checked is None:
+            self._not_checked = f"step {step}: {what}"
+        consequence = (f"the gate cannot pass ({self._on_never_checked()})" if self.baseline is not None
+                       else "nothing is gated without a baseline")
+        self._warn_once(f"unscored:{','.join(unscored)}", f"{what}. Not checked at step {step}: the measurement"
+                        f" broke, which says nothing about the model; {consequence}.")
 
     def _step_mismatch(self, step: int) -> Optional[str]:
         """Why a check at ``step`` is not like for like with the baseline (None when the steps agree or the baseline
@@ -500,11 +550,12 @@ class QualityGate(PerfCallback):
     # -- end -----------------------------------------------------------------------------------------------------
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._checks == 0 and self.baseline is not None:
-            # Fail closed: a gate asked for a verdict that never decided has not passed.
-            self._never_checked = self._never_checked_reason(trainer.global_step)
+        if self.baseline is not None and (self._checks == 0 or self._not_checked):
+            # Fail closed: a gate asked for a verdict that did not decide everything it gates has not passed.
+            self._unchecked = (self._never_checked_reason(trainer.global_step) if self._checks == 0
+                               else self._partly_checked())
             if self.action != "fail":
-                self._warn_once("never_checked", f"{self._never_checked}; the summary records the gate as not"
+                self._warn_once("never_checked", f"{self._unchecked}; the summary records the gate as not"
                                 f" passed ({self._on_never_checked()}).")
         if self.record_baseline and trainer.is_global_zero:
             bad = [n for n, r in self._results.items() if r.get("value") is None]
@@ -521,15 +572,25 @@ class QualityGate(PerfCallback):
         self._write_summary(trainer)
         if trainer.is_global_zero:
             rank_zero_info(self.verdict())
-        if self.action == "fail" and self._never_checked:
-            raise PerfCheckFailed(f"QualityGate: {self._never_checked} (action='fail'). See the quality_gate section"
-                                  " of the summary.")
         if self.action == "fail" and self._failed_count:
             first = self._failed[0]
             why = f" ({first['reason']})" if first.get("reason") else ""
             raise PerfCheckFailed(
                 f"QualityGate: {self._failed_count} of {self._checks} checks failed (action='fail'); first at step"
                 f" {first['step']}: {', '.join(first['metrics'])}{why}. See the quality_gate section of the summary.")
+        if self.action == "fail" and self._unchecked:
+            raise PerfCheckFailed(f"QualityGate: {self._unchecked} (action='fail'). See the quality_gate section"
+                                  " of the summary.")
+
+    def _partly_checked(self) -> Optional[str]:
+        """Why checks ran but did not decide every gated metric (None when they did)."""
+        if not self._not_checked:
+            return None
+        return f"not checked at {self._times(self._not_checked_count, 'validation')}; first at {self._not_checked}"
+
+    @staticmethod
+    def _times(count: int, what: str) -> str:
+        return f"{count} {what}" + ("s" if count != 1 else "")
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -538,10 +599,11 @@ class QualityGate(PerfCallback):
     def verdict(self) -> str:
         """One line for the console: the final verdict and every failed check (the first 10, then a count)."""
         values = ", ".join(f"{n} {r['value']:.4g}" for n, r in self._results.items() if r.get("value") is not None)
-        if self._never_checked:
-            return f"QualityGate: not passed, {self._never_checked}"
+        if self._unchecked and not self._failed_count:
+            return f"QualityGate: not passed, {self._unchecked}"
         if self._checks == 0:
-            return "QualityGate: no validation was checked"
+            return ("QualityGate: no validation was checked" + (f" (not checked at {self._not_checked})"
+                                                                 if self._not_checked else ""))
         checks = f"{self._checks} check" + ("s" if self._checks != 1 else "")
         if self.baseline is None:
             return f"QualityGate: {values} (no baseline, not gated; {checks})"
@@ -570,16 +632,19 @@ class QualityGate(PerfCallback):
         if self.baseline is None:
             unavailable["passed"] = "no baseline: metrics measured, nothing gated"
         if self._checks == 0:
-            unavailable["metrics"] = self._never_checked or "no validation ran at a checked step"
+            unavailable["metrics"] = (self._unchecked or self._partly_checked()
+                                      or "no validation ran at a checked step")
         if self._record_problem:
             unavailable["recorded_baseline"] = self._record_problem
-        if self._never_checked:
+        # fail closed, also in a summary written before fit end (a crash): a metric left unchecked is no pass
+        unchecked = self._unchecked or (self._partly_checked() if self.baseline is not None else None)
+        if unchecked:
             passed: Optional[bool] = False
         else:
             passed = None if self.baseline is None or self._checks == 0 else self._failed_count == 0
         return {
             "passed": passed,
-            "reason": self._never_checked,
+            "reason": unchecked,
             "last_check_passed": self._last_passed,
             "action": self.action,
             "metrics": self.results,
@@ -604,7 +669,8 @@ class QualityGate(PerfCallback):
 
     def state_dict(self) -> Dict[str, Any]:
         return {"results": self.results, "checks": self._checks, "failed": list(self._failed),
-                "failed_count": self._failed_count, "step": self._step}
+                "failed_count": self._failed_count, "step": self._step, "not_checked": self._not_checked,
+                "not_checked_count": self._not_checked_count}
 
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -632,6 +698,7 @@ class QualityGate(PerfCallback):
             failed.append({"step": f.count("step"), "metrics": list(metrics)})
         read = dict(_results=results, _checks=s.count("checks"), _failed=failed[:_MAX_FAILED_RECORDS],
                     _failed_count=s.count("failed_count", len(failed)),
-                    _step=None if s.data.get("step") is None else s.count("step"))
+                    _step=None if s.data.get("step") is None else s.count("step"),
+                    _not_checked=s.text("not_checked"), _not_checked_count=s.count("not_checked_count", 0))
         for name, value in read.items():  # all read: nothing is assigned from a state that fails halfway
             setattr(self, name, value)

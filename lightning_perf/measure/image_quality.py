@@ -6,7 +6,7 @@ Class state lives in torchmetrics ``Metric`` objects, so DDP reduces them the sa
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 from torchmetrics import MeanAbsoluteError, Metric
@@ -17,7 +17,18 @@ LPIPS_NETS = ("alex", "vgg", "squeeze")
 
 
 class LpipsUnavailable(RuntimeError):
-    """LPIPS cannot be computed here; the message is the reason recorded in the summary."""
+    """LPIPS cannot be computed here; the message is the reason recorded in the summary. ``again`` is True when the
+    load was not tried: it failed earlier in this process."""
+
+    def __init__(self, reason: str, again: bool = False) -> None:
+        super().__init__(reason)
+        self.again = again
+
+
+#: (net, pretrained backbone, weights folder) -> why its load failed: tried once per process. Offline, each try
+#: waits on the network and fails the same way; a new run in the same process (a notebook, a sweep) says so again
+#: without the wait. A load that succeeded is not kept: its model lives on the device of the run that loaded it.
+_LPIPS_FAILURES: Dict[Tuple[str, bool, Optional[str]], str] = {}
 
 
 @contextlib.contextmanager
@@ -43,15 +54,32 @@ def load_lpips(net: str = "alex", pretrained_backbone: bool = True, weights_dir:
         weights_dir: a torch hub folder holding ``checkpoints/<torchvision weights file>``, for machines offline.
 
     Raises:
-        LpipsUnavailable: when the package or the backbone weights cannot be loaded.
+        LpipsUnavailable: when the package or the backbone weights cannot be loaded: tried once per process, a later
+            call with the same arguments raises the first reason at once (``again=True``).
     """
+    key = (net, bool(pretrained_backbone), weights_dir)
+    if key in _LPIPS_FAILURES:
+        raise LpipsUnavailable(f"{_LPIPS_FAILURES[key]} (not tried again: it failed earlier in this process)",
+                               again=True)
+    try:
+        model = _load_lpips(net, pretrained_backbone, weights_dir)
+    except LpipsUnavailable as err:
+        _LPIPS_FAILURES[key] = str(err)
+        raise
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _load_lpips(net: str, pretrained_backbone: bool, weights_dir: Optional[str]) -> Any:
     try:
         import lpips
     except ImportError as err:
         raise LpipsUnavailable(f"the lpips package is not installed (pip install lpips): {err}") from None
     try:
         with _hub_dir(weights_dir):
-            model = lpips.LPIPS(net=net, pnet_rand=not pretrained_backbone, verbose=False)
+            return lpips.LPIPS(net=net, pnet_rand=not pretrained_backbone, verbose=False)
     except Exception as err:  # noqa: BLE001 - URLError offline, FileNotFoundError, hash mismatch...
         where = f" from {weights_dir}" if weights_dir else ""
         raise LpipsUnavailable(
@@ -59,10 +87,6 @@ def load_lpips(net: str = "alex", pretrained_backbone: bool = True, weights_dir:
             " Offline? Put torchvision's weights file under <dir>/checkpoints/ and pass"
             " `lpips_weights_dir=<dir>`, or set TORCH_HOME to a cache that has it."
         ) from None
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
 
 
 class LPIPSMetric(Metric):

@@ -3,13 +3,15 @@ verdict of a value against it. Pure Python."""
 
 from __future__ import annotations
 
-import json
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
-from lightning_perf.summary.io import write_json_atomic
+from lightning_perf.summary.io import read_json, write_json_atomic
+from lightning_perf.summary.schema import SummaryError
 
 BASELINE_KIND = "lightning_perf.quality_baseline"
+#: The tolerance of a quality gate unless told otherwise: seed 001's +-0.5%, relative to the baseline.
+DEFAULT_TOLERANCE = 0.005
 
 
 class BaselineError(ValueError):
@@ -18,38 +20,60 @@ class BaselineError(ValueError):
 
 def read_baseline(source: Any) -> Dict[str, float]:
     """metric -> baseline value, from a dict, a file written by :func:`write_baseline`, or a perf_summary.json."""
-    return read_baseline_with_gaps(source)[0]
+    return load_baseline(source)[0]
 
 
-def read_baseline_with_gaps(source: Any) -> "tuple[Dict[str, float], Dict[str, str]]":
+def read_baseline_with_gaps(source: Any) -> Tuple[Dict[str, float], Dict[str, str]]:
     """(metric -> value, metric -> why the baseline run could not measure it)."""
+    values, gaps, _ = load_baseline(source)
+    return values, gaps
+
+
+def read_baseline_meta(source: Any) -> Dict[str, Any]:
+    """What a baseline says about how it was measured (see :func:`load_baseline`); ``{}`` where it cannot be read."""
+    try:
+        return load_baseline(source)[2]
+    except BaselineError:
+        return {}
+
+
+def load_baseline(source: Any) -> Tuple[Dict[str, float], Dict[str, str], Dict[str, Any]]:
+    """(metric -> value, metric -> why the baseline run could not measure it, how it was measured), the file read
+    once. How it was measured: ``{"images": n, "step": s}``, each when known (a baseline file or a summary that
+    recorded it: ``step`` is the global step of its last check); ``{}`` for a dict.
+
+    Raises:
+        BaselineError: one line: a file the CLI's readers would refuse (missing, empty, not JSON, nested too
+            deeply: their words), not a JSON object, a summary without a quality_gate section, a value not a finite
+            number.
+    """
     gaps: Dict[str, str] = {}
+    meta: Dict[str, Any] = {}
     if isinstance(source, dict):
         data: Any = source
         where = "baseline dict"
     else:
         where = str(source)
         try:
-            with open(where, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            raise BaselineError(f"baseline file {where!r} does not exist") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise BaselineError(f"baseline file {where!r} cannot be read: {err}") from None
-        except json.JSONDecodeError as err:
-            raise BaselineError(f"baseline file {where!r} is not valid JSON ({err.msg} at line {err.lineno})") from None
+            data = read_json(where)
+        except SummaryError as err:
+            raise BaselineError(f"baseline file {err}") from None
         if not isinstance(data, dict):
             raise BaselineError(f"baseline file {where!r} must hold a JSON object")
         if data.get("kind") == BASELINE_KIND:
+            meta = {"images": data.get("images"), "step": data.get("step")}
             data = data.get("metrics", {})
         elif "schema_version" in data:  # an earlier run's perf_summary.json
             section = data.get("quality_gate") or {}
-            metrics = section.get("metrics")
+            metrics = section.get("metrics") if isinstance(section, dict) else None
             if not isinstance(metrics, dict):
                 raise BaselineError(f"{where!r} is a perf_summary.json without a quality_gate section")
+            meta = {"images": section.get("images_scored"), "step": section.get("step")}
             unavailable = section.get("unavailable") or {}
             gaps = {k: str(v) for k, v in unavailable.items() if k not in metrics and k not in ("passed", "metrics")}
             data = {k: v.get("value") for k, v in metrics.items() if isinstance(v, dict)}
+        if not isinstance(data, dict):
+            raise BaselineError(f"baseline file {where!r}: `metrics` must be a JSON object")
     values: Dict[str, float] = {}
     for name, value in data.items():
         if isinstance(value, dict):
@@ -61,28 +85,8 @@ def read_baseline_with_gaps(source: Any) -> "tuple[Dict[str, float], Dict[str, s
         if not math.isfinite(value):
             raise BaselineError(f"{where}: metric {name!r} has a baseline of {value!r}; expected a finite number")
         values[str(name)] = float(value)
-    return values, gaps
-
-
-def read_baseline_meta(source: Any) -> Dict[str, Any]:
-    """What a baseline says about how it was measured: ``{"images": n, "step": s}``, each when known (a baseline
-    file or a summary that recorded it: ``step`` is the global step of its last check), else ``{}``. Never raises:
-    the values were read (and checked) already."""
-    if isinstance(source, dict):
-        return {}
-    try:
-        with open(str(source), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    if data.get("kind") == BASELINE_KIND:
-        found = {"images": data.get("images"), "step": data.get("step")}
-    else:
-        gate = data.get("quality_gate") if isinstance(data.get("quality_gate"), dict) else {}
-        found = {"images": gate.get("images_scored"), "step": gate.get("step")}
-    return {k: v for k, v in found.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+    meta = {k: v for k, v in meta.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+    return values, gaps, meta
 
 
 def write_baseline(path: str, metrics: Dict[str, Dict[str, Any]], step: Optional[int],

@@ -294,3 +294,9 @@ def load_summary(path: str) -> Dict[str, Any]:
     a reader uses has the type and range the model gives it."""
     data = _decode(path)
     return validate(data, source=path)
+
+
+def read_json(path: str) -> Any:
+    """One JSON file as decoded, read as the CLI's readers read a summary: any problem (missing, not a regular file,
+    empty, not JSON, nested too deeply) is a :class:`SummaryError` with one line naming the file."""
+    return _decode(path)
