@@ -184,3 +184,26 @@ def test_check_off_says_so_and_names_are_bounded(tmp_path):
 def test_bad_check_train_mode_is_refused():
     with pytest.raises(ValueError, match=r"EvalNoGradGuard\(check_train_mode=.*Expected True or False"):
         EvalNoGradGuard(check_train_mode="yes")
+
+
+def test_dropout_inside_torch_compile_is_found_by_its_mode_and_its_forwards_left_uncounted(tmp_path):
+    """Code compiled before the guard's hooks were put on its submodules does not run them: the Dropout is found by
+    its training flag and its forwards are not counted (null, with the reason); the BatchNorm beside it is counted
+    by its own counter."""
+    model = BatchNormModel()
+    model.net.insert(3, nn.Dropout(0.1))
+    model.net = torch.compile(model.net, backend="eager")  # Dynamo without a C++ compiler
+    with torch.inference_mode():  # compiled for this mode before the guard's hooks exist, as by a first validation
+        model.net(torch.randn(8, 16))
+    guard = EvalNoGradGuard()
+    trainer = Trainer(callbacks=[guard, TrainsAtEvalStart()], **trainer_kwargs(tmp_path))
+    with pytest.warns(UserWarning, match=r"validation ran with 2 modules in training mode \(BatchNorm1d"
+                                         r" net\._orig_mod\.1; Dropout net\._orig_mod\.3\): 4 forwards"
+                                         r" \(net\._orig_mod\.3 inside torch.compile: not counted\)"):
+        trainer.validate(model)
+    (finding,) = guard.train_mode_findings
+    assert finding["uncounted"] == ["net._orig_mod.3"] and finding["forwards"] == 4
+    section = guard.summary_section()
+    assert section["train_mode_eval_forwards"] is None
+    assert "net._orig_mod.3 ran in training mode inside a torch.compile'd module" in \
+        section["unavailable"]["train_mode_eval_forwards"]

@@ -56,8 +56,11 @@ def train_mode_message(result: Dict[str, Any]) -> str:
     where = (f"{result['site'] or 'code'} ran `phase({result['phase']!r})`" if result["phase"] == "eval_in_train_hooks"
              else f"{result['phase']} ran")
     forwards = result["forwards"]
+    counted = ("forwards not counted" if forwards is None else f"{forwards} forward{'s' if forwards != 1 else ''}")
+    if result["uncounted"]:
+        counted += f" ({', '.join(result['uncounted'][:MAX_MODULE_NAMES])} inside torch.compile: not counted)"
     return (f"{where} with {len(modules)} module{'s' if len(modules) != 1 else ''} in training mode ({listed}):"
-            f" {forwards} forward{'s' if forwards != 1 else ''}; {' and '.join(effects)}. {TRAIN_MODE_FIX}")
+            f" {counted}; {' and '.join(effects)}. {TRAIN_MODE_FIX}")
 
 
 class EvalNoGradGuard(PerfCallback):
@@ -226,10 +229,14 @@ class EvalNoGradGuard(PerfCallback):
         entry = self._train_mode_findings.get((phase, site))
         if entry is None:
             entry = self._train_mode_findings[(phase, site)] = {
-                "phase": phase, "site": site, "runs": 0, "forwards": 0, "modules": [], "module_types": [],
-                "module_count": 0, "running_stats_changed": False}
+                "phase": phase, "site": site, "runs": 0, "forwards": None, "modules": [], "module_types": [],
+                "module_count": 0, "running_stats_changed": False, "uncounted": []}
         entry["runs"] += 1
-        entry["forwards"] += result["forwards"]
+        if result["forwards"] is not None:
+            entry["forwards"] = (entry["forwards"] or 0) + result["forwards"]
+        for name in result["uncounted"]:
+            if name not in entry["uncounted"] and len(entry["uncounted"]) < MAX_MODULE_NAMES:
+                entry["uncounted"].append(name)
         for name, (kind, _) in result["modules"].items():
             if name not in entry["modules"] and len(entry["modules"]) < MAX_MODULE_NAMES:
                 entry["modules"].append(name)
@@ -274,7 +281,7 @@ class EvalNoGradGuard(PerfCallback):
         in training mode or was found so in this run: a hook puts each call of its module on PyTorch's slow path.
         BatchNorm needs no hook: its own counters say how often it ran in training mode."""
         watch = self._train_mode
-        if watch.random_in_training():
+        if watch.note_modes():
             watch.watch()
         elif self._eval_batches > 0 and not watch.found_random:
             watch.quiet()
@@ -465,6 +472,11 @@ class EvalNoGradGuard(PerfCallback):
             unavailable["train_mode_eval_forwards"] = "not checked: EvalNoGradGuard(check_train_mode=False)"
         elif self._train_mode_problem is not None:
             unavailable["train_mode_eval_forwards"] = self._train_mode_problem
+        elif any(f["uncounted"] for f in train_mode):
+            names = sorted({n for f in train_mode for n in f["uncounted"]})
+            unavailable["train_mode_eval_forwards"] = (
+                f"{', '.join(names)} ran in training mode inside a torch.compile'd module, whose compiled code does"
+                " not run the hooks that count their forwards")
         clean: Optional[bool] = not findings and not retained and not train_mode
         if clean and self.check_train_mode and self._train_mode_problem is not None:
             clean = None  # fails closed: a check that failed found nothing, which says nothing
@@ -477,7 +489,7 @@ class EvalNoGradGuard(PerfCallback):
             "findings": findings,
             "retained_graphs": retained,
             "check_train_mode": self.check_train_mode,
-            "train_mode_eval_forwards": (None if unavailable else sum(f["forwards"] for f in train_mode)),
+            "train_mode_eval_forwards": (None if unavailable else sum(f["forwards"] or 0 for f in train_mode)),
             "train_mode_findings": train_mode,
         }
         if unavailable:
@@ -487,8 +499,8 @@ class EvalNoGradGuard(PerfCallback):
     @property
     def train_mode_findings(self) -> List[Dict[str, Any]]:
         """Evaluation run with modules in training mode, one entry per (phase, site)."""
-        return [{**f, "modules": list(f["modules"]), "module_types": list(f["module_types"])}
-                for f in self._train_mode_findings.values()]
+        return [{**f, "modules": list(f["modules"]), "module_types": list(f["module_types"]),
+                 "uncounted": list(f["uncounted"])} for f in self._train_mode_findings.values()]
 
     def state_dict(self) -> Dict[str, Any]:
         return {"findings": self.findings, "retained": self.retained, "train_mode_findings": self.train_mode_findings}
@@ -515,12 +527,14 @@ class EvalNoGradGuard(PerfCallback):
         train_mode = {}
         for f in s.records("train_mode_findings"):
             names = {}
-            for key in ("modules", "module_types"):
+            for key in ("modules", "module_types", "uncounted"):
                 names[key] = f.data.get(key, [])
                 if not isinstance(names[key], list) or not all(isinstance(n, str) for n in names[key]):
                     raise StateError(f"{f.where}.{key} is not a list of names")
+            forwards = f.data.get("forwards")
             entry = {"phase": f.text("phase", allow_none=False), "site": f.text("site"), "runs": f.count("runs"),
-                     "forwards": f.count("forwards"), "modules": names["modules"][:MAX_MODULE_NAMES],
+                     "forwards": None if forwards is None else f.count("forwards"),
+                     "uncounted": names["uncounted"][:MAX_MODULE_NAMES], "modules": names["modules"][:MAX_MODULE_NAMES],
                      "module_types": names["module_types"][:MAX_MODULE_NAMES],
                      "module_count": f.count("module_count"),
                      "running_stats_changed": f.flag("running_stats_changed")}

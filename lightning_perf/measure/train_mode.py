@@ -35,6 +35,11 @@ def mode_dependent(module: nn.Module) -> Optional[str]:
     return None
 
 
+def _is_compiled(module: nn.Module) -> bool:
+    """A ``torch.compile``'d module (``OptimizedModule``), found without importing the compiler."""
+    return type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod")
+
+
 def _stack(tensors: List[torch.Tensor]) -> torch.Tensor:
     """The counters side by side, on their device: one kernel, no sync."""
     try:
@@ -52,6 +57,10 @@ class TrainModeWatch:
     forwards then take PyTorch's fast path again), :meth:`watch` puts them back. :meth:`stop` reads the counters
     (one sync where they live on a GPU: at the end of an evaluation run, where it costs nothing), takes the hooks
     off and says what ran in training mode.
+
+    Inside a ``torch.compile``'d module the compiled code does not run hooks put on its submodules after it was
+    compiled: there a random-kind module's training flag, read at the run's start, at each :meth:`note_modes` (a
+    batch start) and at its end, says it was in training mode, and its forwards are not counted (None).
     """
 
     def __init__(self) -> None:
@@ -63,13 +72,15 @@ class TrainModeWatch:
         self._in_order: List[Tuple[str, nn.Module]] = []  # both, in the model's order (the order findings use)
         self._counters_at_start: Optional[torch.Tensor] = None
         self._random_forwards: List[int] = []  # training-mode forwards of each random-kind module this run
+        self._compiled: List[int] = []  # indices of the random-kind modules inside a compiled module
+        self._seen_training: List[bool] = []  # and whether each was seen in training mode at a check this run
         self._handles: List[Any] = []
 
     def __getstate__(self) -> Dict[str, Any]:
         """A copy holds no modules, tensors or hook handles: it starts idle."""
         state = self.__dict__.copy()
         state.update(running=False, _stats=[], _random=[], _in_order=[], _counters_at_start=None, _random_forwards=[],
-                     _handles=[])
+                     _handles=[], _compiled=[], _seen_training=[])
         return state
 
     def start(self, model: nn.Module, phase: str, site: Optional[str] = None) -> None:
@@ -83,7 +94,11 @@ class TrainModeWatch:
             self._counters_at_start = (_stack([m.num_batches_tracked for _, m in self._stats]).clone()
                                        if self._stats else None)
         self._random_forwards = [0] * len(self._random)
+        compiled = [name + "." for name, m in model.named_modules() if _is_compiled(m)]
+        self._compiled = [i for i, (name, _) in enumerate(self._random) if name.startswith(tuple(compiled))]
+        self._seen_training = [False] * len(self._random)
         self.phase, self.site, self.running = phase, site, True
+        self.note_modes()
         self.watch()
 
     def watch(self) -> None:
@@ -112,9 +127,19 @@ class TrainModeWatch:
     def watching(self) -> bool:
         return bool(self._handles)
 
-    def random_in_training(self) -> bool:
-        """Whether a random-kind module is in training mode now (a read of each one's flag)."""
-        return any(module.training for _, module in self._random)
+    def note_modes(self) -> bool:
+        """Whether a random-kind module is in training mode now (a read of each one's flag); those inside a compiled
+        module are noted as seen so."""
+        found = False
+        for _, module in self._random:
+            if module.training:
+                found = True
+                break
+        if found:
+            for i in self._compiled:
+                if self._random[i][1].training:
+                    self._seen_training[i] = True
+        return found
 
     @property
     def found_random(self) -> bool:
@@ -126,9 +151,11 @@ class TrainModeWatch:
         training-mode forwards of the module that had most: a model's forwards, where each runs every such module
         once), ``modules`` (qualified name -> (class name, training-mode forwards), in the model's order),
         ``running_stats_changed`` (whether any BatchNorm counter moved), ``random_active`` (whether a Dropout-like
-        module ran in training mode)."""
+        module ran in training mode), ``uncounted`` (modules inside a compiled module seen in training mode, whose
+        forwards are None); ``forwards`` is None where only such modules were found."""
         if not self.running:
             return None
+        self.note_modes()
         self.quiet()
         self.running = False
         stats, random, before, in_order = self._stats, self._random, self._counters_at_start, self._in_order
@@ -139,13 +166,18 @@ class TrainModeWatch:
                 moved = [max(int(n), 0) for n in (_stack([m.num_batches_tracked for _, m in stats]) - before).tolist()]
         counts = {name: (type(m).__name__, n) for (name, m), n in zip(stats, moved) if n > 0}
         counts.update({name: (type(m).__name__, n) for (name, m), n in zip(random, self._random_forwards) if n > 0})
+        uncounted = {random[i][0]: (type(random[i][1]).__name__, None) for i in self._compiled
+                     if self._seen_training[i] and not self._random_forwards[i]}
+        counts.update(uncounted)
         if not counts:
             return None
         position = {name: i for i, (name, _) in enumerate(in_order)}
         modules = dict(sorted(counts.items(), key=lambda item: position[item[0]]))
-        return {"phase": self.phase, "site": self.site, "forwards": max(n for _, n in modules.values()),
+        known = [n for _, n in modules.values() if n is not None]
+        return {"phase": self.phase, "site": self.site, "forwards": max(known) if known else None,
                 "modules": modules, "running_stats_changed": any(n > 0 for n in moved),
-                "random_active": any(n > 0 for n in self._random_forwards)}
+                "random_active": any(n > 0 for n in self._random_forwards) or bool(uncounted),
+                "uncounted": list(uncounted)}
 
     def abandon(self) -> None:
         """Ends the run without reading anything (after a failure)."""

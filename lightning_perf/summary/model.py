@@ -595,12 +595,15 @@ class TrainModeFinding(Section):
     phase: Text = Field(None, description="`validation`, `test`, `predict` or `eval_in_train_hooks`")
     site: Text = Field(None, description="the hook that opened `eval_in_train_hooks`; null for Lightning's loops")
     runs: Count = Field(None, description="evaluation runs of this phase and site that ran modules in training mode")
-    forwards: Count = Field(None, description="training-mode forwards of the module that had most, summed over runs")
+    forwards: Count = Field(None, description="training-mode forwards of the module that had most, summed over runs;"
+                                               " null where none could be counted")
     modules: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(
         None, description="qualified names of the modules found, the first 16")
     module_types: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="their classes")
     module_count: Count = Field(None, description="modules found in training mode in one run, at most")
     running_stats_changed: Flag = Field(None, description="a BatchNorm's `num_batches_tracked` moved")
+    uncounted: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(
+        None, description="modules seen in training mode inside a `torch.compile`'d module, forwards not counted")
 
 
 class EvalNoGradGuard(Section):
