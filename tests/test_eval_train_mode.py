@@ -154,6 +154,14 @@ def test_raise_mode_fails_the_fit_after_a_phase_in_training_mode(tmp_path):
         fit(tmp_path / "val", [EvalNoGradGuard(mode="raise")], model=BatchNormModel(True), max_epochs=1)
 
 
+def test_fix_mode_reports_training_mode_as_warn_does_and_changes_nothing(tmp_path):
+    model = BatchNormModel(train_in_validation_step=True)
+    with pytest.warns(UserWarning, match=r"validation ran with 1 module in training mode"):
+        trainer = fit(tmp_path, [EvalNoGradGuard(mode="fix")], model=model, max_epochs=1)
+    (finding,) = guard_section(tmp_path)["train_mode_findings"]
+    assert finding["forwards"] == int(model.net[1].num_batches_tracked) - trainer.global_step == 5
+
+
 def test_correct_models_in_eval_mode_report_clean(tmp_path, recwarn):
     bn = EvaluatesInTrainHook(eval_mode=True)
     fit(tmp_path / "bn", [EvalNoGradGuard()], model=bn, max_epochs=1)
