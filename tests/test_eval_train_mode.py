@@ -215,3 +215,24 @@ def test_dropout_inside_torch_compile_is_found_by_its_mode_and_its_forwards_left
     assert section["train_mode_eval_forwards"] is None
     assert "net._orig_mod.3 ran in training mode inside a torch.compile'd module" in \
         section["unavailable"]["train_mode_eval_forwards"]
+
+
+def test_report_says_under_the_table_which_run_evaluated_in_training_mode(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    with pytest.warns(UserWarning, match="in training mode"):
+        fit(tmp_path / "mistaken", [EvalNoGradGuard()], model=EvaluatesInTrainHook(), max_epochs=1)
+    fit(tmp_path / "sound", [EvalNoGradGuard()], model=EvaluatesInTrainHook(eval_mode=True), max_epochs=1)
+    paths = []
+    for run in ("sound", "mistaken"):
+        path = tmp_path / f"{run}.json"
+        path.write_text(json.dumps(find_summary(tmp_path / run)))
+        paths.append(str(path))
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "report", *paths, "--names", "sound", "mistaken"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert ("- mistaken: evaluation ran modules in training mode (eval_in_train_hooks: net.1); BatchNorm's running"
+            " statistics changed: its quality figures are not the model's in eval mode (EvalNoGradGuard)") in proc.stdout
+    assert "- sound:" not in proc.stdout
