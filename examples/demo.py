@@ -34,17 +34,26 @@ from lightning_perf.measure.tail import counted  # noqa: E402
 class DemoNet(DenoiseNet):
     """The denoiser; with ``sample_every``, it also denoises the held-out patches from a training hook every N steps,
     as seed 001's train.py evaluated inside its training loop. Marked with ``phase("eval_in_train_hooks")``, that
-    evaluation's memory is a phase of its own, not part of the train peak."""
+    evaluation's memory is a phase of its own, not part of the train peak. It runs in eval mode: a training hook runs
+    with the model in training mode, where its BatchNorm layers would normalise the held-out patches with their own
+    statistics and fold them into the running statistics the model is scored with (``sample_in_train_mode`` keeps
+    that mistake, for EvalNoGradGuard to find)."""
 
-    def __init__(self, sample_every: int = 0) -> None:
+    def __init__(self, sample_every: int = 0, sample_in_train_mode: bool = False) -> None:
         super().__init__()
         self.sample_every = sample_every
+        self.sample_in_train_mode = sample_in_train_mode
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self.sample_every and self.global_step % self.sample_every == 0:
             with phase("eval_in_train_hooks"), torch.no_grad():
-                for noisy, _ in self.trainer.datamodule.val_dataloader():
-                    self(noisy.to(self.device))
+                if not self.sample_in_train_mode:
+                    self.eval()
+                try:
+                    for noisy, _ in self.trainer.datamodule.val_dataloader():
+                        self(noisy.to(self.device))
+                finally:
+                    self.train()
 
 
 def suite(args: argparse.Namespace) -> list:
@@ -74,6 +83,9 @@ def main(argv: list = None) -> int:
     parser.add_argument("--notes", default=None, help="a note for this run, shown by `lightning-perf report`")
     parser.add_argument("--sample-every", type=int, default=0,
                         help="also denoise the held-out patches from a training hook every N steps (0: never)")
+    parser.add_argument("--sample-in-train-mode", action="store_true",
+                        help="with --sample-every: sample with the model left in training mode (the mistake"
+                             " EvalNoGradGuard finds: BatchNorm's running statistics change)")
     parser.add_argument("--baseline", default=None,
                         help="gate quality against this perf_summary.json or baseline file (within 0.5%%)")
     args = parser.parse_args(argv)
@@ -94,7 +106,8 @@ def main(argv: list = None) -> int:
         log_every_n_steps=10,
     )
     data = DenoiseDataModule(batch_size=args.batch_size, patch_size=args.patch_size, num_workers=args.workers)
-    trainer.fit(DemoNet(sample_every=args.sample_every), datamodule=data)
+    trainer.fit(DemoNet(sample_every=args.sample_every, sample_in_train_mode=args.sample_in_train_mode),
+                datamodule=data)
 
     path = os.path.join(logger.log_dir, "perf_summary.json")
     with open(path) as fh:
@@ -131,8 +144,13 @@ def main(argv: list = None) -> int:
     print(f"  memory     peak train {peaks.get('train', 0):.0f} MB, peak eval {peaks.get('validation', 0):.0f} MB"
           f"{hooks} ({vram['source']}); leak suspected: {vram['leak_suspected']}")
     guard = summary["eval_no_grad_guard"]
-    print(f"  autograd   {'clean' if guard['clean'] else 'FINDINGS'}: {guard['grad_enabled_eval_forwards']}"
-          f" eval forwards with grad on, {len(guard['retained_graphs'])} retained graphs")
+    verdict = {True: "clean", False: "FINDINGS", None: "not fully checked"}[guard["clean"]]
+    in_training = guard["train_mode_eval_forwards"]
+    modules = sorted({name for f in guard["train_mode_findings"] for name in f["modules"]})
+    print(f"  evaluation {verdict}: {guard['grad_enabled_eval_forwards']} eval forwards with grad on,"
+          f" {len(guard['retained_graphs'])} retained graphs,"
+          f" {in_training if in_training is not None else 'unknown'} forwards in training mode"
+          + (f" ({', '.join(modules)})" if modules else ""))
     gate = summary["quality_gate"]
     values = ", ".join(f"{k.upper()} {v['value']:.4f}" for k, v in gate["metrics"].items())
     verdict = {True: "gate passed", False: "gate FAILED", None: "no baseline, not gated"}[gate["passed"]]

@@ -57,3 +57,36 @@ def test_seed_001_story_shows_before_and_after():
     assert int(before[3]) > 0 and float(before[4]) > 0
     assert after[3] == "0" and float(after[4]) == 0.0
     assert "site: HeldOutRender.on_train_batch_end (DenoiseNet" in proc.stdout
+
+
+@pytest.mark.slow
+def test_demo_samples_in_eval_mode_and_the_guard_finds_the_training_mode_mistake(tmp_path):
+    """Seed 001's phase 2 samples the held-out patches from a training hook. In eval mode that changes nothing the
+    gate measures (the same metrics as a run without sampling); left in training mode, BatchNorm normalises the
+    held-out patches with their own statistics and moves its running statistics, the metrics move, and
+    EvalNoGradGuard names the modules."""
+
+    def demo(name, *extra):
+        proc = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--out", str(tmp_path), "--name", name,
+             "--max-steps", "20", "--val-every", "10", *extra], capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc, json.loads((tmp_path / name / "perf_summary.json").read_text())
+
+    _, plain = demo("plain")
+    proc, sampled = demo("sampled", "--sample-every", "10")
+    _, mistaken = demo("mistaken", "--sample-every", "10", "--sample-in-train-mode")
+    values = {name: {k: m["value"] for k, m in s["quality_gate"]["metrics"].items()}
+              for name, s in (("plain", plain), ("sampled", sampled), ("mistaken", mistaken))}
+    assert values["sampled"] == values["plain"]
+    assert values["mistaken"]["psnr"] != values["plain"]["psnr"]
+    guard = sampled["eval_no_grad_guard"]
+    assert guard["clean"] is True and guard["train_mode_eval_forwards"] == 0
+    assert "evaluation clean: 0 eval forwards with grad on, 0 retained graphs, 0 forwards in training mode" in proc.stdout
+    assert "eval_in_train_hooks" in sampled["vram"]["phases"]  # still marked as its own memory phase
+    guard = mistaken["eval_no_grad_guard"]
+    (finding,) = guard["train_mode_findings"]
+    assert guard["clean"] is False and finding["phase"] == "eval_in_train_hooks"
+    assert finding["site"] == "DemoNet.on_train_batch_end" and finding["modules"] == ["body.3", "body.6"]
+    # two samplings of the 32 held-out patches in batches of 8
+    assert finding["runs"] == 2 and finding["forwards"] == 8 and finding["running_stats_changed"] is True

@@ -1,8 +1,10 @@
-"""EvalNoGradGuard: catch evaluation that runs with autograd on, and measure what it costs."""
+"""EvalNoGradGuard: catch evaluation that runs with autograd on or with modules in training mode, and say what it
+costs."""
 
 from __future__ import annotations
 
 import difflib
+import weakref
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -14,10 +16,14 @@ from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.errors import PerfCheckFailed
-from lightning_perf.measure.autograd import EvalForwardWatch, find_retained_graphs
+from lightning_perf.measure.autograd import EvalForwardWatch, calling_site, find_retained_graphs
+from lightning_perf.measure.phases import add_listener, remove_listener
+from lightning_perf.measure.train_mode import MAX_MODULE_NAMES, TrainModeWatch
 
 MODES = ("warn", "raise", "fix")
 MB = 1024.0 * 1024.0
+TRAIN_MODE_FIX = ("Call `model.eval()` before evaluating and `model.train()` after (Lightning does it around its"
+                  " evaluation loops; a hook or step that calls `train()` undoes it).")
 
 
 def known_hooks() -> List[str]:
@@ -33,8 +39,32 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / MB:.1f} MB" if n >= MB else f"{n / 1024:.1f} kB"
 
 
+def train_mode_message(result: Dict[str, Any]) -> str:
+    """One line: where evaluation ran which modules in training mode, how often, what it did, and the fix."""
+    modules = result["modules"]
+    by_type: Dict[str, List[str]] = {}
+    for name, (kind, _) in list(modules.items())[:MAX_MODULE_NAMES]:
+        by_type.setdefault(kind, []).append(name or "(the module itself)")
+    listed = "; ".join(f"{kind} {', '.join(names)}" for kind, names in by_type.items())
+    if len(modules) > MAX_MODULE_NAMES:
+        listed += f" and {len(modules) - MAX_MODULE_NAMES} more"
+    effects = []
+    if result["running_stats_changed"]:
+        effects.append("BatchNorm normalised with batch statistics and changed its running statistics")
+    if result["random_active"]:
+        effects.append("dropout was active")
+    where = (f"{result['site'] or 'code'} ran `phase({result['phase']!r})`" if result["phase"] == "eval_in_train_hooks"
+             else f"{result['phase']} ran")
+    forwards = result["forwards"]
+    counted = ("forwards not counted" if forwards is None else f"{forwards} forward{'s' if forwards != 1 else ''}")
+    if result["uncounted"]:
+        counted += f" ({', '.join(result['uncounted'][:MAX_MODULE_NAMES])} inside torch.compile: not counted)"
+    return (f"{where} with {len(modules)} module{'s' if len(modules) != 1 else ''} in training mode ({listed}):"
+            f" {counted}; {' and '.join(effects)}. {TRAIN_MODE_FIX}")
+
+
 class EvalNoGradGuard(PerfCallback):
-    r"""Finds evaluation that runs with autograd on, says where, and measures the memory it keeps.
+    r"""Finds evaluation that runs with autograd on or in training mode, says where, and measures what it costs.
 
     Watches, outside the training step (from the end of each training batch to the start of the next, and through
     validation, test and predict), for forwards of modules in eval mode while ``torch.is_grad_enabled()``: sampling or
@@ -44,16 +74,26 @@ class EvalNoGradGuard(PerfCallback):
     and validation epoch it scans the LightningModule's lists, dicts and tuples for tensors that carry an autograd
     graph (``self.outputs.append(loss)``) and reports the attribute, count and bytes kept alive.
 
+    With ``check_train_mode``, it also finds evaluation run with the LightningModule's mode-dependent modules in
+    training mode (BatchNorm normalising with batch statistics and updating its running ones, Dropout dropping):
+    in validation, test and predict runs, and in ``lightning_perf.phase("eval_in_train_hooks")``. For each it records
+    the phase, the site (the hook that opened the phase), how many forwards, which modules (qualified names) and
+    whether BatchNorm's running statistics changed (its ``num_batches_tracked`` counters, read at the phase's start
+    and end).
+
     Args:
         mode: ``"warn"`` one warning per site with the fix; ``"raise"`` fail at the first finding (for CI);
-            ``"fix"`` run such forwards under ``torch.no_grad()`` and report that it did.
+            ``"fix"`` run such forwards under ``torch.no_grad()`` and report that it did (training mode in
+            evaluation is reported as in ``"warn"``: which mode a module should have is the user's to say).
         allow: hook names where grad in eval is wanted (e.g. ``["on_test_batch_end"]``); see also
             :func:`lightning_perf.allow_grad_in_eval`.
         scan_retained: scan the module's attributes for retained graphs at epoch ends.
+        check_train_mode: find evaluation run with BatchNorm or Dropout in training mode.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
 
     Logged metrics (at the end of each training epoch and of fit): ``guard/grad_enabled_eval_forwards`` (count so
-    far), ``guard/saved_for_backward_mb`` (MB saved for backward by those forwards so far).
+    far), ``guard/saved_for_backward_mb`` (MB saved for backward by those forwards so far),
+    ``guard/train_mode_eval_forwards`` (evaluation forwards in training mode so far, with ``check_train_mode``).
 
     Raises:
         ValueError: for an unknown ``mode`` or an unknown hook name in ``allow``.
@@ -64,10 +104,11 @@ class EvalNoGradGuard(PerfCallback):
     """
 
     section_name = "eval_no_grad_guard"
+    _transient = ("_module_ref",)
 
     def __init__(self, mode: str = "warn", allow: Optional[Sequence[str]] = None, scan_retained: bool = True,
                  summary_path: Optional[str] = None, run_name: Optional[str] = None,
-                 run_notes: Optional[str] = None) -> None:
+                 run_notes: Optional[str] = None, check_train_mode: bool = True) -> None:
         super().__init__(summary_path=summary_path, run_name=run_name, run_notes=run_notes)
         if mode not in MODES:
             raise bad_argument("EvalNoGradGuard", "mode", mode, f"Possible choices are: {', '.join(MODES)}.")
@@ -85,6 +126,10 @@ class EvalNoGradGuard(PerfCallback):
         self.mode = mode
         self.allow = allow
         self.scan_retained = check_bool("EvalNoGradGuard", "scan_retained", scan_retained)
+        self.check_train_mode = check_bool("EvalNoGradGuard", "check_train_mode", check_train_mode)
+        self._train_mode = TrainModeWatch()
+        self._module_ref: Any = None  # a weak reference to the LightningModule, for phases a training hook opens
+        self._in_phase = False  # watching a `phase("eval_in_train_hooks")` the user's code opened
         self._watch = EvalForwardWatch(self._on_finding, self._is_allowed, fix=(mode == "fix"),
                                        hooks=frozenset(hooks), owners=(Callback, LightningModule, LightningDataModule))
         self._reset()
@@ -96,6 +141,9 @@ class EvalNoGradGuard(PerfCallback):
         self._eval_batches = 0  # batches of the evaluation run in progress
         self._eval_start_events = 0  # findings before its first batch
         self._automatic = True  # the module's automatic_optimization, read at train start
+        self._train_mode_findings: Dict[tuple, Dict[str, Any]] = {}  # (phase, site) -> finding
+        self._train_mode_problem: Optional[str] = None  # why the train-mode figures may be incomplete
+        self._pending_failure: Optional[PerfCheckFailed] = None  # mode="raise", found where it cannot raise
 
     def _is_allowed(self, hook: Optional[str]) -> bool:
         return hook is not None and hook in self.allow
@@ -147,6 +195,97 @@ class EvalNoGradGuard(PerfCallback):
                 raise PerfCheckFailed(f"EvalNoGradGuard: {message}")
             self._warn_once(f"retained:{attr}", message)
 
+    # -- training mode in evaluation -----------------------------------------------------------------------------
+    def _train_mode_failed(self, where: str, err: BaseException) -> None:
+        self._record_failure(f"training-mode check ({where})", err)
+        self._train_mode_problem = (f"the training-mode check failed at {where} ({type(err).__name__}: {err}); its"
+                                    " figures may miss forwards")
+
+    def _start_train_mode(self, pl_module: LightningModule, phase: str, site: Optional[str] = None) -> None:
+        if not self.check_train_mode:
+            return
+        try:
+            self._train_mode.start(pl_module, phase, site)
+        except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+            self._train_mode.abandon()
+            self._train_mode_failed(f"the start of {phase}", err)
+
+    def _stop_train_mode(self, can_raise: bool = True) -> None:
+        """Ends the evaluation run being watched; ``can_raise``: where ``mode="raise"`` may raise now (else at the
+        next training batch start, validation start or epoch end)."""
+        if not self._train_mode.running:
+            return
+        phase = self._train_mode.phase
+        try:
+            result = self._train_mode.stop()
+        except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+            self._train_mode_failed(f"the end of {phase}", err)
+            return
+        if result is not None:
+            self._on_train_mode_finding(result, can_raise)
+
+    def _on_train_mode_finding(self, result: Dict[str, Any], can_raise: bool) -> None:
+        phase, site = result["phase"], result["site"]
+        entry = self._train_mode_findings.get((phase, site))
+        if entry is None:
+            entry = self._train_mode_findings[(phase, site)] = {
+                "phase": phase, "site": site, "runs": 0, "forwards": None, "modules": [], "module_types": [],
+                "module_count": 0, "running_stats_changed": False, "uncounted": []}
+        entry["runs"] += 1
+        if result["forwards"] is not None:
+            entry["forwards"] = (entry["forwards"] or 0) + result["forwards"]
+        for name in result["uncounted"]:
+            if name not in entry["uncounted"] and len(entry["uncounted"]) < MAX_MODULE_NAMES:
+                entry["uncounted"].append(name)
+        for name, (kind, _) in result["modules"].items():
+            if name not in entry["modules"] and len(entry["modules"]) < MAX_MODULE_NAMES:
+                entry["modules"].append(name)
+            if kind not in entry["module_types"] and len(entry["module_types"]) < MAX_MODULE_NAMES:
+                entry["module_types"].append(kind)
+        entry["module_count"] = max(entry["module_count"], len(result["modules"]))
+        entry["running_stats_changed"] = entry["running_stats_changed"] or result["running_stats_changed"]
+        message = train_mode_message(result)
+        if self.mode == "raise":
+            failure = PerfCheckFailed(f"EvalNoGradGuard: {message}")
+            if can_raise:
+                raise failure
+            self._pending_failure = self._pending_failure or failure
+            return
+        self._warn_once(f"train_mode:{phase}:{site}", message)
+
+    def _raise_pending(self) -> None:
+        failure, self._pending_failure = self._pending_failure, None
+        if failure is not None:
+            raise failure
+
+    def _on_phase(self, name: str, entering: bool) -> None:
+        """A phase the user's code opened (``with lightning_perf.phase("eval_in_train_hooks"):``) is an evaluation
+        run of the LightningModule, watched unless a Lightning evaluation run already is. Its end cannot raise
+        (phases never raise into the user's hook): ``mode="raise"`` raises at the next hook that can."""
+        try:
+            if entering:
+                module = self._module_ref() if self._module_ref is not None else None
+                if module is None or self._train_mode.running or not self.check_train_mode:
+                    return
+                site, _ = calling_site(self._watch.hooks, self._watch.owners)
+                self._in_phase = True
+                self._start_train_mode(module, name, site)
+            elif self._in_phase:
+                self._in_phase = False
+                self._stop_train_mode(can_raise=False)
+        except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+            self._train_mode_failed(f"phase {name!r}", err)
+
+    def _train_mode_batch(self) -> None:
+        """Dropout-like modules are hooked for the first batch of each evaluation run, and later only while one is
+        in training mode or was found so in this run: a hook puts each call of its module on PyTorch's slow path.
+        BatchNorm needs no hook: its own counters say how often it ran in training mode."""
+        watch = self._train_mode
+        if watch.note_modes():
+            watch.watch()
+        elif self._eval_batches > 0 and not watch.found_random:
+            watch.quiet()
+
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -157,6 +296,9 @@ class EvalNoGradGuard(PerfCallback):
             self._reset()
         self._watch.refresh()
         self._watch.arm()
+        self._module_ref = weakref.ref(pl_module)
+        if self.check_train_mode:
+            add_listener(self._on_phase)
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -165,6 +307,8 @@ class EvalNoGradGuard(PerfCallback):
         self._automatic = pl_module.automatic_optimization
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._pending_failure is not None:  # mode="raise": found in a phase the last batch's hooks opened
+            self._raise_pending()
         try:
             self._watch.disarm()  # the training step's own forward takes PyTorch's fast path
         except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
@@ -201,23 +345,27 @@ class EvalNoGradGuard(PerfCallback):
             self._watch.arm()
         elif self._eval_batches == 1 and self._events == self._eval_start_events:
             self._watch.disarm()  # the first batch found nothing: the rest of this run goes unwatched
+        if self._train_mode.running:
+            self._train_mode_batch()
         self._eval_batches += 1
 
-    def _eval_run_start(self) -> None:
+    def _eval_run_start(self, pl_module: LightningModule, phase: str) -> None:
         self._eval_batches = 0
         self._watch.refresh()
+        self._start_train_mode(pl_module, phase)  # after Lightning's model.eval(), before the first batch
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._eval_run_start()
+        self._raise_pending()
+        self._eval_run_start(pl_module, "validation")
 
     @guarded
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._eval_run_start()
+        self._eval_run_start(pl_module, "test")
 
     @guarded
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._eval_run_start()
+        self._eval_run_start(pl_module, "predict")
 
     @guarded
     def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int,
@@ -237,9 +385,19 @@ class EvalNoGradGuard(PerfCallback):
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._watch.arm()  # back to watching what runs between training steps
+        self._stop_train_mode()  # before Lightning's model.train()
+
+    @guarded
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_train_mode()
+
+    @guarded
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_train_mode()
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._raise_pending()
         self._watch.arm()
         self._scan(pl_module, "on_train_epoch_end")
         self._log(trainer)
@@ -251,13 +409,18 @@ class EvalNoGradGuard(PerfCallback):
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._raise_pending()
         self._log(trainer)
 
     def _log(self, trainer: Trainer) -> None:
-        log_scalars(trainer, {
+        scalars = {
             "guard/grad_enabled_eval_forwards": float(sum(f["count"] for f in self._findings.values())),
             "guard/saved_for_backward_mb": sum(f["saved_for_backward_bytes"] for f in self._findings.values()) / MB,
-        })
+        }
+        if self.check_train_mode:
+            scalars["guard/train_mode_eval_forwards"] = float(
+                sum(f["forwards"] for f in self._train_mode_findings.values()))
+        log_scalars(trainer, scalars)
 
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -266,12 +429,20 @@ class EvalNoGradGuard(PerfCallback):
     @guarded
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._watch.disarm()
+        self._end_watching()
         self._flush_summary(trainer)
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._watch.disarm()  # no teardown hook follows an exception
+        self._end_watching()
         self._write_summary(trainer, exception)
+
+    def _end_watching(self) -> None:
+        """An evaluation run cut short (an exception) is counted as far as it went; nothing raises here."""
+        remove_listener(self._on_phase)
+        self._in_phase = False
+        self._stop_train_mode(can_raise=False)
 
     # -- results -------------------------------------------------------------------------------------------------
     @property
@@ -295,18 +466,44 @@ class EvalNoGradGuard(PerfCallback):
             entry = dict(r)
             entry["max_mb_kept"] = entry.pop("max_bytes_kept") / MB
             retained.append(entry)
-        return {
+        train_mode = self.train_mode_findings
+        unavailable = {}
+        if not self.check_train_mode:
+            unavailable["train_mode_eval_forwards"] = "not checked: EvalNoGradGuard(check_train_mode=False)"
+        elif self._train_mode_problem is not None:
+            unavailable["train_mode_eval_forwards"] = self._train_mode_problem
+        elif any(f["uncounted"] for f in train_mode):
+            names = sorted({n for f in train_mode for n in f["uncounted"]})
+            unavailable["train_mode_eval_forwards"] = (
+                f"{', '.join(names)} ran in training mode inside a torch.compile'd module, whose compiled code does"
+                " not run the hooks that count their forwards")
+        clean: Optional[bool] = not findings and not retained and not train_mode
+        if clean and self.check_train_mode and self._train_mode_problem is not None:
+            clean = None  # fails closed: a check that failed found nothing, which says nothing
+        section = {
             "mode": self.mode,
             "allow": list(self.allow),
-            "clean": not findings and not retained,
+            "clean": clean,
             "grad_enabled_eval_forwards": sum(f["count"] for f in findings),
             "saved_for_backward_mb": sum(f["saved_for_backward_mb"] for f in findings),
             "findings": findings,
             "retained_graphs": retained,
+            "check_train_mode": self.check_train_mode,
+            "train_mode_eval_forwards": (None if unavailable else sum(f["forwards"] or 0 for f in train_mode)),
+            "train_mode_findings": train_mode,
         }
+        if unavailable:
+            section["unavailable"] = unavailable
+        return section
+
+    @property
+    def train_mode_findings(self) -> List[Dict[str, Any]]:
+        """Evaluation run with modules in training mode, one entry per (phase, site)."""
+        return [{**f, "modules": list(f["modules"]), "module_types": list(f["module_types"]),
+                 "uncounted": list(f["uncounted"])} for f in self._train_mode_findings.values()]
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"findings": self.findings, "retained": self.retained}
+        return {"findings": self.findings, "retained": self.retained, "train_mode_findings": self.train_mode_findings}
 
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -327,5 +524,23 @@ class EvalNoGradGuard(PerfCallback):
             if record["attribute"] is None:
                 raise StateError(f"{r.where} lacks its attribute")
             retained[record["attribute"]] = {**r.data, **record}
+        train_mode = {}
+        for f in s.records("train_mode_findings"):
+            names = {}
+            for key in ("modules", "module_types", "uncounted"):
+                names[key] = f.data.get(key, [])
+                if not isinstance(names[key], list) or not all(isinstance(n, str) for n in names[key]):
+                    raise StateError(f"{f.where}.{key} is not a list of names")
+            forwards = f.data.get("forwards")
+            entry = {"phase": f.text("phase", allow_none=False), "site": f.text("site"), "runs": f.count("runs"),
+                     "forwards": None if forwards is None else f.count("forwards"),
+                     "uncounted": names["uncounted"][:MAX_MODULE_NAMES], "modules": names["modules"][:MAX_MODULE_NAMES],
+                     "module_types": names["module_types"][:MAX_MODULE_NAMES],
+                     "module_count": f.count("module_count"),
+                     "running_stats_changed": f.flag("running_stats_changed")}
+            if entry["phase"] is None:
+                raise StateError(f"{f.where} lacks its phase")
+            train_mode[(entry["phase"], entry["site"])] = entry
         self._findings.update(findings)  # all read: nothing is assigned from a state that fails halfway
         self._retained.update(retained)
+        self._train_mode_findings.update(train_mode)

@@ -608,14 +608,32 @@ class RetainedGraph(Section):
     epochs_seen: Count = Field(None, description="the epoch ends (training or validation) it was found at")
 
 
+class TrainModeFinding(Section):
+    phase: Text = Field(None, description="`validation`, `test`, `predict` or `eval_in_train_hooks`")
+    site: Text = Field(None, description="the hook that opened `eval_in_train_hooks`; null for Lightning's loops")
+    runs: Count = Field(None, description="evaluation runs of this phase and site that ran modules in training mode")
+    forwards: Count = Field(None, description="training-mode forwards of the module that had most, summed over runs;"
+                                               " null where none could be counted")
+    modules: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(
+        None, description="qualified names of the modules found, the first 16")
+    module_types: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="their classes")
+    module_count: Count = Field(None, description="modules found in training mode in one run, at most")
+    running_stats_changed: Flag = Field(None, description="a BatchNorm's `num_batches_tracked` moved")
+    uncounted: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(
+        None, description="modules seen in training mode inside a `torch.compile`'d module, forwards not counted")
+
+
 class EvalNoGradGuard(Section):
     mode: Text = None
     allow: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="the hooks allowed grad in eval")
-    clean: Flag = None
+    clean: Flag = Field(None, description="no finding of any kind; null when a check failed and found nothing")
     grad_enabled_eval_forwards: Count = None
     saved_for_backward_mb: MB = None
     findings: Seq(Obj(GradFinding)) = Field(None, description="one per (site, module)")
     retained_graphs: Seq(Obj(RetainedGraph)) = Field(None, description="one per module attribute")
+    check_train_mode: Flag = None
+    train_mode_eval_forwards: Count = Field(None, description="evaluation forwards with modules in training mode")
+    train_mode_findings: Seq(Obj(TrainModeFinding)) = Field(None, description="one per (phase, site)")
     unavailable: Reasons = None
     measurement_failures: Reasons = None
     error: SectionError = None

@@ -98,8 +98,23 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
         for metric in metric_names:
             row[metric] = q[metric].value if metric in q else None
         row["quality_gate"] = summary.quality_gate.passed if summary.quality_gate is not None else None
+        row["eval_in_training_mode"] = train_mode_note(summary)
         rows.append(row)
     return rows
+
+
+def train_mode_note(summary: PerfSummary) -> Optional[str]:
+    """Where the run's EvalNoGradGuard found evaluation run with modules in training mode, in a few words: its
+    quality figures were measured on a model that evaluation changed (BatchNorm) or randomised (Dropout)."""
+    guard = summary.eval_no_grad_guard
+    findings = [f for f in ((guard.train_mode_findings if guard is not None else None) or []) if f is not None]
+    if not findings:
+        return None
+    where = "; ".join(f"{f.phase}: {', '.join(f.modules or []) or 'modules'}" for f in findings)
+    changed = any(f.running_stats_changed for f in findings)
+    return (f"evaluation ran modules in training mode ({where})"
+            + ("; BatchNorm's running statistics changed" if changed else "")
+            + ": its quality figures are not the model's in eval mode (EvalNoGradGuard)")
 
 
 #: Memory columns: (row key, label, phases it reads, the largest across them).
@@ -115,7 +130,7 @@ _FIXED = ("run", "date", "notes", "status", "it_per_s", "samples_per_s", "ms_per
           "speedup_basis", "change_pct", "change_vs", "reference", "it_per_s_delta", "samples_per_s_delta",
           "train_peak_mb", "eval_peak_mb", "eval_in_train_hooks_peak_mb",
           *(f"{key}_delta_{unit}" for key, _, _ in _MEMORY for unit in ("mb", "pct")),
-          "tflops_per_s", "mfu_pct", "quality_gate")
+          "tflops_per_s", "mfu_pct", "quality_gate", "eval_in_training_mode")
 
 
 def column_keys(columns: List[str], shown: List[str], other: List[str]) -> List[Tuple[str, str]]:
@@ -247,6 +262,8 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown", notes: Opti
         text += ("\n\nChange is the samples/s ratio where a run processes a different number of samples per"
                  f" iteration than {'the row before' if previous else 'the first'} (its batch size differs);"
                  " elsewhere it is the it/s ratio.")
+    notes = list(notes or []) + [f"{row['run']}: {row['eval_in_training_mode']}" for row in rows
+                                 if row.get("eval_in_training_mode")]
     if notes:
         text += "\n\n" + "\n".join(f"- {note}" for note in notes)
     return text
