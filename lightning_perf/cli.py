@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"N for time to N iterations, at most {MAX_ITERATIONS:.0e} (default: 30000)")
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text", help="(default: text)")
     p.add_argument("--names", nargs=2, metavar=("BASE", "CANDIDATE"), help="names to show for the two runs")
+    p.add_argument("--base-repeats", nargs="+", metavar="SUMMARY",
+                   help="more runs of the base's setup: with --candidate-repeats, the speedup and its 95%% CI come"
+                   " from the spread between the runs, and only then is a change called significant")
+    p.add_argument("--candidate-repeats", nargs="+", metavar="SUMMARY",
+                   help="more runs of the candidate's setup (see --base-repeats)")
     p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
                    help="a change smaller than PCT percent is called within noise even when the CI excludes 1"
                    " (default: 2)")
@@ -394,9 +399,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from lightning_perf.summary.io import read_summary
 
     base, candidate = read_summary(args.base), read_summary(args.candidate)
+    repeats = {side: [read_summary(path) for path in paths]
+               for side, paths in (("base", args.base_repeats or []), ("candidate", args.candidate_repeats or []))}
     names = args.names or default_names(args.base, args.candidate, [base, candidate])
     result = compare_summaries(base, candidate, iterations=args.iterations, base_name=names[0],
-                               candidate_name=names[1], min_effect_pct=args.min_effect)
+                               candidate_name=names[1], min_effect_pct=args.min_effect,
+                               base_repeats=repeats["base"], candidate_repeats=repeats["candidate"])
     _say(FORMATTERS[args.format](result))
     if args.fail_if_slower is None:
         return EXIT_OK

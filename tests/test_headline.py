@@ -93,7 +93,8 @@ def test_compare_calls_the_run_with_fast_iterations_and_stalls_slower(steady_and
     assert result["speedup"] == pytest.approx(1.0 / wall_ratio, rel=1e-9)
     assert result["typical_iteration_speedup"] > 1.0  # the median line still says what it says
     lo, hi = result["speedup_ci95"]
-    assert lo <= result["speedup"] <= hi and hi < 1.0 and result["speedup_significant"]
+    assert lo <= result["speedup"] <= hi and hi < 1.0 and result["speedup_beyond_within_run_noise"]
+    assert result["speedup_significant"] is None  # one run a side: no verdict between runs
 
 
 def test_report_and_matrix_show_the_same_change_as_compare(steady_and_stalling):
@@ -150,7 +151,8 @@ def test_compare_of_two_real_runs_of_one_setup_is_consistent_whatever_the_load(t
     assert lo <= result["speedup"] <= hi
     excludes_one = lo > 1.0 or hi < 1.0
     big_enough = abs(result["speedup"] - 1.0) * 100.0 >= result["min_effect_pct"]
-    assert result["speedup_significant"] is (excludes_one and big_enough)
+    assert result["speedup_beyond_within_run_noise"] is (excludes_one and big_enough)
+    assert result["speedup_significant"] is None and result["speedup_interval"] == "within runs"
     proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "compare", pa, pb], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -470,6 +470,46 @@ def batch_means_ratio_ci(
     return math.exp(diff - half), math.exp(diff + half)
 
 
+def between_runs_ratio_ci(numerators: Sequence[float], denominators: Sequence[float],
+                          confidence: float = 0.95) -> Optional[Tuple[float, float, float]]:
+    """The ratio of the geometric means of two sets of per-run figures (repeats of two setups) and its interval from
+    the spread between the runs: Student's t on the logs, with ``n_a + n_b - 2`` degrees of freedom where both sides
+    ran as often (with equal counts the test holds for unequal spreads too), else Welch-Satterthwaite's. Each run's figure
+    carries its within-run noise, so the spread between runs holds both that and the drift between runs (other load,
+    clocks, caches) that an interval from one run a side cannot see.
+
+    Returns:
+        (ratio, low, high), or None with fewer than 2 runs a side or a figure that is not a finite positive number.
+    """
+    parts = []
+    for values in (numerators, denominators):
+        if len(values) < 2 or any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in values):
+            return None
+        logs = [math.log(v) for v in values]
+        mean = sum(logs) / len(logs)
+        parts.append((mean, sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) / len(logs), len(logs)))
+    (mean_a, var_a, n_a), (mean_b, var_b, n_b) = parts
+    total = var_a + var_b
+    if n_a == n_b or total <= 0:
+        df = float(n_a + n_b - 2)
+    else:
+        df = total * total / (var_a * var_a / (n_a - 1) + var_b * var_b / (n_b - 1))
+    half = _t_quantile_at_least(1.0 - (1.0 - confidence) / 2.0, df) * math.sqrt(total)
+    diff = mean_a - mean_b
+    return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
+
+
+def _t_quantile_at_least(p: float, df: float) -> float:
+    """Student's t quantile at ``floor(df)`` degrees of freedom (never narrower than at ``df``): exact for 1 and 2,
+    where the expansion of :func:`student_t_quantile` is not close, that expansion from 3."""
+    whole = max(1, int(df))
+    if whole == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if whole == 2:
+        return (2.0 * p - 1.0) / math.sqrt(2.0 * p * (1.0 - p))
+    return student_t_quantile(p, whole)
+
+
 def finite_or_none(values: Iterable[Optional[float]]) -> List[float]:
     """The finite floats of ``values`` (drops None and NaN)."""
     return [v for v in values if v is not None and math.isfinite(v)]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-from lightning_perf.measure.stats import batch_means_ratio_ci
+from lightning_perf.measure.stats import batch_means_ratio_ci, between_runs_ratio_ci
 from lightning_perf.measure.tail import counted
 from lightning_perf.summary.fields import (
     IMAGE_METRIC_DIRECTIONS,
@@ -24,6 +24,7 @@ from lightning_perf.summary.fields import (
     run_names,
     speed,
 )
+from lightning_perf.summary.contention import contention
 from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
 from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.projection import project_time, warmup_cost
@@ -123,6 +124,56 @@ def between_runs_note(base: PerfSummary, candidate: PerfSummary) -> Optional[str
             " candidate to see that drift")
 
 
+def _run_speed(run: PerfSummary, basis: str) -> Optional[float]:
+    """One run's speed on the headline's basis (it/s, or samples/s): from its mean ms/iter, None where unmeasured."""
+    s = speed(run)
+    if s["measured_iterations"] == 0:
+        return None
+    per_s = ratio(1000.0, s["ms_per_iter_mean"])
+    if per_s is None or basis != "samples/s":
+        return per_s
+    return finite(per_s * s["samples_per_iter"]) if s["samples_per_iter"] else None
+
+
+def repeats_headline(bases: Sequence[PerfSummary], candidates: Sequence[PerfSummary], basis: str,
+                     min_effect_pct: float = MIN_EFFECT_PCT) -> Dict[str, Any]:
+    """The speedup between two setups each run two or more times: the ratio of the geometric means of the runs'
+    speeds and its 95% interval from the spread between runs (:func:`between_runs_ratio_ci`), so that the drift
+    between runs (other load, clocks, caches) is inside the interval. ``significant``: the interval excludes 1 and
+    the change is at least ``min_effect_pct``. ``speedup`` None, with the ``reason``, where a side has fewer than
+    two runs with a speed."""
+    out: Dict[str, Any] = {"speedup": None, "ci95": None, "significant": None, "reason": None,
+                           "runs": {"base": len(bases), "candidate": len(candidates)}}
+    speeds = {side: [_run_speed(run, basis) for run in runs] for side, runs in (("base", bases),
+                                                                              ("candidate", candidates))}
+    missing = [f"{side} repeat {i + 1} has no speed" for side, values in speeds.items()
+               for i, v in enumerate(values) if v is None]
+    if missing:
+        out["reason"] = "no between-run interval: " + ", ".join(missing)
+        return out
+    found = between_runs_ratio_ci(speeds["candidate"], speeds["base"])
+    if found is None:
+        out["reason"] = "no between-run interval: each side needs two runs or more"
+        return out
+    out["speedup"], lo, hi = found
+    out["ci95"] = [lo, hi]
+    out["significant"] = (lo > 1.0 or hi < 1.0) and abs(out["speedup"] - 1.0) * 100.0 >= min_effect_pct
+    return out
+
+
+def contention_notes(runs: Sequence[tuple]) -> List[str]:
+    """A note per run measured under contention, and one where the runs saw different contention: the difference
+    between them may be the machine's (``runs``: (name, summary) pairs)."""
+    seen = [(name, contention(run)) for name, run in runs]
+    notes = [f"{name} was measured on a busy machine ({'; '.join(c['causes'])}): its speed may be the machine's"
+             for name, c in seen if c["contended"]]
+    if notes and any(c["contended"] is False for _, c in seen):
+        quiet = ", ".join(name for name, c in seen if c["contended"] is False)
+        notes.append(f"the runs saw different contention ({quiet} quiet): the difference between them may be the"
+                     " machine, not the change")
+    return notes
+
+
 def compare_summaries(
     base: SummaryLike,
     candidate: SummaryLike,
@@ -130,9 +181,19 @@ def compare_summaries(
     base_name: str = "base",
     candidate_name: str = "candidate",
     min_effect_pct: float = MIN_EFFECT_PCT,
+    base_repeats: Sequence[SummaryLike] = (),
+    candidate_repeats: Sequence[SummaryLike] = (),
 ) -> Dict[str, Any]:
-    """The comparison as a dict (what ``--format json`` prints). ``speedup`` is the :func:`headline`."""
+    """The comparison as a dict (what ``--format json`` prints). ``speedup`` is the :func:`headline` of the two
+    runs, where each side is one run: its interval is within each run, and ``speedup_significant`` is None (the drift
+    between runs was not measured; ``speedup_beyond_within_run_noise`` says whether the change is beyond the noise
+    inside the runs). With ``base_repeats`` and ``candidate_repeats`` (more runs of the same two setups), the speedup,
+    its interval and ``speedup_significant`` are :func:`repeats_headline`'s, between runs; the other figures are the
+    first pair's."""
     base, candidate = as_summary(base, base_name), as_summary(candidate, candidate_name)
+    base_runs = [base] + [as_summary(r, f"{base_name} repeat {i + 2}") for i, r in enumerate(base_repeats)]
+    candidate_runs = [candidate] + [as_summary(r, f"{candidate_name} repeat {i + 2}")
+                                    for i, r in enumerate(candidate_repeats)]
     b, c = speed(base), speed(candidate)
     notes: List[str] = []
     for name, run in ((base_name, base), (candidate_name, candidate)):
@@ -146,12 +207,23 @@ def compare_summaries(
         notes.append(f"runs trained different models ({models[0]} vs {models[1]}): an iteration is not the same work"
                      " unless that was the change")
     head = headline(base, candidate, min_effect_pct=min_effect_pct)
+    repeated = len(base_runs) > 1 or len(candidate_runs) > 1
+    within = {"ci95": head["ci95"], "beyond_noise": head["significant"]}
+    if repeated and head["speedup"] is not None:
+        head = dict(head, **{k: v for k, v in repeats_headline(base_runs, candidate_runs, head["basis"],
+                                                               min_effect_pct).items() if k != "runs"})
+    elif not repeated:
+        head["significant"] = None  # one run a side: the drift between runs is not in the interval
     speedup = head["speedup"]
-    between = between_runs_note(base, candidate) if head["ci95"] else None
+    between = between_runs_note(base, candidate) if head["ci95"] and not repeated else None
     if speedup is None:
         notes.append(f"speedup unavailable: {head['reason']}")
     elif head["reason"]:
         notes.append(head["reason"])
+    notes += contention_notes([(f"{base_name}{f' repeat {i + 1}' if len(base_runs) > 1 else ''}", run)
+                               for i, run in enumerate(base_runs)]
+                              + [(f"{candidate_name}{f' repeat {i + 1}' if len(candidate_runs) > 1 else ''}", run)
+                                 for i, run in enumerate(candidate_runs)])
     if head["basis"] == "samples/s":
         notes.append(
             f"the runs process different samples per iteration ({b['samples_per_iter']:.1f} vs"
@@ -198,6 +270,10 @@ def compare_summaries(
         "speedup_basis": head["basis"],
         "speedup_ci95": head["ci95"],
         "speedup_significant": head["significant"],
+        "speedup_interval": "between runs" if repeated else "within runs",
+        "repeats": {"base": len(base_runs), "candidate": len(candidate_runs)},
+        "speedup_within_runs_ci95": within["ci95"],
+        "speedup_beyond_within_run_noise": within["beyond_noise"],
         "min_effect_pct": min_effect_pct,
         "between_runs": between,
         "change_pct": None if speedup is None else 100.0 * (speedup - 1.0),
@@ -487,13 +563,21 @@ def _speedup_text(result: Dict[str, Any]) -> str:
     if result["speedup"] is None:
         return "n/a"
     text = f"{ratio_words(result['speedup'])} ({fmt_pct(result['change_pct'])} {result['speedup_basis']})"
-    if result["speedup_ci95"]:
-        lo, hi = result["speedup_ci95"]
-        verdict = "significant" if result["speedup_significant"] else "not significant: within noise"
-        if not result["speedup_significant"] and (lo > 1.0 or hi < 1.0):
-            verdict = f"within noise: below the {result['min_effect_pct']:g}% a second run of the same setup can move"
-        text += f", 95% CI {_ci_words(lo, hi)}, {verdict}"
-    return text
+    if not result["speedup_ci95"]:
+        return text
+    lo, hi = result["speedup_ci95"]
+    excludes_one = lo > 1.0 or hi < 1.0
+    small = f"within noise: below the {result['min_effect_pct']:g}% a second run of the same setup can move"
+    if result.get("speedup_interval") == "between runs":
+        runs = result["repeats"]
+        verdict = ("significant" if result["speedup_significant"] else small if excludes_one
+                   else "not significant: within noise")
+        return text + f", 95% CI {_ci_words(lo, hi)} between {runs['base']} + {runs['candidate']} runs, {verdict}"
+    inside = ("beyond the noise within each run" if result.get("speedup_beyond_within_run_noise")
+              else small if excludes_one else "within the noise of each run")
+    return (text + f", 95% CI {_ci_words(lo, hi)} within each run ({inside}); no verdict: the drift between runs was"
+            " not measured (one run a side): run each side again and pass the runs with --base-repeats and"
+            " --candidate-repeats")
 
 
 def time_saved_words(result: Dict[str, Any], duration=fmt_duration) -> tuple:

@@ -1,0 +1,139 @@
+"""compare's verdict between runs: one run a side is no verdict (the drift between runs was not measured); repeats
+of each side give an interval from the spread between runs, proven on synthetic drift; a run measured on a busy
+machine is flagged. The command runs in a subprocess on real summary files."""
+
+import copy
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from helpers import TinyModel, find_summary, fit
+from lightning_perf import IterationTimer
+from lightning_perf.measure.stats import between_runs_ratio_ci
+from lightning_perf.summary.compare import MIN_EFFECT_PCT, compare_summaries
+
+
+# -- the rule, on synthetic drift ---------------------------------------------------------------------------------
+def _trials(n_trials, runs, sd, true_ratio, seed):
+    """Per-run speeds of two setups, each run's figure off its setup's by a drift drawn from lognormal(0, sd): how
+    often the rule calls the pair significant, and how often the interval covers the true ratio."""
+    rng = random.Random(seed)
+    significant = covered = 0
+    for _ in range(n_trials):
+        base = [math.exp(rng.gauss(0.0, sd)) for _ in range(runs)]
+        cand = [true_ratio * math.exp(rng.gauss(0.0, sd)) for _ in range(runs)]
+        ratio, lo, hi = between_runs_ratio_ci(cand, base)
+        significant += (lo > 1.0 or hi < 1.0) and abs(ratio - 1.0) * 100.0 >= MIN_EFFECT_PCT
+        covered += lo <= true_ratio <= hi
+    return significant / n_trials, covered / n_trials
+
+
+@pytest.mark.parametrize("runs", [2, 3, 5])
+def test_an_aa_pair_with_repeats_is_rarely_called_significant_and_the_interval_covers_at_its_rate(runs):
+    """Between-run drift of 5% (sd): A/A trials called significant at the nominal 5% (2,000 trials of each count
+    read 4.4 to 6.1% over three seeds); here 400, whose binomial spread is ~1.1 points: at most 7%, and the interval
+    covers the true ratio (1) in at least 93%."""
+    called, covered = _trials(400, runs, 0.05, 1.0, seed=runs)
+    assert called <= 0.07 and covered >= 0.93, (called, covered)
+
+
+def test_a_ten_percent_change_is_found_with_three_runs_a_side():
+    """Drift of 2.5% (sd) between runs, three runs a side: a 10% change is found in at least 90% (2,000 trials:
+    93%; with 3% drift 82%, with 2% 99%)."""
+    called, covered = _trials(400, 3, 0.025, 1.10, seed=7)
+    assert called >= 0.90 and covered >= 0.93, (called, covered)
+
+
+def test_fewer_than_two_runs_or_a_bad_figure_gives_no_interval():
+    assert between_runs_ratio_ci([1.0], [1.0, 1.1]) is None
+    assert between_runs_ratio_ci([1.0, float("nan")], [1.0, 1.1]) is None
+    assert between_runs_ratio_ci([1.0, 0.0], [1.0, 1.1]) is None
+    ratio, lo, hi = between_runs_ratio_ci([2.0, 2.0], [1.0, 1.0])  # no spread at all: a point
+    assert ratio == lo == hi == pytest.approx(2.0)
+
+
+# -- the command, on real summaries -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("one")
+    fit(root, [IterationTimer(warmup_steps=2)], model=TinyModel(), max_epochs=8, limit_val_batches=0,
+        num_sanity_val_steps=0, enable_progress_bar=False)
+    return find_summary(root)
+
+
+def _copies(one_run, tmp_path, name, means_ms, busy=False):
+    """Summary files of one setup run len(means_ms) times: the real summary with its mean ms/iter set to each."""
+    paths = []
+    for i, mean in enumerate(means_ms):
+        s = copy.deepcopy(one_run)
+        s["iteration_timer"]["ms_per_iter"]["mean"] = mean
+        if busy:
+            s["vram"] = {"activity": {"host_logical_cores": 2, "phases": {"train": {
+                "cpu_wait_pct": {"mean": 40.0, "p5": 30.0, "samples": 20},
+                "process_cpu_cores": {"mean": 0.6, "p5": 0.5, "samples": 20},
+                "host_cpu_pct": {"mean": 100.0, "p5": 100.0, "samples": 20}}}}}
+        path = tmp_path / f"{name}{i}.json"
+        path.write_text(json.dumps(s))
+        paths.append(str(path))
+    return paths
+
+
+def _compare(*args):
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "compare", *args], capture_output=True,
+                          text=True, timeout=120)
+    return proc
+
+
+def test_one_run_a_side_is_no_verdict(one_run, tmp_path):
+    (a,), (b,) = _copies(one_run, tmp_path, "a", [10.0]), _copies(one_run, tmp_path, "b", [6.0])
+    text = _compare(a, b).stdout
+    speed = next(line for line in text.splitlines() if line.strip().startswith("Speedup:"))
+    assert "within each run" in speed and "no verdict: the drift between runs was not measured" in speed
+    assert "significant" not in speed
+    result = json.loads(_compare(a, b, "--format", "json").stdout)
+    assert result["speedup_significant"] is None and result["speedup_interval"] == "within runs"
+    assert result["repeats"] == {"base": 1, "candidate": 1}
+
+
+def test_repeats_of_an_aa_pair_are_within_noise(one_run, tmp_path):
+    a = _copies(one_run, tmp_path, "a", [10.0, 10.6, 9.7])
+    b = _copies(one_run, tmp_path, "b", [9.6, 10.3, 10.1])
+    proc = _compare(a[0], b[0], "--base-repeats", *a[1:], "--candidate-repeats", *b[1:], "--format", "json",
+                    "--fail-if-slower", "5")
+    result = json.loads(proc.stdout)
+    assert result["speedup_interval"] == "between runs" and result["repeats"] == {"base": 3, "candidate": 3}
+    assert result["speedup_significant"] is False
+    lo, hi = result["speedup_ci95"]
+    assert lo < 1.0 < hi
+    geo = math.exp(sum(map(math.log, [10.0, 10.6, 9.7])) / 3 - sum(map(math.log, [9.6, 10.3, 10.1])) / 3)
+    assert result["speedup"] == pytest.approx(geo)
+    assert proc.returncode == 0  # the gate decides on the between-run estimate: 1.4% faster
+
+
+def test_repeats_find_a_ten_percent_slowdown_and_the_gate_fails(one_run, tmp_path):
+    a = _copies(one_run, tmp_path, "a", [10.0, 10.1, 9.9])
+    b = _copies(one_run, tmp_path, "b", [11.0, 11.1, 10.9])
+    proc = _compare(a[0], b[0], "--base-repeats", *a[1:], "--candidate-repeats", *b[1:], "--fail-if-slower", "5")
+    speed = next(line for line in proc.stdout.splitlines() if line.strip().startswith("Slowdown:"))
+    assert "between 3 + 3 runs, significant" in speed and "1.10x slower" in speed
+    assert proc.returncode == 1 and "slower than base" in proc.stderr
+
+
+def test_a_run_on_a_busy_machine_is_flagged_and_so_is_a_difference_in_contention(one_run, tmp_path):
+    (a,) = _copies(one_run, tmp_path, "a", [10.0], busy=False)
+    (b,) = _copies(one_run, tmp_path, "b", [12.0], busy=True)
+    quiet = copy.deepcopy(one_run)
+    quiet["vram"] = {"activity": {"host_logical_cores": 2, "phases": {"train": {
+        "cpu_wait_pct": {"mean": 1.0, "p5": 0.0, "samples": 20}}}}}
+    result = compare_summaries(quiet, json.loads(open(b).read()), base_name="quiet", candidate_name="busy")
+    notes = result["notes"]
+    assert any(n.startswith("busy was measured on a busy machine (the training thread waited for a CPU 40%")
+               for n in notes), notes
+    assert any("different contention (quiet quiet)" in n for n in notes), notes
+    # a base with no activity at all is neither quiet nor busy: no claim of a difference
+    result = compare_summaries(json.loads(open(a).read()), json.loads(open(b).read()))
+    assert not any("different contention" in n for n in result["notes"])
