@@ -137,3 +137,15 @@ def test_a_run_on_a_busy_machine_is_flagged_and_so_is_a_difference_in_contention
     # a base with no activity at all is neither quiet nor busy: no claim of a difference
     result = compare_summaries(json.loads(open(a).read()), json.loads(open(b).read()))
     assert not any("different contention" in n for n in result["notes"])
+
+
+def test_report_notes_each_run_measured_on_a_busy_machine(one_run, tmp_path):
+    a = _copies(one_run, tmp_path, "a", [10.0])
+    b = _copies(one_run, tmp_path, "b", [12.0], busy=True)
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "report", *a, *b, "--names", "quiet", "busy"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("- ")]
+    assert notes == ["- busy: measured while the machine was busy: the training thread waited for a CPU 40% of the"
+                     " time (the process got 0.60 of 2 cores while the machine ran at 100%): its speed and its"
+                     " Change may be the machine's"], proc.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from lightning_perf.summary.compare import headline, memory_texts
+from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.fields import (
     SummaryLike,
     csv_text,
@@ -99,6 +100,7 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
             row[metric] = q[metric].value if metric in q else None
         row["quality_gate"] = summary.quality_gate.passed if summary.quality_gate is not None else None
         row["eval_in_training_mode"] = train_mode_note(summary)
+        row["contention"] = contention_line(contention(summary))
         rows.append(row)
     return rows
 
@@ -130,7 +132,7 @@ _FIXED = ("run", "date", "notes", "status", "it_per_s", "samples_per_s", "ms_per
           "speedup_basis", "change_pct", "change_vs", "reference", "it_per_s_delta", "samples_per_s_delta",
           "train_peak_mb", "eval_peak_mb", "eval_in_train_hooks_peak_mb",
           *(f"{key}_delta_{unit}" for key, _, _ in _MEMORY for unit in ("mb", "pct")),
-          "tflops_per_s", "mfu_pct", "quality_gate", "eval_in_training_mode")
+          "tflops_per_s", "mfu_pct", "quality_gate", "eval_in_training_mode", "contention")
 
 
 def column_keys(columns: List[str], shown: List[str], other: List[str]) -> List[Tuple[str, str]]:
@@ -264,6 +266,8 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown", notes: Opti
                  " elsewhere it is the it/s ratio.")
     notes = list(notes or []) + [f"{row['run']}: {row['eval_in_training_mode']}" for row in rows
                                  if row.get("eval_in_training_mode")]
+    notes += [f"{row['run']}: measured while {row['contention']}: its speed and its Change may be the machine's"
+              for row in rows if row.get("contention")]
     if notes:
         text += "\n\n" + "\n".join(f"- {note}" for note in notes)
     return text
