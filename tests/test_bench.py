@@ -416,6 +416,29 @@ def test_matrix_findings_are_computed_from_the_numbers(tmp_path):
     text = format_matrix(rows)
     assert "⚠ quality gate FAILED" in text and "| Epoch 1 (s) | Epoch 2 (s) |" in text  # one unit per column
     assert "**Best:** amp+workers" in text
+    assert not any(f.startswith("Busy machine") for f in found)
+
+
+def test_matrix_names_the_variants_measured_on_a_busy_machine(tmp_path):
+    import copy
+
+    from helpers import fit
+    from lightning_perf import IterationTimer
+    from lightning_perf.bench.matrix import findings, matrix_rows
+
+    fit(tmp_path, [IterationTimer(warmup_steps=1, summary_path=str(tmp_path / "s.json"))], max_epochs=1)
+    base = json.loads((tmp_path / "s.json").read_text())
+    results = [_variant(base, "baseline", 100.0, epochs=[10.0], peak=5203),
+               _variant(base, "amp", 100.0 / 1.34, epochs=[7.5], peak=6249)]
+    busy = copy.deepcopy(results[1]["summary"])
+    busy["vram"] = {"activity": {"host_logical_cores": 2, "phases": {"train": {
+        "cpu_wait_pct": {"mean": 41.0, "p5": 30.0, "samples": 12}}}}}
+    results[1]["summary"] = busy
+    rows = matrix_rows(results)
+    assert rows[0]["contention"] is None and rows[1]["contention"].startswith("the machine was busy")
+    found = findings(rows)
+    assert ("Busy machine: amp (the training thread waited for a CPU 41% of the time): their speed and every ratio"
+            " against them may be the machine's, not the variant's.") in found, found
 
 
 def test_presets_combine_by_name():

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from lightning_perf._attach import read_manifest
 from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, verdict
 from lightning_perf.summary.compare import break_even_text, compare_summaries, warmup_section
+from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.fields import (
     IMAGE_METRIC_DIRECTIONS,
     csv_text,
@@ -395,6 +396,7 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
                 psnr=psnr.value if psnr is not None else None,
                 quality_gate=gate,
                 quality_gate_note=note,
+                contention=contention_line(contention(s)),
             )
             epochs = (timer.epochs if timer is not None else None) or []
             for i, epoch in enumerate(epochs, start=1):
@@ -551,6 +553,10 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
             if later > 0 and epochs[0] > WARMUP_EPOCH_RATIO * later:
                 out.append(f"Warm-up cost: {r['variant']}'s first epoch took {epochs[0] / later:.1f}x its later ones"
                            " (autotuning such as cudnn.benchmark, compilation, caches), paid once per run.")
+    busy = [r for r in rows if r.get("contention")]
+    if busy:
+        out.append("Busy machine: " + "; ".join(f"{r['variant']} ({r['contention'].split(': ', 1)[1]})" for r in busy)
+                   + ": their speed and every ratio against them may be the machine's, not the variant's.")
     return out
 
 
