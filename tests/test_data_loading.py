@@ -183,13 +183,12 @@ def test_with_workers_their_own_time_is_reported_beside_the_wait(tmp_path):
 
 
 def test_without_the_fetch_announcement_the_gap_is_data_loading_and_says_so(tmp_path, monkeypatch):
-    """A Lightning that announces no fetch (the action renamed: faked by a loop whose fetch announces nothing):
-    after 3 steps the profiler warns, times data loading as the whole gap between batches (`batch_gap`, an upper
-    bound, so it holds the loop's work too and no `between_batches` is counted after), and says why."""
-    from lightning.pytorch.loops import training_epoch_loop
+    """A Lightning whose training loop has no fetch marks under the names the profiler knows (a release that renames
+    them): after 3 steps the profiler warns, times data loading as the whole gap between batches (`batch_gap`, an
+    upper bound, so it holds the loop's work too and no `between_batches` is counted after), and says why."""
+    from lightning_perf.callbacks import section_profiler as module
 
-    monkeypatch.setattr(training_epoch_loop._TrainingEpochLoop, "_on_before_fetch", lambda self: None)
-    monkeypatch.setattr(training_epoch_loop._TrainingEpochLoop, "_on_after_fetch", lambda self: None)
+    monkeypatch.setattr(module, "_FETCH_MARKS", ("_on_before_fetch_renamed", "_on_after_fetch_renamed"))
     spent = []
     loader = ClockedLoader(TensorDataset(torch.randn(256, 64), torch.randn(256, 1)), batch_size=8, spent=spent)
     with pytest.warns(UserWarning, match="announced no dataloader fetch"):

@@ -35,7 +35,9 @@ AUTO_SECTIONS = ("data_loading", BETWEEN, "transfer", "forward", "backward", "op
                  "checkpointing")
 MANUAL_SECTIONS = ("data_loading", BETWEEN, "transfer", "training_step", "checkpointing", "other")
 ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
-_FETCH_ACTION = "].train_dataloader_next"
+#: Where Lightning's training loop tells its profiler that a fetch starts and returns (its data fetcher calls them
+#: around ``next()`` on the DataLoader's iterator): private names, the same from Lightning 2.2 to 2.6.
+_FETCH_MARKS = ("_on_before_fetch", "_on_after_fetch")
 BOUNDARIES = ("fetch", "batch_gap")
 _MAX_CALLS_PER_ITERATION = 10_000
 #: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
@@ -68,8 +70,8 @@ OPTIMIZER_PCT = 20.0
 CHECKPOINT_PCT = 10.0
 HOST_OVER_DEVICE = 1.5
 BETWEEN_BATCHES_PCT = 15.0
-GAP_REASON = ("Lightning announced no dataloader fetch through its profiler (an action ending in"
-              f" '{_FETCH_ACTION}') in 3 iterations: data loading is now timed as the whole gap from the end of one"
+GAP_REASON = ("Lightning's training loop announced no dataloader fetch (its `_on_before_fetch` and `_on_after_fetch`,"
+              " which tell its profiler of each fetch) in 3 iterations: data loading is now timed as the whole gap from the end of one"
               " batch to the start of the next (data_loading_boundary='batch_gap'), so it also holds Lightning's loop,"
               " logging, the progress bar and other callbacks' batch-end hooks: an upper bound of the wait for data.")
 SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, overlapped with it, so that time is"
@@ -253,8 +255,7 @@ class SectionProfiler(PerfCallback):
     """
 
     section_name = "section_profiler"
-    _transient = ("_checkpoint_io", "_strategy", "_profiler", "_profiler_start", "_profiler_stop",
-                  "_fetch_watch_toggles", "_fetch_stop_toggles",
+    _transient = ("_checkpoint_io", "_strategy", "_fetch_loop", "_fetch_marks",
                   "_previous_sink", "_clock", "_worker_timer",
                   "_pending_user", "_transfer")
 
@@ -339,11 +340,10 @@ class SectionProfiler(PerfCallback):
         self._checkpoint_io: Any = None  # our TimedCheckpointIO around the strategy's, during a fit
         self._strategy: Any = None
         self._checkpoint_reason: Optional[str] = None
-        self._profiler: Any = None
-        self._profiler_start: Any = None
-        self._profiler_stop: Any = None
-        self._fetch_watch_toggles = False
-        self._fetch_stop_toggles = False
+        self._fetch_loop: Any = None  # Lightning's training epoch loop, whose fetch marks are ours during a fit
+        # (its own before and after, and whether each was an instance attribute before ours): kept across resets, for
+        # a data fetcher that still holds ours
+        self._fetch_marks: Any = getattr(self, "_fetch_marks", None)
         self._transfer: Any = None  # our mark on the strategy's batch_to_device, during a fit
         self._worker_timer: Optional[loader.WorkerTimer] = None  # the DataLoader workers' own time, during a fit
         self._loaders: Any = None  # trainer.train_dataloader at train start
@@ -490,15 +490,13 @@ class SectionProfiler(PerfCallback):
                 self._sections[name].device.add(ms)
         self._device_pieces = {}
 
-    def _profiler_started(self, action_name: str) -> None:
-        if self._active and action_name.endswith(_FETCH_ACTION):
+    def _fetch_started(self) -> None:
+        """Lightning's fetch of the next training batch starts (its loop's ``_on_before_fetch``, ours for the fit)."""
+        if self._active:
             t = now()
             try:
                 self._fetches += 1
-                self._disarm_fetch_watch()
                 self._fetch_t = t
-                if self._fetch_stop_toggles:
-                    self._profiler.stop = self._profiler_stopped  # type: ignore[method-assign]
                 if not self._taping:
                     closes = self._ending
                     self._fetch_begins(t)
@@ -507,17 +505,16 @@ class SectionProfiler(PerfCallback):
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
                 self._record_failure(_EVENT_PLACES[_FETCH], err)
             self._overhead_s += now() - t
-        self._profiler_start(action_name)
+        self._fetch_marks[0]()
 
-    def _profiler_stopped(self, action_name: str) -> None:
-        self._profiler_stop(action_name)
-        if self._fetch_t is not None and action_name.endswith(_FETCH_ACTION):
+    def _fetch_stopped(self) -> None:
+        """The fetch returns (the loop's ``_on_after_fetch``): on the tape one event with both times."""
+        self._fetch_marks[1]()
+        if self._fetch_t is not None:
             t = now()
             try:
                 start, self._fetch_t = self._fetch_t, None
                 self._fetch_ends += 1
-                if self._fetch_stop_toggles and self._profiler.__dict__.get("stop") == self._profiler_stopped:
-                    del self._profiler.stop
                 resume, self._fetch_resume = self._fetch_resume, None
                 if self._taping:
                     tape = self._tape
@@ -545,18 +542,6 @@ class SectionProfiler(PerfCallback):
             return
         self._fetch_resume = BETWEEN if current in (BETWEEN, "data_loading") else current
         self._switch("data_loading", t)
-
-    # Lightning starts ~30 profiler actions a step (one per hook of every callback, module and strategy): the watch
-    # for the fetch is armed only from where a fetch can come next (the batch end, an epoch or a validation boundary)
-    # until it comes, so the ~25 actions inside the step call the profiler's own start. Arming and disarming is one
-    # instance attribute. Where something else had replaced the profiler's start before setup, the watch stays armed.
-    def _arm_fetch_watch(self) -> None:
-        if self._fetch_watch_toggles and self._profiler is not None:
-            self._profiler.start = self._profiler_started  # type: ignore[method-assign]
-
-    def _disarm_fetch_watch(self) -> None:
-        if self._fetch_watch_toggles and self._profiler.__dict__.get("start") == self._profiler_started:
-            del self._profiler.start
 
     def _checkpoint_written(self, seconds: float) -> None:
         """A checkpoint write or removal, from the strategy's CheckpointIO: carved out of the running section. Called
@@ -899,17 +884,10 @@ class SectionProfiler(PerfCallback):
         if not self._worker_timer.install():
             self._workers_reason = self._worker_timer.reason
         if not self._gap_mode:
-            self._profiler = trainer.profiler
-            self._profiler_start = trainer.profiler.start
-            self._profiler_stop = trainer.profiler.stop
-            self._fetch_watch_toggles = "start" not in trainer.profiler.__dict__
-            self._fetch_stop_toggles = "stop" not in trainer.profiler.__dict__
-            trainer.profiler.start = self._profiler_started  # type: ignore[method-assign]
-            if not self._fetch_stop_toggles:  # (another tool's there: ours stays in the chain for the fit)
-                trainer.profiler.stop = self._profiler_stopped  # type: ignore[method-assign]
+            self._watch_fetches(trainer)
 
     def _restore(self) -> None:
-        self._release_profiler()
+        self._release_fetch_watch()
         batch_transfer.uninstall(self._transfer)
         self._transfer = None
         if self._worker_timer is not None:
@@ -921,23 +899,34 @@ class SectionProfiler(PerfCallback):
         if user_sections.current_sink() is self:
             user_sections.set_sink(self._previous_sink)
 
-    def _release_profiler(self) -> None:
-        """Gives the trainer's profiler back its own ``start`` and ``stop`` (or what another tool had put there)."""
-        if self._profiler_start is not None:
-            own = self._profiler.__dict__
-            if self._fetch_watch_toggles:
-                if own.get("start") == self._profiler_started:
-                    del self._profiler.start
-            elif own.get("start") == self._profiler_started:
-                self._profiler.start = self._profiler_start  # (the one another tool had put there)
-            if self._fetch_stop_toggles:
-                if own.get("stop") == self._profiler_stopped:
-                    del self._profiler.stop
-            elif own.get("stop") == self._profiler_stopped:
-                self._profiler.stop = self._profiler_stop
-            self._profiler_start = self._profiler_stop = self._profiler = None
-            self._fetch_t = self._fetch_resume = None
-            self._fetch_watch_toggles = self._fetch_stop_toggles = False
+    def _watch_fetches(self, trainer: Trainer) -> None:
+        """Puts ours in front of the marks Lightning's training loop makes where a fetch starts and returns, on the
+        loop instance for the fit (its data fetcher takes them at each epoch's start, after this setup). Where they
+        are not there, no fetch is seen, and after 3 steps data loading falls back to the gap between batches."""
+        loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        marks = [getattr(loop, name, None) for name in _FETCH_MARKS]
+        if not all(callable(mark) for mark in marks):
+            return
+        self._fetch_loop = loop
+        self._fetch_marks = (*marks, *(name in vars(loop) for name in _FETCH_MARKS))
+        loop._on_before_fetch, loop._on_after_fetch = self._fetch_started, self._fetch_stopped
+
+    def _release_fetch_watch(self) -> None:
+        """Gives the loop back its own fetch marks (or what another tool had put on the instance); a data fetcher that
+        still holds ours (until the next epoch's start) goes on calling theirs through ours."""
+        loop = self._fetch_loop
+        if loop is not None:
+            before, after, had_before, had_after = self._fetch_marks
+            own = vars(loop)
+            for name, ours, theirs, had in (("_on_before_fetch", self._fetch_started, before, had_before),
+                                            ("_on_after_fetch", self._fetch_stopped, after, had_after)):
+                if own.get(name) == ours:
+                    if had:
+                        setattr(loop, name, theirs)
+                    else:
+                        delattr(loop, name)
+            self._fetch_loop = None
+        self._fetch_t = self._fetch_resume = None
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -966,7 +955,6 @@ class SectionProfiler(PerfCallback):
         if self._worker_timer is not None:
             self._worker_timer.start()
         self._switch("other")
-        self._arm_fetch_watch()
 
     def _between_batches(self) -> str:
         """The section that runs from the end of a batch (or a validation) until the next batch starts: with the
@@ -980,7 +968,6 @@ class SectionProfiler(PerfCallback):
         # first batch
         if self._active:
             self._switch("data_loading")
-        self._arm_fetch_watch()
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -1103,8 +1090,6 @@ class SectionProfiler(PerfCallback):
                         t = now()
                 else:  # accumulating: the iteration goes on with the next batch
                     tape.append(("data_loading" if self._gap_mode else BETWEEN, t))
-                if self._fetch_watch_toggles:
-                    self._profiler.start = self._profiler_started  # type: ignore[method-assign]
                 if WAITING.count:
                     self._drain_scalars(trainer)
                 self._overhead_s += now() - t
@@ -1115,7 +1100,6 @@ class SectionProfiler(PerfCallback):
             if not self._manual:
                 if not self._stepped:  # accumulating: the iteration goes on with the next batch
                     self._switch(self._between_batches(), t)
-                    self._arm_fetch_watch()
                     self._overhead_s += now() - t
                     return
                 self._stepped = False
@@ -1128,8 +1112,6 @@ class SectionProfiler(PerfCallback):
             gap = self._gap_mode
             self._switch("data_loading" if gap else BETWEEN, t, gap)  # _between_batches, inline on the step path
             self._ending = True
-            if self._fetch_watch_toggles:
-                self._arm_fetch_watch()
             if self._tape_ok and not self._marks_near:  # (on CUDA: no timed piece in this iteration or the next)
                 self._resume_taping()
             if WAITING.count:
@@ -1151,7 +1133,7 @@ class SectionProfiler(PerfCallback):
             self._replay()  # (the events so far with the labels they were taped under)
             self._gap_mode, self._ends_without_fetch = True, None
             self._warn_once("fetch", GAP_REASON)
-            self._release_profiler()  # (no fetch to watch for: the profiler's own start and stop again)
+            self._release_fetch_watch()  # (no fetch to watch for: the loop's own marks again)
 
     def _close_iteration(self, trainer: Optional[Trainer], section: str, t: float) -> None:
         """The iteration whose step ended closes at ``t``, where ``section`` of the next one starts: its pieces go
@@ -1295,7 +1277,6 @@ class SectionProfiler(PerfCallback):
             self._validation_runs += 1
             self._val_start = None
             self._switch(self._between_batches(), t)
-            self._arm_fetch_watch()
             if self._worker_timer is not None:
                 self._worker_timer.start()
 
