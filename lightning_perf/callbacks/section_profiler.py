@@ -217,8 +217,8 @@ class SectionProfiler(PerfCallback):
         warmup_steps: iterations at the start of each fit left out.
         device_timing: also time sections with CUDA events when training on CUDA.
         data_loading_boundary: what ``data_loading`` is. ``"fetch"``: Lightning's dataloader fetch, from its start
-            to its return, recognised by the action name Lightning gives it in ``trainer.profiler`` (relies on that
-            name; warns and falls back to ``"batch_gap"`` when no such fetch is announced in 3 iterations); the rest
+            to its return, seen through the marks Lightning's training loop makes for its profiler there (private
+            names; warns and falls back to ``"batch_gap"`` when no fetch is seen in 3 iterations); the rest
             of the gap between two batches is ``between_batches``. ``"batch_gap"``: the whole gap from the end of the
             previous batch (this profiler's ``on_train_batch_end``) to the transfer, through public hooks only; later
             callbacks' batch-end hooks, the progress bar, logger writes and LR schedulers are inside it (an upper
@@ -329,7 +329,7 @@ class SectionProfiler(PerfCallback):
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
         self._fetch_t: Optional[float] = None  # where the fetch running now started (boundary "fetch")
-        self._fetch_ends = 0  # fetches whose return Lightning announced (its profiler's stop)
+        self._fetch_ends = 0  # fetches whose return was seen (the loop's ``_on_after_fetch``)
         self._fetch_resume: Optional[str] = None  # the section its end goes back to, where it started live
         self._ends_without_fetch: Optional[int] = None  # step ends without a fetch seen (fall back after 3)
         self._device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
@@ -872,7 +872,7 @@ class SectionProfiler(PerfCallback):
         self._active = True
         self._previous_sink = user_sections.set_sink(self)
         # Checkpoint writes are timed by a CheckpointIO plugin around the strategy's own (public plugin interface);
-        # with boundary "fetch", the fetch by wrapping this trainer's profiler's start, where Lightning announces it.
+        # with boundary "fetch", the fetch by marks in front of those the training loop makes for its profiler.
         # Both are given back at teardown, or after an exception.
         self._strategy = trainer.strategy
         self._checkpoint_io = timed_checkpoint_io.install(trainer.strategy, self._checkpoint_written)
@@ -883,6 +883,7 @@ class SectionProfiler(PerfCallback):
         self._worker_timer = loader.WorkerTimer()
         if not self._worker_timer.install():
             self._workers_reason = self._worker_timer.reason
+        self._worker_timer.start()  # (training's workers start, and prefetch, before on_train_start)
         if not self._gap_mode:
             self._watch_fetches(trainer)
 
@@ -952,8 +953,6 @@ class SectionProfiler(PerfCallback):
         self._use_clock(DeviceIntervalClock() if (self.device_timing and on_cuda) else None)
         self._loaders = trainer.train_dataloader
         self._batches_per_iteration = 1 if self._manual else max(1, int(trainer.accumulate_grad_batches or 1))
-        if self._worker_timer is not None:
-            self._worker_timer.start()
         self._switch("other")
 
     def _between_batches(self) -> str:
@@ -1261,24 +1260,24 @@ class SectionProfiler(PerfCallback):
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._replay()
+        if self._worker_timer is not None:
+            self._worker_timer.stop()  # (validation's workers, the sanity check's too, may have the training's ids)
         if self._active and not trainer.sanity_checking and self._current is not None:
             t = now()
             self._switch(None, t)  # the piece so far stays with its section; validation is off the table
             self._val_start = t
-            if self._worker_timer is not None:
-                self._worker_timer.stop()  # (validation's workers may have the training workers' ids)
 
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._replay()
+        if self._worker_timer is not None:
+            self._worker_timer.start()
         if self._active and self._val_start is not None:
             t = now()
             self._validation_s += t - self._val_start
             self._validation_runs += 1
             self._val_start = None
             self._switch(self._between_batches(), t)
-            if self._worker_timer is not None:
-                self._worker_timer.start()
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
