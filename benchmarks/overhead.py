@@ -353,10 +353,9 @@ def time_hooks(callbacks: List[Callback], spent: List[float]) -> None:
                 # its mark in the strategy's batch_to_device (installed at setup from this attribute): where an
                 # iteration closes, with the periodic fold and report, outside any Lightning hook
                 member._batch_transfer = timed(member._batch_transfer, add)
-                # its watch on the profiler's start and stop for the fetch (installed at setup from these attributes,
-                # where the fetch is data loading): every action it sees between a batch end and the fetch, and the
-                # fetch's two marks
-                for watch in ("_profiler_started", "_profiler_stopped"):
+                # its marks where the fetch starts and returns (put on Lightning's loop at setup from these attributes,
+                # where the fetch is data loading)
+                for watch in ("_fetch_started", "_fetch_stopped"):
                     if hasattr(member, watch):
                         setattr(member, watch, timed(getattr(member, watch), add))
 

@@ -109,13 +109,30 @@ def assert_close_to_the_loaders_clock(data_ms, loader_ms):
     assert abs(data_ms - loader_ms) <= max(0.15 * loader_ms, 0.05), (data_ms, loader_ms)
 
 
+def assert_the_verdict_follows_the_loaders_clock(summary, loader_ms, workers):
+    """Without workers a cheap in-memory loader is never input-bound. With workers the loop's wait is the hand-over
+    of each batch from a worker (pickled through shared memory), which beside a 1 ms step can be a quarter of the
+    iteration: the verdict must then agree with the DataLoader's own clock (clearly under the threshold: not
+    input-bound; clearly over: input-bound, with advice from the workers' own time), never with the loop's other
+    work."""
+    section, diagnosis = summary["section_profiler"], summary["diagnosis"]
+    wait_pct = 100.0 * loader_ms / section["iteration_ms"]["mean"]
+    transfer_pct = section["sections"]["transfer"]["share_pct"]
+    if not workers:
+        assert wait_pct + transfer_pct < 20.0 and diagnosis["verdict"] != "input-bound", (wait_pct, diagnosis)
+    elif wait_pct + transfer_pct < 20.0:
+        assert diagnosis["verdict"] != "input-bound", (wait_pct, diagnosis)
+    elif wait_pct + transfer_pct > 30.0:
+        assert diagnosis["verdict"] == "input-bound" and "workers" in diagnosis["advice"], (wait_pct, diagnosis)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_cheap_loader_is_its_own_next_and_not_input_bound(tmp_path, workers):
     """An in-memory dataset with the progress bar on (refreshed every batch) and Lightning logging every step: the
     loop's wait for a batch (``data_loading``) is the DataLoader's own ``__next__`` time, within 15% or 0.05 ms; the
     progress bar, logging and the loop's bookkeeping are ``between_batches`` (before, all of it was data loading:
-    0.70 ms against a 0.28 ms ``__next__`` in the finding). The verdict is not input-bound, and the sections still
-    add up to the iteration."""
+    0.70 ms against a 0.28 ms ``__next__`` in the finding). Without workers the verdict is not input-bound; with
+    them it follows the DataLoader's own clock; the sections still add up to the iteration."""
     spent, shared = [], multiprocessing.Array("d", 2)
     loader = ClockedLoader(SelfTimedItems(2048, 0.0, shared), batch_size=32, num_workers=workers, spent=spent,
                            persistent_workers=workers > 0)
@@ -127,7 +144,7 @@ def test_a_cheap_loader_is_its_own_next_and_not_input_bound(tmp_path, workers):
     assert table["between_batches"]["mean_ms"] > 0
     total = sum(r["total_s"] for r in table.values() if r["kind"] == "auto")
     assert 1000.0 * total == pytest.approx(section["iteration_ms"]["mean"] * section["iterations"], rel=1e-6)
-    assert summary["diagnosis"]["verdict"] != "input-bound", summary["diagnosis"]
+    assert_the_verdict_follows_the_loaders_clock(summary, loader_ms, workers)
     if workers:  # what the workers spent, beside the wait: every batch of the epoch, timed inside them
         row = section["workers"]
         assert row["num_workers"] == 2 and row["batches"] == len(loader)
@@ -183,13 +200,12 @@ def test_with_workers_their_own_time_is_reported_beside_the_wait(tmp_path):
 
 
 def test_without_the_fetch_announcement_the_gap_is_data_loading_and_says_so(tmp_path, monkeypatch):
-    """A Lightning that announces no fetch (the action renamed: faked by a loop whose fetch announces nothing):
-    after 3 steps the profiler warns, times data loading as the whole gap between batches (`batch_gap`, an upper
-    bound, so it holds the loop's work too and no `between_batches` is counted after), and says why."""
-    from lightning.pytorch.loops import training_epoch_loop
+    """A Lightning whose training loop has no fetch marks under the names the profiler knows (a release that renames
+    them): after 3 steps the profiler warns, times data loading as the whole gap between batches (`batch_gap`, an
+    upper bound, so it holds the loop's work too and no `between_batches` is counted after), and says why."""
+    from lightning_perf.callbacks import section_profiler as module
 
-    monkeypatch.setattr(training_epoch_loop._TrainingEpochLoop, "_on_before_fetch", lambda self: None)
-    monkeypatch.setattr(training_epoch_loop._TrainingEpochLoop, "_on_after_fetch", lambda self: None)
+    monkeypatch.setattr(module, "_FETCH_MARKS", ("_on_before_fetch_renamed", "_on_after_fetch_renamed"))
     spent = []
     loader = ClockedLoader(TensorDataset(torch.randn(256, 64), torch.randn(256, 1)), batch_size=8, spent=spent)
     with pytest.warns(UserWarning, match="announced no dataloader fetch"):
@@ -265,7 +281,8 @@ with open("waits.json", "w") as fh:
 def test_lightning_perf_run_on_a_script_with_a_progress_bar_reports_the_loaders_own_wait(tmp_path, workers):
     """``lightning-perf run`` on an unchanged script (Lightning's progress bar and a logged metric on every step, an
     in-memory dataset): ``data_loading`` is the DataLoader's own ``__next__`` time within 15% or 0.05 ms, the run is
-    not input-bound, and with workers their own time is in the summary."""
+    not input-bound (with workers: as the DataLoader's own clock says), and with workers their own time is in the
+    summary."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT).lstrip())
     out = tmp_path / "runs"
@@ -279,10 +296,10 @@ def test_lightning_perf_run_on_a_script_with_a_progress_bar_reports_the_loaders_
     warmup = section["warmup_steps"]
     counted = waits[warmup:]
     assert section["sections"]["data_loading"]["count"] == len(counted) == 64 - warmup
-    assert_close_to_the_loaders_clock(section["sections"]["data_loading"]["mean_ms"],
-                                      1000.0 * sum(counted) / len(counted))
+    loader_ms = 1000.0 * sum(counted) / len(counted)
+    assert_close_to_the_loaders_clock(section["sections"]["data_loading"]["mean_ms"], loader_ms)
     assert section["sections"]["between_batches"]["mean_ms"] > 0  # the progress bar and the logging are there
-    assert summary["diagnosis"]["verdict"] != "input-bound", summary["diagnosis"]
+    assert_the_verdict_follows_the_loaders_clock(summary, loader_ms, workers)
     if workers:
         assert section["workers"]["num_workers"] == 2 and section["workers"]["batches"] == 64
         assert section["workers"]["busy_ms_per_batch"] > 0

@@ -554,15 +554,16 @@ def test_profiler_and_timer_leave_out_the_same_iterations(tmp_path, warmup):
 
 
 def test_without_lightnings_fetch_announcement_data_loading_falls_back_loudly(tmp_path, monkeypatch):
-    """The fetch is found through a Lightning profiler action name; if a release renames it, the profiler says so
-    and times data loading as the gap between batches instead of silently putting it in `other`. On the virtual
+    """The fetch is found through the marks Lightning's training loop makes for its profiler (private names); if a
+    release renames them, the profiler says so and times data loading as the gap between batches instead of silently
+    putting it in `between_batches`. On the virtual
     clock (helpers.VirtualClock), where the 8 items of a batch cost 2 ms each and nothing else costs anything: with
     real time, on a loaded machine, the sections and IterationTimer's mean drifted apart by scheduling alone; here
     the counted iterations (after the fallback) hold exactly the 16 ms of their fetch, all of it in data_loading."""
     from lightning_perf.callbacks import section_profiler as module
 
     monkeypatch.setattr(SlowDataset, "pace", staticmethod(use_virtual_clock(monkeypatch).advance))
-    monkeypatch.setattr(module, "_FETCH_ACTION", "].an_action_lightning_never_announces")
+    monkeypatch.setattr(module, "_FETCH_MARKS", ("_on_before_fetch_renamed", "_on_after_fetch_renamed"))
     with pytest.warns(UserWarning, match="announced no dataloader fetch"):
         fit(tmp_path, [IterationTimer(warmup_steps=3), profiler(warmup_steps=3, data_loading_boundary="fetch")],
             model=SlowDataModel(), max_epochs=1)
@@ -583,39 +584,36 @@ def test_with_the_announcement_the_boundary_is_the_fetch(tmp_path):
     assert sp["data_loading_boundary"] == "fetch" and "data_loading_fetch" not in sp["unavailable"]
 
 
-def test_the_fetch_watch_sees_every_fetch_and_only_the_actions_between_batches(tmp_path):
-    """With ``data_loading_boundary="fetch"``, Lightning starts ~30 profiler actions a step; the watch for the fetch is armed from a batch end (an epoch
-    start, a validation end) until the fetch, so the actions inside the step reach the profiler's own start. Every
-    fetch of two epochs with a validation between is still seen, and the profiler's start is given back after."""
+def test_the_fetch_marks_see_every_fetch_and_nothing_else_and_the_loop_gets_its_own_back(tmp_path):
+    """The profiler puts its marks in front of those Lightning's training loop makes for its profiler where a fetch
+    starts and returns: over two epochs with a validation between, they see every training fetch the trainer's
+    profiler was told of (and so that profiler still is), no other action, and the loop and the profiler are given
+    back as they were."""
     from lightning.pytorch.profilers import PassThroughProfiler
 
     from lightning_perf.callbacks import section_profiler as module
 
-    watched, started = [], []
-    real = module.SectionProfiler._profiler_started
+    seen, started = [], []
+    real = module.SectionProfiler._fetch_started
 
-    def counting(self, action_name):
-        watched.append(action_name)
-        return real(self, action_name)
+    def counting(self):
+        seen.append(self._fetches)
+        return real(self)
 
     class Counting(PassThroughProfiler):
         def start(self, action_name):
             started.append(action_name)
 
-    sp = profiler(warmup_steps=1, data_loading_boundary="fetch")
-    original = module.SectionProfiler._profiler_started
-    module.SectionProfiler._profiler_started = counting
+    sp = profiler(warmup_steps=1)
+    module.SectionProfiler._fetch_started = counting
     try:
         trainer = fit(tmp_path, [sp], max_epochs=2, val_check_interval=4, profiler=Counting())
     finally:
-        module.SectionProfiler._profiler_started = original
-    fetches = [a for a in started if a.endswith("train_dataloader_next")]
-    assert len(fetches) >= 16 and sp._fetches == len(fetches)  # every fetch seen (the epochs' last returns none)
-    inside = (".on_train_batch_start", ".training_step", ".on_before_backward", ".backward", ".on_after_backward",
-              ".on_before_optimizer_step", ".optimizer_step", ".on_before_zero_grad")
-    assert sum(a.endswith(inside) for a in started) >= 16 * len(inside)
-    assert not [a for a in watched if a.endswith(inside)]  # the step's own actions went past the watch
-    assert "start" not in trainer.profiler.__dict__
+        module.SectionProfiler._fetch_started = real
+    fetches = [a for a in started if a.endswith("].train_dataloader_next")]
+    assert len(fetches) == 16 and len(seen) == sp._fetches == sp._fetch_ends == 16  # (8 batches an epoch)
+    assert not {"_on_before_fetch", "_on_after_fetch"} & set(vars(trainer.fit_loop.epoch_loop))
+    assert not {"start", "stop"} & set(vars(trainer.profiler))
 
 
 class TimedFetchDataset(SlowDataset):

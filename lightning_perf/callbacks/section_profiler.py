@@ -35,7 +35,9 @@ AUTO_SECTIONS = ("data_loading", BETWEEN, "transfer", "forward", "backward", "op
                  "checkpointing")
 MANUAL_SECTIONS = ("data_loading", BETWEEN, "transfer", "training_step", "checkpointing", "other")
 ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
-_FETCH_ACTION = "].train_dataloader_next"
+#: Where Lightning's training loop tells its profiler that a fetch starts and returns (its data fetcher calls them
+#: around ``next()`` on the DataLoader's iterator): private names, the same from Lightning 2.2 to 2.6.
+_FETCH_MARKS = ("_on_before_fetch", "_on_after_fetch")
 BOUNDARIES = ("fetch", "batch_gap")
 _MAX_CALLS_PER_ITERATION = 10_000
 #: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
@@ -68,8 +70,8 @@ OPTIMIZER_PCT = 20.0
 CHECKPOINT_PCT = 10.0
 HOST_OVER_DEVICE = 1.5
 BETWEEN_BATCHES_PCT = 15.0
-GAP_REASON = ("Lightning announced no dataloader fetch through its profiler (an action ending in"
-              f" '{_FETCH_ACTION}') in 3 iterations: data loading is now timed as the whole gap from the end of one"
+GAP_REASON = ("Lightning's training loop announced no dataloader fetch (its `_on_before_fetch` and `_on_after_fetch`,"
+              " which tell its profiler of each fetch) in 3 iterations: data loading is now timed as the whole gap from the end of one"
               " batch to the start of the next (data_loading_boundary='batch_gap'), so it also holds Lightning's loop,"
               " logging, the progress bar and other callbacks' batch-end hooks: an upper bound of the wait for data.")
 SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, overlapped with it, so that time is"
@@ -221,8 +223,8 @@ class SectionProfiler(PerfCallback):
         warmup_steps: iterations at the start of each fit left out.
         device_timing: also time sections with CUDA events when training on CUDA.
         data_loading_boundary: what ``data_loading`` is. ``"fetch"``: Lightning's dataloader fetch, from its start
-            to its return, recognised by the action name Lightning gives it in ``trainer.profiler`` (relies on that
-            name; warns and falls back to ``"batch_gap"`` when no such fetch is announced in 3 iterations); the rest
+            to its return, seen through the marks Lightning's training loop makes for its profiler there (private
+            names; warns and falls back to ``"batch_gap"`` when no fetch is seen in 3 iterations); the rest
             of the gap between two batches is ``between_batches``. ``"batch_gap"``: the whole gap from the end of the
             previous batch (this profiler's ``on_train_batch_end``) to the transfer, through public hooks only; later
             callbacks' batch-end hooks, the progress bar, logger writes and LR schedulers are inside it (an upper
@@ -259,8 +261,7 @@ class SectionProfiler(PerfCallback):
     """
 
     section_name = "section_profiler"
-    _transient = ("_checkpoint_io", "_strategy", "_profiler", "_profiler_start", "_profiler_stop",
-                  "_fetch_watch_toggles", "_fetch_stop_toggles",
+    _transient = ("_checkpoint_io", "_strategy", "_fetch_loop", "_fetch_marks",
                   "_previous_sink", "_clock", "_worker_timer",
                   "_pending_user", "_transfer")
 
@@ -334,7 +335,7 @@ class SectionProfiler(PerfCallback):
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._gap_mode = self.data_loading_boundary == "batch_gap"  # data loading is the gap between batches
         self._fetch_t: Optional[float] = None  # where the fetch running now started (boundary "fetch")
-        self._fetch_ends = 0  # fetches whose return Lightning announced (its profiler's stop)
+        self._fetch_ends = 0  # fetches whose return was seen (the loop's ``_on_after_fetch``)
         self._fetch_resume: Optional[str] = None  # the section its end goes back to, where it started live
         self._ends_without_fetch: Optional[int] = None  # step ends without a fetch seen (fall back after 3)
         self._device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
@@ -345,11 +346,10 @@ class SectionProfiler(PerfCallback):
         self._checkpoint_io: Any = None  # our TimedCheckpointIO around the strategy's, during a fit
         self._strategy: Any = None
         self._checkpoint_reason: Optional[str] = None
-        self._profiler: Any = None
-        self._profiler_start: Any = None
-        self._profiler_stop: Any = None
-        self._fetch_watch_toggles = False
-        self._fetch_stop_toggles = False
+        self._fetch_loop: Any = None  # Lightning's training epoch loop, whose fetch marks are ours during a fit
+        # (its own before and after, and whether each was an instance attribute before ours): kept across resets, for
+        # a data fetcher that still holds ours
+        self._fetch_marks: Any = getattr(self, "_fetch_marks", None)
         self._transfer: Any = None  # our mark on the strategy's batch_to_device, during a fit
         self._worker_timer: Optional[loader.WorkerTimer] = None  # the DataLoader workers' own time, during a fit
         self._loaders: Any = None  # trainer.train_dataloader at train start
@@ -496,15 +496,13 @@ class SectionProfiler(PerfCallback):
                 self._sections[name].device.add(ms)
         self._device_pieces = {}
 
-    def _profiler_started(self, action_name: str) -> None:
-        if self._active and action_name.endswith(_FETCH_ACTION):
+    def _fetch_started(self) -> None:
+        """Lightning's fetch of the next training batch starts (its loop's ``_on_before_fetch``, ours for the fit)."""
+        if self._active:
             t = now()
             try:
                 self._fetches += 1
-                self._disarm_fetch_watch()
                 self._fetch_t = t
-                if self._fetch_stop_toggles:
-                    self._profiler.stop = self._profiler_stopped  # type: ignore[method-assign]
                 if not self._taping:
                     closes = self._ending
                     self._fetch_begins(t)
@@ -513,17 +511,16 @@ class SectionProfiler(PerfCallback):
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
                 self._record_failure(_EVENT_PLACES[_FETCH], err)
             self._overhead_s += now() - t
-        self._profiler_start(action_name)
+        self._fetch_marks[0]()
 
-    def _profiler_stopped(self, action_name: str) -> None:
-        self._profiler_stop(action_name)
-        if self._fetch_t is not None and action_name.endswith(_FETCH_ACTION):
+    def _fetch_stopped(self) -> None:
+        """The fetch returns (the loop's ``_on_after_fetch``): on the tape one event with both times."""
+        self._fetch_marks[1]()
+        if self._fetch_t is not None:
             t = now()
             try:
                 start, self._fetch_t = self._fetch_t, None
                 self._fetch_ends += 1
-                if self._fetch_stop_toggles and self._profiler.__dict__.get("stop") == self._profiler_stopped:
-                    del self._profiler.stop
                 resume, self._fetch_resume = self._fetch_resume, None
                 if self._taping:
                     tape = self._tape
@@ -551,18 +548,6 @@ class SectionProfiler(PerfCallback):
             return
         self._fetch_resume = BETWEEN if current in (BETWEEN, "data_loading") else current
         self._switch("data_loading", t)
-
-    # Lightning starts ~30 profiler actions a step (one per hook of every callback, module and strategy): the watch
-    # for the fetch is armed only from where a fetch can come next (the batch end, an epoch or a validation boundary)
-    # until it comes, so the ~25 actions inside the step call the profiler's own start. Arming and disarming is one
-    # instance attribute. Where something else had replaced the profiler's start before setup, the watch stays armed.
-    def _arm_fetch_watch(self) -> None:
-        if self._fetch_watch_toggles and self._profiler is not None:
-            self._profiler.start = self._profiler_started  # type: ignore[method-assign]
-
-    def _disarm_fetch_watch(self) -> None:
-        if self._fetch_watch_toggles and self._profiler.__dict__.get("start") == self._profiler_started:
-            del self._profiler.start
 
     def _checkpoint_written(self, seconds: float) -> None:
         """A checkpoint write or removal, from the strategy's CheckpointIO: carved out of the running section. Called
@@ -893,7 +878,7 @@ class SectionProfiler(PerfCallback):
         self._active = True
         self._previous_sink = user_sections.set_sink(self)
         # Checkpoint writes are timed by a CheckpointIO plugin around the strategy's own (public plugin interface);
-        # with boundary "fetch", the fetch by wrapping this trainer's profiler's start, where Lightning announces it.
+        # with boundary "fetch", the fetch by marks in front of those the training loop makes for its profiler.
         # Both are given back at teardown, or after an exception.
         self._strategy = trainer.strategy
         self._checkpoint_io = timed_checkpoint_io.install(trainer.strategy, self._checkpoint_written)
@@ -904,18 +889,12 @@ class SectionProfiler(PerfCallback):
         self._worker_timer = loader.WorkerTimer()
         if not self._worker_timer.install():
             self._workers_reason = self._worker_timer.reason
+        self._worker_timer.start()  # (training's workers start, and prefetch, before on_train_start)
         if not self._gap_mode:
-            self._profiler = trainer.profiler
-            self._profiler_start = trainer.profiler.start
-            self._profiler_stop = trainer.profiler.stop
-            self._fetch_watch_toggles = "start" not in trainer.profiler.__dict__
-            self._fetch_stop_toggles = "stop" not in trainer.profiler.__dict__
-            trainer.profiler.start = self._profiler_started  # type: ignore[method-assign]
-            if not self._fetch_stop_toggles:  # (another tool's there: ours stays in the chain for the fit)
-                trainer.profiler.stop = self._profiler_stopped  # type: ignore[method-assign]
+            self._watch_fetches(trainer)
 
     def _restore(self) -> None:
-        self._release_profiler()
+        self._release_fetch_watch()
         batch_transfer.uninstall(self._transfer)
         self._transfer = None
         if self._worker_timer is not None:
@@ -927,23 +906,34 @@ class SectionProfiler(PerfCallback):
         if user_sections.current_sink() is self:
             user_sections.set_sink(self._previous_sink)
 
-    def _release_profiler(self) -> None:
-        """Gives the trainer's profiler back its own ``start`` and ``stop`` (or what another tool had put there)."""
-        if self._profiler_start is not None:
-            own = self._profiler.__dict__
-            if self._fetch_watch_toggles:
-                if own.get("start") == self._profiler_started:
-                    del self._profiler.start
-            elif own.get("start") == self._profiler_started:
-                self._profiler.start = self._profiler_start  # (the one another tool had put there)
-            if self._fetch_stop_toggles:
-                if own.get("stop") == self._profiler_stopped:
-                    del self._profiler.stop
-            elif own.get("stop") == self._profiler_stopped:
-                self._profiler.stop = self._profiler_stop
-            self._profiler_start = self._profiler_stop = self._profiler = None
-            self._fetch_t = self._fetch_resume = None
-            self._fetch_watch_toggles = self._fetch_stop_toggles = False
+    def _watch_fetches(self, trainer: Trainer) -> None:
+        """Puts ours in front of the marks Lightning's training loop makes where a fetch starts and returns, on the
+        loop instance for the fit (its data fetcher takes them at each epoch's start, after this setup). Where they
+        are not there, no fetch is seen, and after 3 steps data loading falls back to the gap between batches."""
+        loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        marks = [getattr(loop, name, None) for name in _FETCH_MARKS]
+        if not all(callable(mark) for mark in marks):
+            return
+        self._fetch_loop = loop
+        self._fetch_marks = (*marks, *(name in vars(loop) for name in _FETCH_MARKS))
+        loop._on_before_fetch, loop._on_after_fetch = self._fetch_started, self._fetch_stopped
+
+    def _release_fetch_watch(self) -> None:
+        """Gives the loop back its own fetch marks (or what another tool had put on the instance); a data fetcher that
+        still holds ours (until the next epoch's start) goes on calling theirs through ours."""
+        loop = self._fetch_loop
+        if loop is not None:
+            before, after, had_before, had_after = self._fetch_marks
+            own = vars(loop)
+            for name, ours, theirs, had in (("_on_before_fetch", self._fetch_started, before, had_before),
+                                            ("_on_after_fetch", self._fetch_stopped, after, had_after)):
+                if own.get(name) == ours:
+                    if had:
+                        setattr(loop, name, theirs)
+                    else:
+                        delattr(loop, name)
+            self._fetch_loop = None
+        self._fetch_t = self._fetch_resume = None
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -969,10 +959,7 @@ class SectionProfiler(PerfCallback):
         self._use_clock(DeviceIntervalClock() if (self.device_timing and on_cuda) else None)
         self._loaders = trainer.train_dataloader
         self._batches_per_iteration = 1 if self._manual else max(1, int(trainer.accumulate_grad_batches or 1))
-        if self._worker_timer is not None:
-            self._worker_timer.start()
         self._switch("other")
-        self._arm_fetch_watch()
 
     def _between_batches(self) -> str:
         """The section that runs from the end of a batch (or a validation) until the next batch starts: with the
@@ -986,7 +973,6 @@ class SectionProfiler(PerfCallback):
         # first batch
         if self._active:
             self._switch("data_loading")
-        self._arm_fetch_watch()
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -1109,8 +1095,6 @@ class SectionProfiler(PerfCallback):
                         t = now()
                 else:  # accumulating: the iteration goes on with the next batch
                     tape.append(("data_loading" if self._gap_mode else BETWEEN, t))
-                if self._fetch_watch_toggles:
-                    self._profiler.start = self._profiler_started  # type: ignore[method-assign]
                 if WAITING.count:
                     self._drain_scalars(trainer)
                 self._overhead_s += now() - t
@@ -1121,7 +1105,6 @@ class SectionProfiler(PerfCallback):
             if not self._manual:
                 if not self._stepped:  # accumulating: the iteration goes on with the next batch
                     self._switch(self._between_batches(), t)
-                    self._arm_fetch_watch()
                     self._overhead_s += now() - t
                     return
                 self._stepped = False
@@ -1134,8 +1117,6 @@ class SectionProfiler(PerfCallback):
             gap = self._gap_mode
             self._switch("data_loading" if gap else BETWEEN, t, gap)  # _between_batches, inline on the step path
             self._ending = True
-            if self._fetch_watch_toggles:
-                self._arm_fetch_watch()
             if self._tape_ok and not self._marks_near:  # (on CUDA: no timed piece in this iteration or the next)
                 self._resume_taping()
             if WAITING.count:
@@ -1157,7 +1138,7 @@ class SectionProfiler(PerfCallback):
             self._replay()  # (the events so far with the labels they were taped under)
             self._gap_mode, self._ends_without_fetch = True, None
             self._warn_once("fetch", GAP_REASON)
-            self._release_profiler()  # (no fetch to watch for: the profiler's own start and stop again)
+            self._release_fetch_watch()  # (no fetch to watch for: the loop's own marks again)
 
     def _close_iteration(self, trainer: Optional[Trainer], section: str, t: float) -> None:
         """The iteration whose step ended closes at ``t``, where ``section`` of the next one starts: its pieces go
@@ -1286,25 +1267,24 @@ class SectionProfiler(PerfCallback):
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._replay()
+        if self._worker_timer is not None:
+            self._worker_timer.stop()  # (validation's workers, the sanity check's too, may have the training's ids)
         if self._active and not trainer.sanity_checking and self._current is not None:
             t = now()
             self._switch(None, t)  # the piece so far stays with its section; validation is off the table
             self._val_start = t
-            if self._worker_timer is not None:
-                self._worker_timer.stop()  # (validation's workers may have the training workers' ids)
 
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._replay()
+        if self._worker_timer is not None:
+            self._worker_timer.start()
         if self._active and self._val_start is not None:
             t = now()
             self._validation_s += t - self._val_start
             self._validation_runs += 1
             self._val_start = None
             self._switch(self._between_batches(), t)
-            self._arm_fetch_watch()
-            if self._worker_timer is not None:
-                self._worker_timer.start()
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
