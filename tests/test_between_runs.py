@@ -149,3 +149,13 @@ def test_report_notes_each_run_measured_on_a_busy_machine(one_run, tmp_path):
     assert notes == ["- busy: measured while the machine was busy: the training thread waited for a CPU 40% of the"
                      " time (the process got 0.60 of 2 cores while the machine ran at 100%): its speed and its"
                      " Change may be the machine's"], proc.stdout
+
+
+def test_a_change_of_data_loading_boundary_between_the_runs_is_noted(one_run):
+    a, b = copy.deepcopy(one_run), copy.deepcopy(one_run)
+    a["section_profiler"] = {"data_loading_boundary": "batch_gap"}
+    b["section_profiler"] = {"data_loading_boundary": "fetch"}
+    notes = compare_summaries(a, b)["notes"]
+    assert any(n.startswith("data_loading was timed at different boundaries (base: batch_gap, candidate: fetch")
+               for n in notes), notes
+    assert not any("boundaries" in n for n in compare_summaries(b, copy.deepcopy(b))["notes"])

@@ -205,7 +205,7 @@ def test_a_fit_on_a_simulated_gpu_leaves_no_cuda_only_field_untyped(tmp_path, mo
         assert None not in [figures[f] for f in ("peak_allocated_mb", "peak_reserved_mb", "nvml_peak_used_mb",
                                                  "nvml_process_peak_mb", "usage_pct")], (phase, figures)
     activity = vram["activity"]
-    assert activity["source"] == "NVML + psutil" and activity["unavailable"] == {}
+    assert activity["source"] == "NVML + psutil + schedstat" and activity["unavailable"] == {}
     assert all(activity["phases"][phase][name]["samples"] for phase in ("train", "validation")
                for name in ("gpu_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "temperature_c"))
     assert_all_typed(summary)

@@ -217,7 +217,7 @@ def median_per_iteration(hist: LogHistogram, iterations: int, runs: Optional[int
 #: cause's (a checkpoint write that cost 4 ms in an iteration whose sampling took 80 ms). A garbage collection, an
 #: allocator retry and what validation leaves behind stall whichever section runs: any section is theirs.
 OWN_SECTIONS = {"checkpoint": frozenset({"checkpointing"}),
-                "epoch_start": frozenset({"data_loading", "transfer", "other"})}
+                "epoch_start": frozenset({"data_loading", "transfer", "between_batches", "other"})}
 
 
 def section_elsewhere(cause: str, entry: Any) -> Optional[Dict[str, Any]]:

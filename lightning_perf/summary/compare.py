@@ -202,6 +202,13 @@ def compare_summaries(
     devices = (base.run.device, candidate.run.device)
     if devices[0] != devices[1]:
         notes.append(f"runs used different devices ({devices[0]} vs {devices[1]}): speed is not comparable")
+    boundaries = tuple(run.section_profiler.data_loading_boundary if run.section_profiler is not None else None
+                       for run in (base, candidate))
+    if None not in boundaries and boundaries[0] != boundaries[1]:
+        notes.append(f"data_loading was timed at different boundaries ({base_name}: {boundaries[0]},"
+                     f" {candidate_name}: {boundaries[1]}; SectionProfiler's data_loading_boundary): `fetch` is the"
+                     " loop's wait for the batch, `batch_gap` also holds the loop's work between batches"
+                     " (`between_batches` under `fetch`), so those two sections are not like for like")
     models = (base.run.model_class, candidate.run.model_class)
     if None not in models and models[0] != models[1]:
         notes.append(f"runs trained different models ({models[0]} vs {models[1]}): an iteration is not the same work"
