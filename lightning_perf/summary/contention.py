@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 #: A phase is contended when, on average over it, the training thread waited for a CPU at least this share of the
-#: wall time: on an idle machine it reads 0 to 3% (the loop's own helper threads take a core now and then).
+#: wall time: on an idle 2-core machine a training loop read 0.04%; with one spinning process more than the cores,
+#: 51 to 53% (docs/diagnosis.md).
 CPU_WAIT_PCT = 10.0
 #: ... or a hypervisor gave at least this share of the machine's CPU time to other machines.
 STEAL_PCT = 10.0
