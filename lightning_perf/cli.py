@@ -224,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", help="also write the rows to this CSV (default: none)")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                    help="seconds per variant, a finite number > 0 (default: none, no limit)")
+    p.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
+                   help="run the variants N rounds, interleaved (A B C, C B A, ...), each run a fresh process: the"
+                   " speedups' intervals then come from the spread between runs, and a variant within that noise"
+                   " is said to be; with 1 no speedup is called significant between runs, 3 is the least that"
+                   " finds a 10%% change under 2.5%% drift (default: 1)")
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
                         " speed per measured iteration (default: end-to-end)")
@@ -616,7 +621,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
-                         log=lambda m: _say(m, sys.stderr))
+                         log=lambda m: _say(m, sys.stderr), repeats=args.repeats)
     rows = matrix_rows(results)
     header = matrix_header(results, args.config)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import os
 import re
 import subprocess
@@ -554,3 +555,55 @@ def test_matrix_names_no_best_when_no_fast_variant_passed_its_quality(timer_summ
     best = format_matrix(rows, best_by="steady").splitlines()[-1]
     assert best.startswith("**Best:** n/a: no variant with the steady figure passed its quality gate"), best
     assert "fast: not checked: nothing to gate against: baseline scored no quality metric" in best
+
+
+def test_matrix_repeats_run_interleaved_and_each_variant_keeps_its_runs(tmp_path, monkeypatch):
+    """Three rounds of two variants of a toy LightningCLI script: the order alternates (A B, B A, A B), each run in
+    a fresh process with its own folder, and the rows' intervals come from the spread between the runs."""
+    from helpers import write_toy_cli
+    from lightning_perf.bench.matrix import matrix_rows, parse_variants, run_matrix
+
+    write_toy_cli(tmp_path / "cli_toy.py", lr=0.05, samples=64)
+    monkeypatch.chdir(tmp_path)
+    lines = []
+    variants = parse_variants(["a=--trainer.max_steps=40", "b=--trainer.max_steps=40"])
+    results = run_matrix("cli_toy.py", variants, "runs", log=lines.append, repeats=3)
+    started = [line.split(":")[0].split("] ")[1] for line in lines
+               if line.startswith("[matrix] ") and " fit" in line and "round" not in line]
+    assert started == ["a", "b", "b", "a", "a", "b"], lines
+    for result in results:
+        assert [r["exit_code"] for r in [result, *result["repeats"]]] == [0, 0, 0]
+        folders = [os.path.dirname(r["summary_path"]) for r in result["repeats"]]
+        assert folders == [os.path.join("runs", result["name"], "repeat_2"),
+                           os.path.join("runs", result["name"], "repeat_3")]
+    rows = matrix_rows(results)
+    assert [r["runs"] for r in rows] == [3, 3]
+    assert rows[1]["speedup_ci_low"] is not None and rows[1]["speedup_significant"] in (True, False)
+
+
+def test_matrix_rows_decide_between_runs_an_aa_pair_ties_and_a_slow_variant_is_found(tmp_path):
+    """Repeats given to the rows: a copy of the baseline (A/A) is within noise, a variant 10% slower in every run is
+    significant; the findings say which ties."""
+    from helpers import fit
+    from lightning_perf import IterationTimer
+    from lightning_perf.bench.matrix import findings, matrix_rows
+
+    fit(tmp_path, [IterationTimer(warmup_steps=1, summary_path=str(tmp_path / "s.json"))], max_epochs=1)
+    base = json.loads((tmp_path / "s.json").read_text())
+
+    def variant(name, means):
+        first, *rest = [_variant(base, name, m, epochs=[10.0]) for m in means]
+        first["repeats"] = rest
+        return first
+
+    rows = matrix_rows([variant("baseline", [100.0, 103.0, 98.0]), variant("baseline2", [101.0, 97.0, 102.0]),
+                        variant("slow", [110.0, 113.0, 108.0])])
+    aa, slow = rows[1], rows[2]
+    assert aa["runs"] == 3 and aa["speedup_significant"] is False and aa["speedup_ci_low"] < 1.0 < aa["speedup_ci_high"]
+    assert slow["speedup_significant"] is True and slow["speedup_ci_high"] < 1.0
+    assert slow["speedup"] == pytest.approx(math.exp(sum(map(math.log, (100.0, 103.0, 98.0))) / 3
+                                                     - sum(map(math.log, (110.0, 113.0, 108.0))) / 3))
+    found = findings(rows)
+    assert any(f.startswith("Within noise of baseline between runs: baseline2 (") and "over 3 + 3 runs" in f
+               for f in found), found
+    assert not any("slow (" in f and f.startswith("Within noise") for f in found)

@@ -183,8 +183,12 @@ def check_outputs(out_dir: str, variants: List[Tuple[str, List[str]]]) -> None:
 
 def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str, config: Optional[str] = None,
                python: str = sys.executable, timeout_s: Optional[float] = None,
-               log=print) -> List[Dict[str, Any]]:
+               log=print, repeats: int = 1) -> List[Dict[str, Any]]:
     """Runs each variant in its own process; returns one result per variant (summary or the reason it has none).
+
+    With ``repeats`` > 1 the variants run that many rounds, interleaved (A B C, then C B A, then A B C, ...: drift
+    on the machine lands on every variant alike), each run in a fresh process; the first round's runs are the
+    results, the later rounds' go in each result's ``repeats`` (their files in ``<out_dir>/<name>/repeat_<k>``).
 
     A result's ``summary_path`` is the variant's own file, ``<out_dir>/<name>/perf_summary.json``. Where the
     config's callbacks wrote their summary elsewhere, ``summary_from`` names that file and the matrix copies it to
@@ -192,64 +196,77 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
     the variant, ``summary_path`` is None (no file holds them for certain: the next variant may overwrite
     ``summary_from``) and ``summary_path_reason`` says why."""
     check_outputs(out_dir, variants)
-    results = []
-    for name, overrides in variants:
-        run_dir = variant_dir(out_dir, name)
-        os.makedirs(run_dir, exist_ok=True)
-        summary_path = os.path.join(run_dir, "perf_summary.json")
-        if os.path.isfile(summary_path):  # an earlier run's file: this run writes its own (never a pipe or device)
-            os.unlink(summary_path)
-        cmd = variant_command(python, script, config, overrides, run_dir)
-        log(f"[matrix] {name}: {' '.join(shlex.quote(c) for c in cmd)}")
-        # in the variant's folder, already checked writable (a temporary folder that is not would end the matrix)
-        manifest = os.path.join(run_dir, ".lightning_perf_manifest.jsonl")
-        open(manifest, "w").close()
-        try:
-            env = variant_env(summary_path, manifest)
-            start = time.perf_counter()
-            with open(os.path.join(run_dir, "output.log"), "w") as out:
-                try:
-                    proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
-                    code: Optional[int] = proc.returncode
-                except subprocess.TimeoutExpired:
-                    code = None
-            wall = time.perf_counter() - start
-            events = read_manifest(manifest)
-        finally:
-            try:
-                os.unlink(manifest)
-            except OSError:
-                pass
-        result: Dict[str, Any] = {"name": name, "overrides": overrides, "exit_code": code, "wall_s": wall,
-                                  "summary_path": summary_path, "summary": None, "log": out.name,
-                                  "measured_with": _callbacks_note(events)}
-        if result["measured_with"]:
-            log(f"[matrix] {name}: measured with {result['measured_with']}")
-        read_from = summary_path
-        elsewhere = _written_elsewhere(events, summary_path)
-        if elsewhere is not None:  # each variant keeps its own copy: the next one may write the same file again
-            result["summary_from"] = read_from = elsewhere
-            try:
-                shutil.copyfile(elsewhere, summary_path)
-                log(f"[matrix] {name}: the config's callbacks wrote their summary to {elsewhere}; copied to"
-                    f" {summary_path}")
-            except OSError as err:
-                _remove_partial_copy(summary_path)
-                # read now, before the next variant runs, but recorded nowhere: the next one may overwrite the file
-                result["summary_path"] = None
-                result["summary_path_reason"] = (f"not copied to {summary_path} ({err.strerror or err}); the figures"
-                                                 f" were read from {elsewhere} right after the variant, a file the"
-                                                 " next variant may overwrite")
-                log(f"[matrix] {name}: the config's callbacks wrote their summary to {elsewhere}; read there, but"
-                    f" not copied to {summary_path} ({err.strerror or err}), so the variant keeps no summary file of"
-                    " its own: the next variant may overwrite that one")
-        try:
-            result["summary"] = load_summary(read_from)
-        except SummaryError as err:
-            result["problem"] = str(err)
-        results.append(result)
-        log(f"[matrix] {name}: exit {code}, {wall:.1f} s")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    results = [_run_variant(script, name, overrides, variant_dir(out_dir, name), config, python, timeout_s, log)
+               for name, overrides in variants]
+    for k in range(2, repeats + 1):
+        order = list(zip(variants, results))
+        for (name, overrides), result in (order[::-1] if k % 2 == 0 else order):
+            log(f"[matrix] round {k} of {repeats}: {name}")
+            result.setdefault("repeats", []).append(_run_variant(
+                script, name, overrides, os.path.join(variant_dir(out_dir, name), f"repeat_{k}"), config, python,
+                timeout_s, log))
     return results
+
+
+def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, config: Optional[str], python: str,
+                 timeout_s: Optional[float], log) -> Dict[str, Any]:
+    """One run of one variant in its own process, in ``run_dir``: its result."""
+    os.makedirs(run_dir, exist_ok=True)
+    summary_path = os.path.join(run_dir, "perf_summary.json")
+    if os.path.isfile(summary_path):  # an earlier run's file: this run writes its own (never a pipe or device)
+        os.unlink(summary_path)
+    cmd = variant_command(python, script, config, overrides, run_dir)
+    log(f"[matrix] {name}: {' '.join(shlex.quote(c) for c in cmd)}")
+    # in the variant's folder, already checked writable (a temporary folder that is not would end the matrix)
+    manifest = os.path.join(run_dir, ".lightning_perf_manifest.jsonl")
+    open(manifest, "w").close()
+    try:
+        env = variant_env(summary_path, manifest)
+        start = time.perf_counter()
+        with open(os.path.join(run_dir, "output.log"), "w") as out:
+            try:
+                proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+                code: Optional[int] = proc.returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        wall = time.perf_counter() - start
+        events = read_manifest(manifest)
+    finally:
+        try:
+            os.unlink(manifest)
+        except OSError:
+            pass
+    result: Dict[str, Any] = {"name": name, "overrides": overrides, "exit_code": code, "wall_s": wall,
+                              "summary_path": summary_path, "summary": None, "log": out.name,
+                              "measured_with": _callbacks_note(events)}
+    if result["measured_with"]:
+        log(f"[matrix] {name}: measured with {result['measured_with']}")
+    read_from = summary_path
+    elsewhere = _written_elsewhere(events, summary_path)
+    if elsewhere is not None:  # each variant keeps its own copy: the next one may write the same file again
+        result["summary_from"] = read_from = elsewhere
+        try:
+            shutil.copyfile(elsewhere, summary_path)
+            log(f"[matrix] {name}: the config's callbacks wrote their summary to {elsewhere}; copied to"
+                f" {summary_path}")
+        except OSError as err:
+            _remove_partial_copy(summary_path)
+            # read now, before the next variant runs, but recorded nowhere: the next one may overwrite the file
+            result["summary_path"] = None
+            result["summary_path_reason"] = (f"not copied to {summary_path} ({err.strerror or err}); the figures"
+                                             f" were read from {elsewhere} right after the variant, a file the"
+                                             " next variant may overwrite")
+            log(f"[matrix] {name}: the config's callbacks wrote their summary to {elsewhere}; read there, but"
+                f" not copied to {summary_path} ({err.strerror or err}), so the variant keeps no summary file of"
+                " its own: the next variant may overwrite that one")
+    try:
+        result["summary"] = load_summary(read_from)
+    except SummaryError as err:
+        result["problem"] = str(err)
+    log(f"[matrix] {name}: exit {code}, {wall:.1f} s")
+    return result
 
 
 def _status(result: Dict[str, Any], summary: Optional[PerfSummary]) -> str:
@@ -366,15 +383,20 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
     an OOM, a timeout, a failed or unchecked quality gate, and ``flag`` for a completed variant more than 3x slower than
     the baseline."""
     typed = [_typed(r) for r in results]
+    # a variant's later rounds (``run_matrix(repeats=...)``): the runs behind its between-run interval
+    again = [[s for s in (_typed(rep) for rep in r.get("repeats") or []) if s is not None] for r in results]
     base = next((s for s in typed if s is not None), None)
+    base_again = next((a for s, a in zip(typed, again) if s is not None), [])
     base_name = next((r["name"] for r, s in zip(results, typed) if s is not None), "the baseline")
     base_end = _end_to_end(base, base)[1] if base is not None else None
     rows = []
-    for r, s in zip(results, typed):
+    for r, s, s_again in zip(results, typed, again):
         row: Dict[str, Any] = {"variant": r["name"], "status": _status(r, s), "overrides": " ".join(r["overrides"]),
                                "wall_s": r["wall_s"], "baseline": s is not None and s is base}
         if s is not None:
-            cmp = compare_summaries(base, s) if base is not None else {}
+            repeated = s is not base and (base_again or s_again)
+            cmp = (compare_summaries(base, s, base_repeats=base_again if repeated else (),
+                                     candidate_repeats=s_again if repeated else ()) if base is not None else {})
             timer = s.iteration_timer
             train = timer.train_time_s if timer is not None else None
             evaluation = timer.eval_time_s if timer is not None else None
@@ -390,6 +412,8 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
                 speedup_basis=cmp.get("speedup_basis"),
                 speedup_ci_low=(cmp.get("speedup_ci95") or [None, None])[0],
                 speedup_ci_high=(cmp.get("speedup_ci95") or [None, None])[1],
+                speedup_significant=cmp.get("speedup_significant"),
+                runs=1 + len(s_again),
                 peak_memory_mb=train_peak_mb(s),
                 tflops_per_s=timer.tflops_per_s if timer is not None else None,
                 mfu_pct=timer.mfu_pct if timer is not None else None,
@@ -518,7 +542,10 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
     best = best_variant(rows, best_by)
     key = _rank_key(best_by)
     if best is not None:
-        out.append(f"Fastest: {best['variant']} ({best[key]:.2f}x {base['variant']}, {_basis_words(best, best_by)}).")
+        noise = (" (within noise of the baseline between runs: see below)"
+                 if best.get("runs", 1) > 1 and best.get("speedup_significant") is False else "")
+        out.append(f"Fastest: {best['variant']} ({best[key]:.2f}x {base['variant']}, {_basis_words(best, best_by)})"
+                   f"{noise}.")
     with_memory = [r for r in ok if r.get("peak_memory_mb")]
     if with_memory:
         low = min(with_memory, key=lambda r: r["peak_memory_mb"])
@@ -553,6 +580,12 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
             if later > 0 and epochs[0] > WARMUP_EPOCH_RATIO * later:
                 out.append(f"Warm-up cost: {r['variant']}'s first epoch took {epochs[0] / later:.1f}x its later ones"
                            " (autotuning such as cudnn.benchmark, compilation, caches), paid once per run.")
+    tied = [r for r in ok if not r.get("baseline") and r.get("runs", 1) > 1 and r.get("speedup_significant") is False]
+    if tied:
+        out.append(f"Within noise of {base['variant']} between runs: " + ", ".join(
+            f"{r['variant']} ({r['speedup']:.2f}x, 95% CI {r['speedup_ci_low']:.2f}x to {r['speedup_ci_high']:.2f}x"
+            f" over {base.get('runs', 1)} + {r['runs']} runs)" for r in tied)
+                   + ": no change the machine could not have made.")
     busy = [r for r in rows if r.get("contention")]
     if busy:
         out.append("Busy machine: " + "; ".join(f"{r['variant']} ({r['contention'].split(': ', 1)[1]})" for r in busy)
