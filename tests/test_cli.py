@@ -51,7 +51,7 @@ def test_compare_text_shows_speedup_ci_and_time_saved(runs):
     out = cli("compare", runs["slow"], runs["fast"], "--iterations", "30000", check_rc=0).stdout
     assert "TRAINING TIME COMPARISON" in out
     assert "slow:" in out and "fast:" in out
-    assert "95% CI" in out and "within each run (beyond the noise within each run); no verdict" in out
+    assert "95% CI" in out and "within each run (the change is past it); no verdict" in out
     assert "Estimated time to 30,000 iterations" in out and "Time saved:" in out
 
 

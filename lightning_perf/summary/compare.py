@@ -580,8 +580,8 @@ def _speedup_text(result: Dict[str, Any]) -> str:
         verdict = ("significant" if result["speedup_significant"] else small if excludes_one
                    else "not significant: within noise")
         return text + f", 95% CI {_ci_words(lo, hi)} between {runs['base']} + {runs['candidate']} runs, {verdict}"
-    inside = ("beyond the noise within each run" if result.get("speedup_beyond_within_run_noise")
-              else small if excludes_one else "within the noise of each run")
+    inside = ("the change is past it" if result.get("speedup_beyond_within_run_noise")
+              else small if excludes_one else "the change is inside it")
     return (text + f", 95% CI {_ci_words(lo, hi)} within each run ({inside}); no verdict: the drift between runs was"
             " not measured (one run a side): run each side again and pass the runs with --base-repeats and"
             " --candidate-repeats")
