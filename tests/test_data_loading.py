@@ -106,7 +106,10 @@ def clocked_fit(tmp_path, loader, spent, **overrides):
 
 
 def assert_close_to_the_loaders_clock(data_ms, loader_ms):
-    assert abs(data_ms - loader_ms) <= max(0.15 * loader_ms, 0.05), (data_ms, loader_ms)
+    """Within 15% or 0.1 ms. The loop's wait also holds Lightning's fetcher code around the DataLoader's ``__next__``
+    (its prefetch bookkeeping and profiler action), which slows with the machine: 89 µs a batch in a CI run with the
+    other test process on the second core, where a 0.05 ms allowance failed once in three runs."""
+    assert abs(data_ms - loader_ms) <= max(0.15 * loader_ms, 0.10), (data_ms, loader_ms)
 
 
 def assert_the_verdict_follows_the_loaders_clock(summary, loader_ms, workers):
@@ -280,7 +283,7 @@ with open("waits.json", "w") as fh:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_lightning_perf_run_on_a_script_with_a_progress_bar_reports_the_loaders_own_wait(tmp_path, workers):
     """``lightning-perf run`` on an unchanged script (Lightning's progress bar and a logged metric on every step, an
-    in-memory dataset): ``data_loading`` is the DataLoader's own ``__next__`` time within 15% or 0.05 ms, the run is
+    in-memory dataset): ``data_loading`` is the DataLoader's own ``__next__`` time within 15% or 0.1 ms, the run is
     not input-bound (with workers: as the DataLoader's own clock says), and with workers their own time is in the
     summary."""
     script = tmp_path / "train.py"
