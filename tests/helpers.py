@@ -326,3 +326,16 @@ def write_toy_cli(path: Any, lr: float, samples: int, print_callbacks: bool = Fa
     with open(str(path), "w") as fh:
         fh.write(text)
     return path
+
+
+class PacedModel(TinyModel):
+    """Each training step costs ``step_s`` on the test's virtual clock (:func:`use_virtual_clock`): the speed ratio
+    of two runs, and what their files say, are known exactly, whatever else runs on the machine."""
+
+    def __init__(self, clock: VirtualClock, step_s: float) -> None:
+        super().__init__()
+        self.clock, self.step_s = clock, step_s
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.clock.advance(self.step_s)
+        return super().training_step(batch, batch_idx)

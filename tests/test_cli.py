@@ -8,21 +8,8 @@ import sys
 
 import pytest
 
-from helpers import TinyModel, fit, use_virtual_clock
+from helpers import PacedModel, fit, use_virtual_clock
 from lightning_perf import IterationTimer
-
-
-class PacedModel(TinyModel):
-    """Each training step costs ``step_s`` on the test's virtual clock (``helpers.VirtualClock``): what the files
-    say is then known, whatever else runs on the machine."""
-
-    def __init__(self, clock, step_s):
-        super().__init__()
-        self.clock, self.step_s = clock, step_s
-
-    def training_step(self, batch, batch_idx):
-        self.clock.advance(self.step_s)
-        return super().training_step(batch, batch_idx)
 
 
 @pytest.fixture(scope="module")

@@ -10,22 +10,11 @@ import sys
 
 import pytest
 
-from helpers import TinyModel, fit, use_virtual_clock
+from helpers import PacedModel, fit, use_virtual_clock
 from lightning_perf import IterationTimer, SectionProfiler, VRAMMonitor
 from lightning_perf.summary.compare import compare_summaries, format_markdown, format_text
 from lightning_perf.summary.report import format_report, report_rows
 
-
-class PacedModel(TinyModel):
-    """Each training step costs ``step_s`` on the test's virtual clock: the speed ratio is known exactly."""
-
-    def __init__(self, clock, step_s):
-        super().__init__()
-        self.clock, self.step_s = clock, step_s
-
-    def training_step(self, batch, batch_idx):
-        self.clock.advance(self.step_s)
-        return super().training_step(batch, batch_idx)
 
 
 @pytest.fixture(scope="module")
