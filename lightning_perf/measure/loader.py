@@ -121,24 +121,24 @@ def cpu_count() -> Optional[int]:
         return os.cpu_count()
 
 
+def _data_loaders(loaders: Any) -> List[Any]:
+    """The DataLoaders in ``loaders`` (``trainer.train_dataloader``: one loader, or a list, tuple or dict of them,
+    nested), in order."""
+    from torch.utils.data import DataLoader
+
+    if isinstance(loaders, DataLoader):
+        return [loaders]
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        return [found for node in loaders for found in _data_loaders(node)]
+    return []
+
+
 def num_workers(loaders: Any) -> Optional[int]:
     """The workers of the training DataLoaders in ``loaders`` (``trainer.train_dataloader``: one loader, or a list,
     tuple or dict of them), None where none is a DataLoader."""
-    from torch.utils.data import DataLoader
-
-    found: List[int] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, DataLoader):
-            found.append(int(node.num_workers))
-        elif isinstance(node, dict):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(loaders)
+    found = [int(loader.num_workers) for loader in _data_loaders(loaders)]
     return sum(found) if found else None
 
 
@@ -147,26 +147,10 @@ def uses_fork(loaders: Any) -> Optional[bool]:
     start method): only forked workers inherit the timer."""
     import multiprocessing
 
-    from torch.utils.data import DataLoader
-
-    methods: List[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, DataLoader):
-            context = node.multiprocessing_context
-            if context is None:
-                methods.append(multiprocessing.get_start_method(allow_none=True) or
-                               multiprocessing.get_context().get_start_method())
-            else:
-                methods.append(context.get_start_method())
-        elif isinstance(node, dict):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(loaders)
+    methods = [loader.multiprocessing_context.get_start_method() if loader.multiprocessing_context is not None
+               else (multiprocessing.get_start_method(allow_none=True)
+                     or multiprocessing.get_context().get_start_method())
+               for loader in _data_loaders(loaders)]
     return all(m == "fork" for m in methods) if methods else None
 
 
