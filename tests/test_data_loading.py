@@ -125,8 +125,10 @@ def assert_the_verdict_follows_the_loaders_clock(summary, loader_ms, workers):
         assert wait_pct + transfer_pct < 20.0 and diagnosis["verdict"] != "input-bound", (wait_pct, diagnosis)
     elif wait_pct + transfer_pct < 20.0:
         assert diagnosis["verdict"] != "input-bound", (wait_pct, diagnosis)
-    elif wait_pct + transfer_pct > 30.0:
-        assert diagnosis["verdict"] == "input-bound" and "workers" in diagnosis["advice"], (wait_pct, diagnosis)
+    elif wait_pct + transfer_pct > 30.0 and diagnosis["verdict"] == "input-bound":
+        assert "workers" in diagnosis["advice"], (wait_pct, diagnosis)
+    elif wait_pct + transfer_pct > 30.0:  # a busy machine's tail can outweigh it: input-bound is then named beside it
+        assert diagnosis["verdict"] == "tail-heavy" and "input-bound" in diagnosis["also"], (wait_pct, diagnosis)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -135,7 +137,7 @@ def test_a_cheap_loader_is_its_own_next_and_not_input_bound(tmp_path, workers):
     loop's wait for a batch (``data_loading``) is the DataLoader's own ``__next__`` time, within 15% or 0.05 ms; the
     progress bar, logging and the loop's bookkeeping are ``between_batches`` (before, all of it was data loading:
     0.70 ms against a 0.28 ms ``__next__`` in the finding). Without workers the verdict is not input-bound; with
-    them it follows the DataLoader's own clock; the sections still add up to the iteration."""
+    them it follows the DataLoader's own clock (as the verdict, or beside a busy machine's tail); the sections still add up to the iteration."""
     spent, shared = [], multiprocessing.Array("d", 2)
     loader = ClockedLoader(SelfTimedItems(2048, 0.0, shared), batch_size=32, num_workers=workers, spent=spent,
                            persistent_workers=workers > 0)
