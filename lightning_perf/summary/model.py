@@ -639,6 +639,11 @@ class EvalNoGradGuard(Section):
     error: SectionError = None
 
 
+class Ceiling(Section):
+    at_most: NonNegative = Field(None, description="x faster at most, by Amdahl's law on the measured share")
+    assumption: Text = Field(None, description="what is assumed removed, and of what time")
+
+
 class Diagnosis(Section):
     verdict: Text = Field(None, description="`input-bound`, `host-bound`, `compute-bound`, `evaluation-heavy`,"
                                             " `checkpoint-heavy`, `tail-heavy`, `mixed` or `not-enough-measured`")
@@ -653,6 +658,8 @@ class Diagnosis(Section):
     thresholds: Map(Real) = None
     contention: Text = Field(None, description="`the machine was busy: ...` where the run was measured under"
                                                " contention (docs/diagnosis.md), else null")
+    ceilings: Map(Obj(Ceiling)) = Field(None, description="verdict -> what removing that bottleneck could give at"
+                                                          " most (docs/diagnosis.md#ceilings)")
 
 
 class TrialArm(Section):
