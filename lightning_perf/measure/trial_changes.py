@@ -13,11 +13,12 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from lightning_perf.errors import PerfConfigError
+from lightning_perf.measure.trial import BUILT_IN_CHANGES
 
 __all__ = ["BUILT_IN", "Change", "Setting", "make_change"]
 
 #: The built-in changes, by name (docs/trials.md).
-BUILT_IN = ("cudnn_benchmark", "tf32", "matmul_precision", "channels_last", "autocast_bf16", "autocast_fp16")
+BUILT_IN = BUILT_IN_CHANGES
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
