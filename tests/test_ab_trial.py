@@ -231,3 +231,29 @@ def test_quality_per_arm_flags_a_two_percent_psnr_loss_with_the_arm_named(tmp_pa
         assert "psnr -2.0% (OUTSIDE 0.5%)" in section["line"] and section["line"].startswith("ABTrial: with noisier")
     else:
         assert psnr["change_pct"] == pytest.approx(0.0, abs=1e-6)
+
+
+class Crashing(Conv):
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 14:
+            raise RuntimeError("boom at step 14")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_crash_mid_trial_leaves_the_change_off_and_a_failed_summary_with_the_trial(tmp_path):
+    model = Crashing()
+    with pytest.raises(RuntimeError, match="boom at step 14"):
+        fit(tmp_path, [ABTrial("channels_last", warmup=4, block=4, blocks=8, order="abba")], model=model,
+            max_steps=100, max_epochs=10, limit_val_batches=0, num_sanity_val_steps=0)
+    summary = find_summary(tmp_path)
+    assert summary["status"] == "failed" and summary["trial"]["status"] == "stopped"
+    assert "RuntimeError" in summary["trial"]["reason"]
+    assert model.conv.weight.is_contiguous() and "training_step" not in model.__dict__  # iteration 14 ran it on
+
+
+def test_one_instance_two_fits_in_a_row_each_run_a_whole_trial(tmp_path):
+    trial = ABTrial("nothing", switch_on=nothing, switch_off=nothing, warmup=2, block=2, blocks=4)
+    for folder in ("one", "two"):
+        fit(tmp_path / folder, [trial], max_steps=trial.schedule.total + 1, max_epochs=10)
+        section = find_summary(tmp_path / folder)["trial"]
+        assert section["status"] == "done" and section["pairs"] == 2 and "measurement_failures" not in section
