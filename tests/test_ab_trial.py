@@ -257,3 +257,13 @@ def test_one_instance_two_fits_in_a_row_each_run_a_whole_trial(tmp_path):
         fit(tmp_path / folder, [trial], max_steps=trial.schedule.total + 1, max_epochs=10)
         section = find_summary(tmp_path / folder)["trial"]
         assert section["status"] == "done" and section["pairs"] == 2 and "measurement_failures" not in section
+
+
+def test_quality_per_arm_reads_an_absolute_tolerance_against_the_off_arm(tmp_path):
+    gate = QualityGate(metrics=["psnr"], tolerance=1.0, tolerance_mode="absolute")  # 1 dB
+    trial = ABTrial("noisier", switch_on=degrade_on, switch_off=degrade_off, warmup=2, block=2, blocks=4)
+    fit(tmp_path, [gate, trial], model=Images(10 ** (0.02 * 34 / 20)), max_steps=trial.schedule.total + 2,
+        max_epochs=10)
+    psnr = find_summary(tmp_path)["trial"]["quality"]["metrics"]["psnr"]
+    assert psnr["tolerance_pct"] == pytest.approx(100.0 / psnr["off"])  # 1 dB of ~34: ~2.9%
+    assert psnr["degraded"] is False  # a 2% (0.7 dB) loss is within 1 dB

@@ -333,6 +333,9 @@ class ABTrial(PerfCallback):
                     if arm == ON:
                         self._switch(OFF)
             tolerance = dict(gate.tolerance) if gate is not None else {}
+            for name, mode in (dict(gate.tolerance_mode) if gate is not None else {}).items():
+                if mode == "absolute" and name in tolerance and scores[OFF].get(name):  # as a share of the off arm
+                    tolerance[name] = tolerance[name] / abs(scores[OFF][name])
             directions = {**IMAGE_METRIC_DIRECTIONS, **(dict(gate.modes) if gate is not None else {})}
             self._quality = {"batches": len(batches), "source": "quality_gate" if gate is not None else "logged",
                              "metrics": compare_arms(scores[OFF], scores[ON], tolerance, directions,
