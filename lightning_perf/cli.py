@@ -295,8 +295,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             gate_arguments(baseline)
         except (OSError, ValueError) as err:
             raise SummaryError(f"--baseline {args.baseline!r}: {_baseline_problem(baseline, err)}") from None
-    if args.trial:  # the command's environment is built from this one
+    if args.trial:  # the command's environment is built from this one; an outer run's trial is not inherited
         os.environ[TRIAL_ENV] = args.trial
+    else:
+        os.environ.pop(TRIAL_ENV, None)
     return run_command(command, callbacks=args.callbacks, out=out, name=name, baseline=baseline,
                        say=lambda text: _say(text, sys.stderr))
 

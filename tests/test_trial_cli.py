@@ -42,3 +42,12 @@ def test_run_trial_tries_a_built_in_change_and_compare_and_report_show_it(tmp_pa
 def test_run_trial_refuses_an_unknown_change(tmp_path):
     proc = run_cli("--trial", "turbo", "--", sys.executable, "-c", "pass")
     assert proc.returncode == 2 and "--trial: invalid choice: 'turbo'" in proc.stderr
+
+
+def test_run_trial_of_a_change_this_run_cannot_try_warns_and_the_script_still_runs(tmp_path):
+    script = write(tmp_path / "project" / "train.py", TRAIN.format(namespace="lightning.pytorch"))
+    proc = run_cli("--out", str(tmp_path / "runs"), "--trial", "cudnn_benchmark", "--", sys.executable, str(script),
+                   "6", "0", "ckpt", cwd=str(script.parent))
+    assert proc.returncode == 0, proc.stderr
+    assert "ABTrial(change='cudnn_benchmark') cannot be tried in this run" in proc.stderr
+    assert "CUDA kernels only" in proc.stderr
