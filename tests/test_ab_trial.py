@@ -163,6 +163,25 @@ def test_bad_arguments_are_refused_at_construction(kwargs, error, match):
         ABTrial(**kwargs)
 
 
+class FailsUnderChannelsLast(Conv):
+    def training_step(self, batch, batch_idx):
+        if batch[0].is_contiguous(memory_format=torch.channels_last) and not batch[0].is_contiguous():
+            raise RuntimeError("this op has no channels_last kernel")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_step_that_raises_under_the_change_runs_again_without_it_and_training_goes_on(tmp_path):
+    model = FailsUnderChannelsLast()
+    trial = ABTrial("channels_last", warmup=4, block=4, blocks=4)
+    trainer = fit(tmp_path, [trial], model=model, max_steps=20, max_epochs=10, limit_val_batches=0,
+                  num_sanity_val_steps=0)
+    assert trainer.global_step == 20
+    section = find_summary(tmp_path)["trial"]
+    assert section["status"] == "stopped" and "no channels_last kernel" in section["reason"]
+    assert "again without it" not in section["reason"]
+    assert model.conv.weight.is_contiguous() and "training_step" not in model.__dict__
+
+
 def test_a_change_that_raises_stops_the_trial_not_training(tmp_path):
     def broken(trainer, module):
         raise RuntimeError("cannot switch")
@@ -247,7 +266,7 @@ def test_a_crash_mid_trial_leaves_the_change_off_and_a_failed_summary_with_the_t
             max_steps=100, max_epochs=10, limit_val_batches=0, num_sanity_val_steps=0)
     summary = find_summary(tmp_path)
     assert summary["status"] == "failed" and summary["trial"]["status"] == "stopped"
-    assert "RuntimeError" in summary["trial"]["reason"]
+    assert "again without it: the step's own error, not the change's" in summary["trial"]["reason"]
     assert model.conv.weight.is_contiguous() and "training_step" not in model.__dict__  # iteration 14 ran it on
 
 

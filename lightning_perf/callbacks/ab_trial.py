@@ -179,8 +179,14 @@ class ABTrial(PerfCallback):
             try:
                 return trial.change.around_step(inner, args, kwargs)
             except Exception as err:  # noqa: BLE001 - the change broke the step: the trial stops, training goes on
-                trial._stop(f"training_step raised under the change ({type(err).__name__}: {error_message(err)})")
-                return inner(*args, **kwargs)
+                what = f"{type(err).__name__}: {error_message(err)}"
+                trial._stop(f"training_step raised under the change ({what})")
+                try:
+                    return inner(*args, **kwargs)
+                except Exception:
+                    trial._reason = (f"training_step raised under the change ({what}) and again without it: the"
+                                     " step's own error, not the change's")
+                    raise
 
         self._wrapper = training_step
         pl_module.training_step = training_step
