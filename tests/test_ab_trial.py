@@ -286,3 +286,20 @@ def test_quality_per_arm_reads_an_absolute_tolerance_against_the_off_arm(tmp_pat
     psnr = find_summary(tmp_path)["trial"]["quality"]["metrics"]["psnr"]
     assert psnr["tolerance_pct"] == pytest.approx(100.0 / psnr["off"])  # 1 dB of ~34: ~2.9%
     assert psnr["degraded"] is False  # a 2% (0.7 dB) loss is within 1 dB
+
+
+def test_from_lightning_cli_yaml(tmp_path):
+    import yaml
+    from helpers import TinyModel as Tiny
+    from lightning.pytorch.cli import LightningCLI
+
+    config = {"trainer": {"default_root_dir": str(tmp_path), "max_steps": 12, "max_epochs": 5, "accelerator": "cpu",
+                          "devices": 1, "enable_progress_bar": False,
+                          "callbacks": [{"class_path": "lightning_perf.ABTrial",
+                                         "init_args": {"change": "matmul_precision", "value": "medium",
+                                                       "warmup": 2, "block": 2, "blocks": 4}}]}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    LightningCLI(Tiny, args=["fit", "--config", str(path)], save_config_kwargs={"overwrite": True})
+    section = find_summary(tmp_path)["trial"]
+    assert section["change"] == "matmul_precision" and section["status"] == "done" and section["pairs"] == 2
