@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Set, Tuple, TextIO
 
+from lightning_perf.measure.trial import BUILT_IN_CHANGES
 from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
 
@@ -243,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
                    " QualityGate (default: the first four, PerfSuite's)")
     p.add_argument("--baseline", metavar="FILE", help="also gate quality against this perf_summary.json or baseline"
                    " file (QualityGate, every metric it holds, warn only; default: none)")
+    p.add_argument("--trial", choices=BUILT_IN_CHANGES, metavar="CHANGE",
+                   help="also try this change in an A/B trial inside each fit (ABTrial, its defaults; docs/trials.md):"
+                        f" {', '.join(BUILT_IN_CHANGES)} (default: none)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
                    help="the command, e.g. -- python train.py --lr 0.1 (or python -m pkg.train ...)")
     parser.commands = tuple(commands)
@@ -263,7 +267,7 @@ MAX_RUN_NAME = 100
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from lightning_perf._attach import SUMMARY_NAME, gate_arguments
+    from lightning_perf._attach import SUMMARY_NAME, TRIAL_ENV, gate_arguments
     from lightning_perf._attach.launch import run_command
 
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -291,6 +295,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             gate_arguments(baseline)
         except (OSError, ValueError) as err:
             raise SummaryError(f"--baseline {args.baseline!r}: {_baseline_problem(baseline, err)}") from None
+    if args.trial:  # the command's environment is built from this one; an outer run's trial is not inherited
+        os.environ[TRIAL_ENV] = args.trial
+    else:
+        os.environ.pop(TRIAL_ENV, None)
     return run_command(command, callbacks=args.callbacks, out=out, name=name, baseline=baseline,
                        say=lambda text: _say(text, sys.stderr))
 

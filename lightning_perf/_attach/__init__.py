@@ -21,6 +21,8 @@ OUT_ENV = "LIGHTNING_PERF_RUN_OUT"
 NAME_ENV = "LIGHTNING_PERF_RUN_NAME"
 #: A quality baseline to gate against (``--baseline``): adds a QualityGate.
 BASELINE_ENV = "LIGHTNING_PERF_RUN_BASELINE"
+#: A built-in change to try in an A/B trial inside each fit (``--trial``): adds an ABTrial.
+TRIAL_ENV = "LIGHTNING_PERF_RUN_TRIAL"
 #: A file the command's processes append one JSON line per event to, for the parent's closing lines.
 MANIFEST_ENV = "LIGHTNING_PERF_RUN_MANIFEST"
 #: Set by ``lightning-perf matrix``: a Trainer that already has some of the suite's callbacks (given to it, or in a

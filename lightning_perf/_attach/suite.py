@@ -14,6 +14,7 @@ from lightning_perf._attach import (
     DEFAULT_CALLBACKS,
     NAME_ENV,
     OUT_ENV,
+    TRIAL_ENV,
     env_text,
     gate_arguments,
     parse_callbacks,
@@ -61,6 +62,9 @@ def build_suite(beside: Optional[List[Any]] = None) -> "AttachedSuite":
             callbacks.append(cls(baseline=baseline, **gate_arguments(baseline)))
         else:
             callbacks.append(cls())
+    trial = env_text(TRIAL_ENV)
+    if trial and not (beside is not None and already_there(lightning_perf.ABTrial, beside)):
+        callbacks.append(lightning_perf.ABTrial(change=trial))
     return AttachedSuite(callbacks, out=env_text(OUT_ENV), name=env_text(NAME_ENV), fill=beside is not None)
 
 

@@ -26,6 +26,7 @@ from lightning_perf.summary.fields import (
 )
 from lightning_perf.summary.contention import contention
 from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
+from lightning_perf.summary.trial_view import trial_lines, trial_results
 from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.projection import project_time, warmup_cost
 
@@ -295,6 +296,7 @@ def compare_summaries(
         "time_saved_with_eval_s": eval_times["saved_s"],
         "memory_mb": mem,
         "quality": qual,
+        "trials": trial_results((base, candidate), (base_name, candidate_name)),
         "quality_gate_passed": {
             "base": base.quality_gate.passed if base.quality_gate is not None else None,
             "candidate": candidate.quality_gate.passed if candidate.quality_gate is not None else None,
@@ -638,6 +640,7 @@ def format_text(result: Dict[str, Any]) -> str:
     saved_label, saved_text = time_saved_words(result)
     lines = [
         *_diagnosis_text(result),
+        *trial_lines(result),
         "TRAINING TIME COMPARISON",
         "=" * 70,
         "",

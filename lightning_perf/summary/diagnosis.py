@@ -169,6 +169,43 @@ def _pct(value: float) -> str:
     return f"{value:.1f}%"
 
 
+#: The step's speed-up a ceiling for the step's verdicts assumes (a change to the step cannot remove it).
+STEP_SPEEDUP_ASSUMED = 2.0
+
+
+def _amdahl(share_pct: float, removed: float = 1.0) -> Optional[float]:
+    """Amdahl's bound: the whole's speed-up when ``removed`` of a part taking ``share_pct`` % goes."""
+    rest = 1.0 - removed * share_pct / 100.0
+    return 1.0 / rest if 0.0 < rest < 1.0 else None
+
+
+def ceilings(shares: Mapping[str, float], evaluation: Optional[float], tail: Any) -> Dict[str, Dict[str, Any]]:
+    """What removing each bottleneck could give at most, from the measured shares, with the assumption named:
+    verdict -> ``at_most`` (x faster) and ``assumption``. Amdahl's law on the part the verdict weighs; the step's
+    verdicts (a step cannot take no time) assume it runs ``STEP_SPEEDUP_ASSUMED`` x faster."""
+    out: Dict[str, Dict[str, Any]] = {}
+
+    def put(verdict: str, at_most: Optional[float], assumption: str) -> None:
+        if at_most is not None:
+            out[verdict] = {"at_most": at_most, "assumption": assumption}
+
+    wait = shares.get("data_loading", 0.0) + shares.get("transfer", 0.0)
+    put("input-bound", _amdahl(wait), "if the loop never waited for data (iterations)")
+    if evaluation is not None:
+        put("evaluation-heavy", _amdahl(evaluation, 0.5), "skipping half the validations (training + evaluation)")
+    put("checkpoint-heavy", _amdahl(shares.get("checkpointing", 0.0)), "if checkpoints cost nothing (iterations)")
+    share, time_s, count, median = (_number(_get(tail, k)) for k in ("share_pct", "time_s", "iterations",
+                                                                        "median_ms"))
+    if None not in (share, time_s, count, median) and time_s > 0:
+        excess = max(0.0, time_s - count * median / 1000.0) / time_s
+        put("tail-heavy", _amdahl(share * excess), "if the slow iterations ran at the median (training time)")
+    step = sum(shares.get(n, 0.0) for n in STEP_SECTIONS)
+    for verdict in ("compute-bound", "host-bound"):
+        put(verdict, _amdahl(step, 1.0 - 1.0 / STEP_SPEEDUP_ASSUMED),
+            f"if the step ran {STEP_SPEEDUP_ASSUMED:g}x faster (iterations)")
+    return out
+
+
 def diagnose(summary: Any) -> Dict[str, Any]:
     """The run's one primary diagnosis from its measured shares.
 
@@ -187,7 +224,7 @@ def diagnose(summary: Any) -> Dict[str, Any]:
     summary = as_summary(summary, "summary")
     out: Dict[str, Any] = {"verdict": NOT_ENOUGH, "figure": None, "value": None, "of": None, "threshold": None,
                            "advice": None, "also": [], "unchecked": {}, "reason": None, "thresholds": dict(THRESHOLDS),
-                           "contention": contention_line(contention(summary))}
+                           "contention": contention_line(contention(summary)), "ceilings": {}}
     shares, why = _shares(summary)
     if shares is None:
         profiler = summary.section_profiler
@@ -196,6 +233,8 @@ def diagnose(summary: Any) -> Dict[str, Any]:
         return out
     unchecked: Dict[str, str] = out["unchecked"]
     evaluation, eval_source = _evaluation_pct(summary)
+    out["ceilings"] = ceilings(shares, evaluation,
+                               summary.iteration_timer.tail if summary.iteration_timer is not None else None)
     train_fraction = 1.0 if evaluation is None else 1.0 - evaluation / 100.0
     fired: List[Dict[str, Any]] = []  # verdict, figure, value, threshold, advice, and its part of the run's wall time
 
@@ -289,12 +328,24 @@ def diagnosis_line(diagnosis: Optional[Mapping[str, Any]], name: Optional[str] =
         if threshold is not None:
             figure += f" ({'below' if verdict == 'host-bound' else 'above'} {threshold:g}%)"
     also = diagnosis.get("also") or []
+    ceiling = ceiling_words(diagnosis, verdict)
+    if ceiling:
+        figure += f"; {ceiling}"
     busy = diagnosis.get("contention")
     caveat = f" [{busy}: the figures may be the machine's, not the run's]" if busy and busy not in str(
         diagnosis.get("advice")) else ""
     return (f"Diagnosis{who}: {verdict}: {figure.strip()}" + (f"; most likely to help: {diagnosis['advice']}"
                                                                if diagnosis.get("advice") else "")
             + (f" [also {', '.join(also)}]" if also else "") + caveat)
+
+
+def ceiling_words(diagnosis: Optional[Mapping[str, Any]], verdict: Optional[str]) -> Optional[str]:
+    """``input-bound: if the loop never waited for data (iterations), at most 1.38x faster``, or None."""
+    entry = ((diagnosis or {}).get("ceilings") or {}).get(verdict) if verdict else None
+    at_most = _number(_get(entry, "at_most"))
+    if at_most is None:
+        return None
+    return f"{_get(entry, 'assumption')}, at most {at_most:.2f}x faster"
 
 
 def recorded_or_computed(summary: Any) -> Dict[str, Any]:

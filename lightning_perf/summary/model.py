@@ -639,6 +639,11 @@ class EvalNoGradGuard(Section):
     error: SectionError = None
 
 
+class Ceiling(Section):
+    at_most: NonNegative = Field(None, description="x faster at most, by Amdahl's law on the measured share")
+    assumption: Text = Field(None, description="what is assumed removed, and of what time")
+
+
 class Diagnosis(Section):
     verdict: Text = Field(None, description="`input-bound`, `host-bound`, `compute-bound`, `evaluation-heavy`,"
                                             " `checkpoint-heavy`, `tail-heavy`, `mixed` or `not-enough-measured`")
@@ -653,6 +658,64 @@ class Diagnosis(Section):
     thresholds: Map(Real) = None
     contention: Text = Field(None, description="`the machine was busy: ...` where the run was measured under"
                                                " contention (docs/diagnosis.md), else null")
+    ceilings: Map(Obj(Ceiling)) = Field(None, description="verdict -> what removing that bottleneck could give at"
+                                                          " most (docs/diagnosis.md#ceilings)")
+
+
+class TrialArm(Section):
+    iterations: Count = Field(None, description="counted iterations of this arm")
+    ms_per_iter: Ms = None
+    it_per_s: Rate = None
+    samples_per_s: Rate = None
+
+
+class TrialMetric(Section):
+    off: Real = None
+    on: Real = None
+    change_pct: Real = Field(None, description="(on - off) / |off|, %")
+    tolerance_pct: Pct = Field(None, description="the QualityGate's tolerance (relative), else 0.5")
+    direction: Text = Field(None, description="`max` or `min`: which way is better; null when not known")
+    degraded: Flag = Field(None, description="outside the tolerance in the bad direction (either, when not known)")
+
+
+class TrialQuality(Section):
+    batches: Count = Field(None, description="validation batches scored under each arm")
+    source: Text = Field(None, description="`quality_gate` (its image metrics and what validation_step logs) or"
+                                           " `logged`")
+    metrics: Map(Obj(TrialMetric)) = None
+
+
+class Trial(Section):
+    change: Text = Field(None, description="the change tried (docs/trials.md)")
+    targets: Text = Field(None, description="the diagnosis verdict it targets, for the ceiling beside its gain")
+    status: Text = Field(None, description="`done`, `incomplete` (the fit ended first), `stopped` (see `reason`),"
+                                           " `not-started`")
+    reason: Text = None
+    warmup: Count = None
+    block: Count = None
+    blocks_planned: Count = None
+    order: Text = Field(None, description="`random` or `abba`")
+    settle: Count = None
+    seed: Integer = None
+    confidence: Real = None
+    arms: Map(Obj(TrialArm)) = Field(None, description="`off` and `on`")
+    pairs: Count = Field(None, description="complete pairs of blocks measured")
+    blocks: Count = Field(None, description="blocks in those pairs")
+    time_ratio: NonNegative = Field(None, description="mean time on / mean time off")
+    speedup: NonNegative = Field(None, description="mean time off / mean time on: above 1, the change is faster")
+    speedup_low: NonNegative = None
+    speedup_high: NonNegative = None
+    verdict: Text = Field(None, description="`faster`, `slower` or `within-noise` (the interval holds 1)")
+    switches: Count = None
+    switch_ms_mean: Ms = Field(None, description="a switch's time, left out of both arms")
+    switch_s_total: Seconds = None
+    quality: Obj(TrialQuality) = Field(None, description="validation metrics under each arm, on the same batches")
+    quality_degraded_on: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(
+        None, description="metrics outside the tolerance with the change on")
+    line: Text = Field(None, description="the line printed at the trial's end")
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+    error: SectionError = None
 
 
 class PerfSummary(Section):
@@ -671,6 +734,7 @@ class PerfSummary(Section):
     vram: Obj(Vram) = None
     quality_gate: Obj(QualityGate) = None
     eval_no_grad_guard: Obj(EvalNoGradGuard) = None
+    trial: Obj(Trial) = Field(None, description="ABTrial: a change tried in alternating blocks (docs/trials.md)")
 
 
 # -- reading -------------------------------------------------------------------------------------------------------------

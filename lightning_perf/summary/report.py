@@ -20,6 +20,7 @@ from lightning_perf.summary.fields import (
     train_peak_mb,
 )
 from lightning_perf.summary.model import PerfSummary, as_summary
+from lightning_perf.summary.trial_view import trial_line
 
 
 #: Logged names shown as loss columns when a run has them (and whatever ModelCheckpoint monitored).
@@ -101,6 +102,7 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
         row["quality_gate"] = summary.quality_gate.passed if summary.quality_gate is not None else None
         row["eval_in_training_mode"] = train_mode_note(summary)
         row["contention"] = contention_line(contention(summary))
+        row["trial"] = trial_line(summary)
         rows.append(row)
     return rows
 
@@ -132,7 +134,8 @@ _FIXED = ("run", "date", "notes", "status", "it_per_s", "samples_per_s", "ms_per
           "speedup_basis", "change_pct", "change_vs", "reference", "it_per_s_delta", "samples_per_s_delta",
           "train_peak_mb", "eval_peak_mb", "eval_in_train_hooks_peak_mb",
           *(f"{key}_delta_{unit}" for key, _, _ in _MEMORY for unit in ("mb", "pct")),
-          "tflops_per_s", "mfu_pct", "quality_gate", "eval_in_training_mode", "contention")
+          "tflops_per_s", "mfu_pct", "quality_gate", "eval_in_training_mode", "contention",
+          "trial")
 
 
 def column_keys(columns: List[str], shown: List[str], other: List[str]) -> List[Tuple[str, str]]:
@@ -268,6 +271,7 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown", notes: Opti
                                  if row.get("eval_in_training_mode")]
     notes += [f"{row['run']}: measured while {row['contention']}: its speed and its Change may be the machine's"
               for row in rows if row.get("contention")]
+    notes += [f"{row['run']}: trial {row['trial']}" for row in rows if row.get("trial")]
     if notes:
         text += "\n\n" + "\n".join(f"- {note}" for note in notes)
     return text

@@ -1,0 +1,409 @@
+"""ABTrial: try a change inside one fit, in alternating blocks of iterations, and read its speed-up with a paired
+interval and its effect on validation quality."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Dict, List, Optional
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
+from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._summary_book import error_message
+from lightning_perf.measure import clock
+from lightning_perf.measure.trial import OFF, ON, ORDERS, BlockSchedule, TrialBlocks, paired_ratio
+from lightning_perf.measure.trial_changes import Change, Setting, UserChange, make_change
+from lightning_perf.measure.trial_quality import compare_arms, score_batches
+from lightning_perf.summary.baseline import DEFAULT_TOLERANCE
+from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
+
+#: What each built-in change targets: the diagnosis verdict whose ceiling its gain is read beside.
+TARGETS = {"cudnn_benchmark": "compute-bound", "tf32": "compute-bound", "matmul_precision": "compute-bound",
+           "channels_last": "compute-bound", "autocast_bf16": "compute-bound", "autocast_fp16": "compute-bound"}
+
+
+def _batch_size(batch: Any) -> Optional[int]:
+    """The first dimension of the batch's first tensor (in a tuple, list or dict), or None."""
+    for _ in range(3):
+        if hasattr(batch, "shape") and len(batch.shape) > 0:
+            return int(batch.shape[0])
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()), None)
+        elif isinstance(batch, (list, tuple)):
+            batch = batch[0] if batch else None
+        else:
+            return None
+    return None
+
+
+def speed_words(speedup: float, low: float, high: float) -> str:
+    """``1.12x faster`` / ``1.05x slower`` / ``no difference``, by the interval: within noise where it holds 1."""
+    if low <= 1.0 <= high:
+        return f"within noise ({speedup:.3f}x)"
+    return f"{speedup:.2f}x faster" if speedup > 1 else f"{1 / speedup:.2f}x slower"
+
+
+class ABTrial(PerfCallback):
+    r"""Switches a change on and off in alternating blocks of training iterations and times each arm.
+
+    After ``warmup`` iterations (the first half with the change off, the rest on: each arm's first-time costs are
+    paid uncounted), ``blocks`` blocks of ``block`` iterations run in pairs, one block an arm, each pair's order
+    ``"random"`` (a seeded coin) or ``"abba"``. An iteration is timed from one iteration's end to the next, on the
+    clock IterationTimer uses (``lightning_perf.measure.clock.now``); the first ``settle`` iterations of each block,
+    iterations that span a validation, and the switches themselves are counted in neither arm (the switches' time
+    is reported). The result is the ratio of the arms' mean times with a paired interval over the block pairs
+    (docs/trials.md). After the last block the change is off and stays off; where the run has a validation loop,
+    its first ``quality_batches`` batches are scored once under each arm (the QualityGate's image metrics where
+    one is in the run, and whatever ``validation_step`` logs) and compared within the gate's tolerance.
+
+    Args:
+        change: a built-in change (``cudnn_benchmark``, ``tf32``, ``matmul_precision``, ``channels_last``,
+            ``autocast_bf16``, ``autocast_fp16``) or a name of your own with ``switch_on`` and ``switch_off``.
+        warmup: iterations before the first block.
+        block: iterations a block.
+        blocks: blocks in all, even, at least 4.
+        order: ``"random"`` or ``"abba"``.
+        settle: iterations at the start of each block counted in neither arm.
+        seed: the seed of the random order.
+        value: the precision for ``matmul_precision`` (``high`` by default, or ``medium``).
+        switch_on, switch_off: your change's functions of ``(trainer, pl_module)``, called between iterations.
+        targets: the diagnosis verdict your change targets (``input-bound``...), for the ceiling beside its gain;
+            the built-in changes target ``compute-bound``.
+        quality_batches: validation batches scored under each arm; 0: none.
+        confidence: of the interval.
+        verbose: print the result line.
+        summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
+
+    Logged metrics: ``trial/off_ms_per_iter``, ``trial/on_ms_per_iter``, ``trial/speedup``, ``trial/speedup_low``,
+    ``trial/speedup_high``, once, at the trial's end.
+
+    Raises:
+        ValueError: at construction, for a bad block setting.
+        PerfConfigError: at construction for an unknown change; at set-up for a change that cannot be tried in this
+            run (autocast under a mixed precision Trainer, a CUDA-only flag on CPU, a flag already on).
+
+    Example::
+
+        Trainer(callbacks=[ABTrial(change="channels_last", block=10, blocks=24)])
+    """
+
+    section_name = "trial"
+    _transient = ("_module", "_trainer")
+
+    def __init__(self, change: str, warmup: int = 20, block: int = 10, blocks: int = 24, order: str = "random",
+                 settle: int = 1, seed: int = 0, value: Optional[str] = None,
+                 switch_on: Optional[Callable[..., Any]] = None, switch_off: Optional[Callable[..., Any]] = None,
+                 targets: Optional[str] = None, quality_batches: int = 4, confidence: float = 0.95,
+                 verbose: bool = True, summary_path: Optional[str] = None) -> None:
+        super().__init__(summary_path=summary_path)
+        owner = type(self).__name__
+        if not isinstance(change, str) or not change:
+            raise bad_argument(owner, "change", change, "Expected the name of a change.")
+        check_positive_int(owner, "warmup", warmup, minimum=0)
+        check_positive_int(owner, "block", block, minimum=2)
+        check_positive_int(owner, "blocks", blocks, minimum=4)
+        check_positive_int(owner, "settle", settle, minimum=0)
+        check_positive_int(owner, "quality_batches", quality_batches, minimum=0)
+        if blocks % 2:
+            raise bad_argument(owner, "blocks", blocks, "Expected an even number (pairs of one block an arm).")
+        if settle >= block:
+            raise bad_argument(owner, "settle", settle, f"Expected fewer than `block` ({block}).")
+        if order not in ORDERS:
+            raise bad_argument(owner, "order", order, f"Possible choices are: {', '.join(ORDERS)}.")
+        if isinstance(confidence, bool) or not isinstance(confidence, float) or not 0.5 <= confidence < 1:
+            raise bad_argument(owner, "confidence", confidence, "Expected a float in [0.5, 1).")
+        self.change_name = change
+        self.change: Change = make_change(change, value, switch_on, switch_off)
+        self.schedule = BlockSchedule(warmup, block, blocks, order, settle, seed)
+        self.targets = targets if targets is not None else TARGETS.get(change)
+        self.quality_batches = quality_batches
+        self.confidence = confidence
+        self.verbose = check_bool(owner, "verbose", verbose)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._blocks = TrialBlocks(self.schedule)
+        self._iteration = 0
+        self._arm = OFF
+        self._last: Optional[float] = None
+        self._broken = False
+        self._last_step = -1
+        self._switches = 0
+        self._switch_s = 0.0
+        self._status = "not-started"
+        self._reason: Optional[str] = None
+        self._quality: Optional[Dict[str, Any]] = None
+        self._quality_reason: Optional[str] = None
+        self._module: Any = None
+        self._trainer: Any = None
+        self._wrapper: Any = None
+        self._held_step: Any = None
+
+    # -- set-up --------------------------------------------------------------------------------------------------
+    @guarded
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._reset()
+        self._start_run(trainer)
+        setting = Setting(pl_module, trainer.strategy.root_device.type, str(trainer.precision))
+        self.change.check(setting)  # a PerfConfigError goes through: the run cannot try this change
+        if isinstance(self.change, UserChange):
+            self.change.trainer = trainer
+
+    @guarded
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._module, self._trainer = pl_module, trainer
+        self._last_step = trainer.global_step
+        if self.change.around_step is not None:
+            self._wrap_step(pl_module)
+        self._status = "running"
+        first = self.schedule.arm(0)
+        if first == ON:
+            self._switch(ON)
+        self._last = clock.now()
+
+    def _wrap_step(self, pl_module: LightningModule) -> None:
+        """``training_step`` runs inside the change's ``around_step`` while the change is on; the module's own
+        method comes back at the trial's end (an instance attribute: the class is not touched)."""
+        self._held_step = pl_module.__dict__.get("training_step")
+        inner = pl_module.training_step
+        trial = self
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            if trial._arm != ON:
+                return inner(*args, **kwargs)
+            try:
+                return trial.change.around_step(inner, args, kwargs)
+            except Exception as err:  # noqa: BLE001 - the change broke the step: the trial stops, training goes on
+                what = f"{type(err).__name__}: {error_message(err)}"
+                trial._stop(f"training_step raised under the change ({what})")
+                try:
+                    return inner(*args, **kwargs)
+                except Exception:
+                    trial._reason = (f"training_step raised under the change ({what}) and again without it: the"
+                                     " step's own error, not the change's")
+                    raise
+
+        self._wrapper = training_step
+        pl_module.training_step = training_step
+
+    def _unwrap_step(self) -> None:
+        module, self._wrapper, wrapper = self._module, None, self._wrapper
+        if module is None or wrapper is None or module.__dict__.get("training_step") is not wrapper:
+            return
+        if self._held_step is None:
+            del module.__dict__["training_step"]
+        else:
+            module.training_step = self._held_step
+
+    # -- the blocks ----------------------------------------------------------------------------------------------
+    def _switch(self, arm: str) -> bool:
+        """Switches the change to ``arm`` between two iterations, timed apart; a change that raises is switched
+        back off and the trial stops (False)."""
+        start = clock.now()
+        try:
+            (self.change.on if arm == ON else self.change.off)(self._module)
+        except Exception as err:  # noqa: BLE001 - a measurement never raises into training
+            self._stop(f"switching the change {arm} raised {type(err).__name__}: {error_message(err)}")
+            return False
+        self._switch_s += clock.now() - start
+        self._switches += 1
+        self._arm = arm
+        return True
+
+    def _stop(self, reason: str) -> None:
+        """Ends the trial early: the change goes off (what fails here is recorded too), the reason is kept."""
+        self._status, self._reason = "stopped", reason
+        self._warn_once("stopped", f"the trial of {self.change_name!r} stopped: {reason}. Training goes on with the"
+                                   " change off.")
+        if self._arm == ON:
+            self._arm = OFF
+            try:
+                self.change.off(self._module)
+            except Exception as err:  # noqa: BLE001
+                self._reason += f"; switching it off raised {type(err).__name__}: {error_message(err)}"
+        self._last = None
+        self._unwrap_step()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        try:
+            if self._status != "running":
+                return
+            if pl_module.automatic_optimization:
+                step = trainer.global_step
+                if step == self._last_step:
+                    return  # still accumulating: the iteration ends with the optimizer step
+                self._last_step = step
+            t = clock.now()
+            i = self._iteration
+            block, counted = self.schedule.where(i)
+            if counted and not self._broken and self._last is not None:
+                self._blocks.add(block, t - self._last, _batch_size(batch))
+            self._broken = False
+            self._iteration = i + 1
+            arm = self.schedule.arm(i + 1)
+            if arm is None:
+                self._finish(trainer, pl_module, "done")
+                return
+            if arm != self._arm and not self._switch(arm):
+                return
+            self._last = clock.now()  # the switch is in neither arm
+        except Exception as err:  # noqa: BLE001 - `guarded`, inline (a step hook)
+            self._record_failure("on_train_batch_end", err)
+
+    @guarded
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._broken = True  # the iteration that spans a validation is in neither arm
+
+    # -- the end -------------------------------------------------------------------------------------------------
+    def _finish(self, trainer: Trainer, pl_module: LightningModule, status: str) -> None:
+        if self._arm == ON:
+            self._switch(OFF)
+        self._unwrap_step()
+        if self._status == "running":
+            self._status = status
+        self._last = None
+        if self.quality_batches:
+            self._score_quality(trainer, pl_module)
+        result = self._result()
+        if result.get("speedup") is not None:
+            log_scalars(trainer, {"trial/off_ms_per_iter": result["arms"][OFF]["ms_per_iter"],
+                                  "trial/on_ms_per_iter": result["arms"][ON]["ms_per_iter"],
+                                  "trial/speedup": result["speedup"], "trial/speedup_low": result["speedup_low"],
+                                  "trial/speedup_high": result["speedup_high"]})
+        if self.verbose and trainer.is_global_zero:
+            rank_zero_info(self.result_line())
+
+    @guarded
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._status == "running":
+            self._reason = (f"the fit ended after {self._iteration} of the trial's {self.schedule.total} iterations;"
+                            " the pairs measured so far are reported")
+            self._finish(trainer, pl_module, "incomplete")
+
+    @guarded
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._write_summary(trainer)
+
+    @guarded
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self._status == "running":
+            self._stop(f"the fit raised {type(exception).__name__}")
+        self._write_summary(trainer, exception)
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        if self._status == "running":
+            self._stop("the fit ended without its end hooks")
+        self._unwrap_step()
+        super().teardown(trainer, pl_module, stage)
+
+    # -- quality per arm -----------------------------------------------------------------------------------------
+    def _gate(self, trainer: Trainer) -> Any:
+        """The run's QualityGate (given to the Trainer or inside a PerfSuite), found by its section name: callbacks
+        do not import each other."""
+        for cb in trainer.callbacks:
+            for inner in [cb, *getattr(cb, "callbacks", ())]:
+                if getattr(inner, "section_name", None) == "quality_gate":
+                    return inner
+        return None
+
+    def _score_quality(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        try:
+            loaders = trainer.val_dataloaders
+            loader = loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
+            if loader is None or not callable(getattr(type(pl_module), "validation_step", None)):
+                self._quality_reason = "the run has no validation loop"
+                return
+            device = trainer.strategy.root_device
+            batches = [pl_module.transfer_batch_to_device(b, device, 0)
+                       for b in itertools.islice(loader, self.quality_batches)]
+            gate = self._gate(trainer)
+            kwargs: Dict[str, Any] = {}
+            if gate is not None:
+                kwargs = dict(image_metrics=list(gate.metrics), data_range=gate.data_range,
+                              preds_key=gate.preds_key, target_key=gate.target_key)
+            scores = {}
+            for arm in (OFF, ON):
+                if arm == ON and not self._switch(ON):
+                    return
+                try:
+                    step = (lambda b, i: self.change.around_step(pl_module.validation_step, (b, i), {})) \
+                        if arm == ON and self.change.around_step is not None else None
+                    scores[arm] = score_batches(pl_module, batches, step=step, **kwargs)
+                finally:
+                    if arm == ON:
+                        self._switch(OFF)
+            tolerance = dict(gate.tolerance) if gate is not None else {}
+            for name, mode in (dict(gate.tolerance_mode) if gate is not None else {}).items():
+                if mode == "absolute" and name in tolerance and scores[OFF].get(name):  # as a share of the off arm
+                    tolerance[name] = tolerance[name] / abs(scores[OFF][name])
+            directions = {**IMAGE_METRIC_DIRECTIONS, **(dict(gate.modes) if gate is not None else {})}
+            self._quality = {"batches": len(batches), "source": "quality_gate" if gate is not None else "logged",
+                             "metrics": compare_arms(scores[OFF], scores[ON], tolerance, directions,
+                                                     DEFAULT_TOLERANCE)}
+        except Exception as err:  # noqa: BLE001 - a measurement never raises into training
+            self._quality_reason = f"the quality pass failed ({type(err).__name__}: {error_message(err)})"
+
+    # -- results -------------------------------------------------------------------------------------------------
+    def _result(self) -> Dict[str, Any]:
+        totals = self._blocks.arm_totals()
+        arms: Dict[str, Dict[str, Any]] = {}
+        for arm in (OFF, ON):
+            t = totals[arm]
+            n, seconds, samples = t["iterations"], t["seconds"], t["samples"]
+            ms = 1000.0 * seconds / n if n and seconds > 0 else None
+            arms[arm] = {"iterations": n, "ms_per_iter": ms, "it_per_s": 1000.0 / ms if ms else None,
+                         "samples_per_s": samples / seconds if samples is not None and seconds > 0 else None}
+        pairs = self._blocks.pair_means()
+        ratio = paired_ratio(pairs, self.confidence)
+        out: Dict[str, Any] = {"arms": arms, "pairs": len(pairs), "blocks": 2 * len(pairs),
+                               "time_ratio": None, "speedup": None, "speedup_low": None, "speedup_high": None,
+                               "verdict": None}
+        if ratio is None:
+            out["unavailable"] = {"speedup": f"{len(pairs)} complete pair(s) of blocks measured; the interval needs 2"}
+            return out
+        r, low, high = ratio
+        out.update(time_ratio=r, speedup=1 / r, speedup_low=1 / high, speedup_high=1 / low,
+                   verdict="faster" if high < 1 else "slower" if low > 1 else "within-noise")
+        return out
+
+    def result_line(self) -> str:
+        """``ABTrial: with channels_last: 1.12x faster (95% CI 1.09–1.15, paired over 24 blocks), psnr -0.1%
+        (within 0.5%)``."""
+        result = self._result()
+        head = f"ABTrial: with {self.change_name}: "
+        if result["speedup"] is None:
+            return head + f"no result ({result['unavailable']['speedup']}" + (
+                f"; {self._reason})" if self._reason else ")")
+        line = head + (f"{speed_words(result['speedup'], result['speedup_low'], result['speedup_high'])}"
+                       f" ({100 * self.confidence:g}% CI {result['speedup_low']:.2f}–{result['speedup_high']:.2f},"
+                       f" paired over {result['blocks']} blocks)")
+        for name, row in ((self._quality or {}).get("metrics") or {}).items():
+            if row["change_pct"] is None:
+                continue
+            word = "OUTSIDE" if row["degraded"] else "within"
+            line += f", {name} {row['change_pct']:+.1f}% ({word} {row['tolerance_pct']:g}%)"
+        if self._status != "done":
+            line += f" [{self._status}: {self._reason}]"
+        return line
+
+    def _summary_section(self) -> Dict[str, Any]:
+        result = self._result()
+        quality = self._quality
+        degraded = sorted(n for n, r in ((quality or {}).get("metrics") or {}).items() if r["degraded"])
+        unavailable = dict(result.pop("unavailable", {}))
+        if self._quality_reason:
+            unavailable["quality"] = self._quality_reason
+        s = self.schedule
+        return {"change": self.change_name, "targets": self.targets, "status": self._status, "reason": self._reason,
+                "warmup": s.warmup, "block": s.block, "blocks_planned": s.blocks, "order": s.order,
+                "settle": s.settle, "seed": s.seed, "confidence": self.confidence, **result,
+                "switches": self._switches, "switch_ms_mean": 1000.0 * self._switch_s / self._switches
+                if self._switches else None, "switch_s_total": self._switch_s,
+                "quality": quality, "quality_degraded_on": degraded, "line": self.result_line(),
+                "unavailable": unavailable or None}
