@@ -241,6 +241,25 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown", notes: Opti
         return ""
     if fmt == "csv":
         return csv_text(rows)
+    text = markdown_table(*phase_table(rows))
+    previous = rows[0].get("change_vs") == "previous"
+    if previous:
+        text += "\n\nChange and the memory changes are against the row before each (`--change-vs previous`)."
+    if any(r["speedup_basis"] == "samples/s" for r in rows[1:]):
+        text += ("\n\nChange is the samples/s ratio where a run processes a different number of samples per"
+                 f" iteration than {'the row before' if previous else 'the first'} (its batch size differs);"
+                 " elsewhere it is the it/s ratio.")
+    notes = list(notes or []) + [f"{row['run']}: {row['eval_in_training_mode']}" for row in rows
+                                 if row.get("eval_in_training_mode")]
+    notes += [f"{row['run']}: measured while {row['contention']}: its speed and its Change may be the machine's"
+              for row in rows if row.get("contention")]
+    if notes:
+        text += "\n\n" + "\n".join(f"- {note}" for note in notes)
+    return text
+
+
+def phase_table(rows: List[Dict[str, Any]]) -> Tuple[List[str], List[List[str]]]:
+    """The phase table's headers and cells, as ``report`` prints them (``report --html`` shows the same cells)."""
     metrics = [k for k in rows[0] if k not in _FIXED]
     compute = any(r.get("tflops_per_s") is not None for r in rows)  # columns only where a run counted FLOPs
     energy = any(r.get("j_per_sample") is not None for r in rows)  # and where a run measured energy per sample
@@ -272,21 +291,7 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown", notes: Opti
             + [_fmt_logged(row[m]) for m in metrics]
             + [gate, str(row["status"]), row["notes"] or ""]
         )
-    text = markdown_table(headers, table)
-    previous = rows[0].get("change_vs") == "previous"
-    if previous:
-        text += "\n\nChange and the memory changes are against the row before each (`--change-vs previous`)."
-    if any(r["speedup_basis"] == "samples/s" for r in rows[1:]):
-        text += ("\n\nChange is the samples/s ratio where a run processes a different number of samples per"
-                 f" iteration than {'the row before' if previous else 'the first'} (its batch size differs);"
-                 " elsewhere it is the it/s ratio.")
-    notes = list(notes or []) + [f"{row['run']}: {row['eval_in_training_mode']}" for row in rows
-                                 if row.get("eval_in_training_mode")]
-    notes += [f"{row['run']}: measured while {row['contention']}: its speed and its Change may be the machine's"
-              for row in rows if row.get("contention")]
-    if notes:
-        text += "\n\n" + "\n".join(f"- {note}" for note in notes)
-    return text
+    return headers, table
 
 
 def _change_cell(row: Dict[str, Any], first: bool) -> str:
