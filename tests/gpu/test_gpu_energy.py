@@ -82,23 +82,22 @@ def test_power_x_time_agrees_with_the_energy_counter_on_the_same_board(record):
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
         counter, integrated = EnergyMeter(pynvml, handle), EnergyMeter(NoCounter(pynvml), handle)
-        stop = threading.Event()
 
         def sample():
-            while not stop.wait(0.05):  # the two read side by side, as VRAMMonitor's thread does
+            time.sleep(1.5)  # the load has run a while: a power reading averaged over 1 s has caught up with it
+            end = time.monotonic() + 5.0
+            while time.monotonic() < end:  # the two read side by side, as VRAMMonitor's thread does
                 counter.tick("train")
                 integrated.tick("train")
+                time.sleep(0.05)
 
         a = torch.randn(8192, 8192, device="cuda")
         thread = threading.Thread(target=sample)
-        counter.tick("train"), integrated.tick("train")
         thread.start()
-        end = time.monotonic() + 6.0
-        while time.monotonic() < end:  # a steady load, with a sync each round so the host does not run far ahead
+        while thread.is_alive():  # a steady load, with a sync each round so the host does not run far ahead
             for _ in range(8):
                 a = torch.tanh(a @ a) / 64
             torch.cuda.synchronize()
-        stop.set()
         thread.join()
     finally:
         pynvml.nvmlShutdown()
@@ -106,7 +105,8 @@ def test_power_x_time_agrees_with_the_energy_counter_on_the_same_board(record):
         pytest.skip(f"this board has no energy counter: {counter.counter_reason}")
     assert integrated.source == POWER_X_TIME
     ours, reference = integrated.phases()["train"]["energy_j"], counter.phases()["train"]["energy_j"]
-    # power readings averaged over up to 1 s, 6 s of load: the same 12% as against nvidia-smi
-    record("EnergyMeter power x time vs the board's energy counter (6 s of matmuls)", ours, reference, "J",
-           "within 12%")
-    assert ours == pytest.approx(reference, rel=0.12)
+    # 5 s of a steady load that started 1.5 s before: the power reading (averaged over 1 s on Ampere and newer)
+    # follows it, and what is left is the sensor's noise and the trapezoid over 50 ms steps: 10%
+    record("EnergyMeter power x time vs the board's energy counter (5 s of steady matmuls)", ours, reference, "J",
+           "within 10%")
+    assert ours == pytest.approx(reference, rel=0.10)
