@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"N for time to N iterations, at most {MAX_ITERATIONS:.0e} (default: 30000)")
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text", help="(default: text)")
     p.add_argument("--names", nargs=2, metavar=("BASE", "CANDIDATE"), help="names to show for the two runs")
+    p.add_argument("--html", metavar="FILE", help="also write the comparison and both runs as one self-contained HTML"
+                   " file (docs/report_html.md)")
     p.add_argument("--base-repeats", nargs="+", metavar="SUMMARY",
                    help="more runs of the base's setup: with --candidate-repeats, the speedup and its 95%% CI come"
                    " from the spread between the runs, and only then is a change called significant")
@@ -177,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--column", action="append", metavar="KEY",
                    help="add the last logged value of scalar KEY (the summary's `logged` block); repeatable")
     p.add_argument("--plot", metavar="PNG", help="also draw it/s, peak memory and quality per run")
+    p.add_argument("--html", metavar="FILE", help="also write the report as one self-contained HTML file: the table,"
+                   " bars, each run's sections, histogram, diagnosis and files (docs/report_html.md)")
 
     p = add("bench", "sweep a model over input sizes x batch sizes: time, throughput, memory")
     p.add_argument("--model", metavar="PKG.MODULE:FACTORY",
@@ -412,6 +416,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from lightning_perf.summary.io import read_summary
 
     base, candidate = read_summary(args.base), read_summary(args.candidate)
+    if args.html:
+        _check_output(args.html, "--html")
     repeats = {side: [read_summary(path) for path in paths]
                for side, paths in (("base", args.base_repeats or []), ("candidate", args.candidate_repeats or []))}
     names = args.names or default_names(args.base, args.candidate, [base, candidate])
@@ -419,6 +425,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                                candidate_name=names[1], min_effect_pct=args.min_effect,
                                base_repeats=repeats["base"], candidate_repeats=repeats["candidate"])
     _say(FORMATTERS[args.format](result))
+    if args.html:
+        from lightning_perf.summary.html_report import compare_html
+
+        _write_text(args.html, "--html", compare_html(base, candidate, result))
+        _say(f"HTML written to {args.html}", sys.stderr)
     if args.fail_if_slower is None:
         return EXIT_OK
     undecided = [f"{name} run status is {run.status!r}" for name, run in
@@ -456,11 +467,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     names = args.names or run_names(args.runs, summaries)
     if args.plot:
         _check_output(args.plot, "--plot")
+    if args.html:
+        _check_output(args.html, "--html")
     rows = report_rows(summaries, names, args.notes, change_vs=args.change_vs, columns=args.column)
     notes = column_notes(summaries, names, args.column)
     _say(format_report(rows, args.format, notes))
     if notes and args.format == "csv":  # stdout stays CSV
         _say("\n".join(f"lightning-perf: {note}" for note in notes), sys.stderr)
+    if args.html:
+        from lightning_perf.summary.html_report import report_html
+
+        _write_text(args.html, "--html", report_html(summaries, names, args.notes, args.change_vs, args.column, notes))
+        _say(f"HTML written to {args.html}", sys.stderr)
     if args.plot:
         from lightning_perf.bench.plots import plot_report
 

@@ -25,6 +25,7 @@ from lightning_perf.measure.device_activity import (
     ThreadWaitReader,
     NvmlActivityReader,
 )
+from lightning_perf.measure.energy import EnergyMeter
 from lightning_perf.measure.memory import (
     AllocatorPeaks,
     LeakDetector,
@@ -94,7 +95,8 @@ class VRAMMonitor(PerfCallback):
         nvml: sample NVML on CUDA devices.
         nvml_interval_s: sampling period of the background thread (NVML, RSS and activity), in (0.001, 60] seconds.
         activity: also sample GPU utilisation, power, clock, temperature and throttling (NVML), host CPU use and
-            steal (psutil) and the training thread's wait for a CPU (the kernel's scheduler statistics).
+            steal (psutil) and the training thread's wait for a CPU (the kernel's scheduler statistics); and the
+            device's energy per phase from NVML (``vram.activity.energy``, docs/energy.md).
         warn_above_pct: warn once per phase when its peak passes this share of device (or host) memory.
         leak_window: iterations per averaging window of the leak check (4 consecutive rising windows flag a leak).
         leak_threshold_mb_per_100: smallest rise, in MB per 100 iterations, that counts as a leak; default 2 on CUDA
@@ -123,7 +125,7 @@ class VRAMMonitor(PerfCallback):
     """
 
     section_name = "vram"
-    _transient = ("_sampler", "_nvml_reader", "_allocator", "_activity", "_hook_trainer")
+    _transient = ("_sampler", "_nvml_reader", "_allocator", "_activity", "_energy", "_hook_trainer")
 
     def __init__(
         self,
@@ -157,6 +159,7 @@ class VRAMMonitor(PerfCallback):
         check_bool("VRAMMonitor", "show_in_progress_bar", show_in_progress_bar)
         self.activity = check_bool("VRAMMonitor", "activity", activity)
         self._activity: Optional[ActivitySampler] = None
+        self._energy: Optional[EnergyMeter] = None
         self._host_cores: Optional[int] = None
         self.nvml_interval_s = float(nvml_interval_s)
         self.warn_above_pct = float(warn_above_pct)
@@ -364,8 +367,18 @@ class VRAMMonitor(PerfCallback):
         except Exception as err:  # noqa: BLE001 - not Linux, or the kernel keeps no scheduler statistics
             unavailable.update({name: f"no scheduler statistics of the training thread: {type(err).__name__}: {err}"
                                 for name in SCHED_READINGS})
-        self._activity = ActivitySampler(readers, unavailable)
-        return self._activity.tick
+        self._activity = activity = ActivitySampler(readers, unavailable)
+        # the device's energy rides on the same ticks (docs/energy.md): no NVML call on the training thread
+        self._energy = energy = EnergyMeter(self._nvml_reader.nvml, self._nvml_reader.handle) if (
+            self._nvml_reader is not None) else None
+        if energy is None:
+            return activity.tick
+
+        def tick(phase: Optional[str]) -> None:
+            activity.tick(phase)
+            energy.tick(phase)
+
+        return tick
 
     def _note_sampler_stop(self) -> None:
         if self._activity is not None and self._sampler is not None and self._sampler.error:
@@ -389,6 +402,7 @@ class VRAMMonitor(PerfCallback):
             return None
         self._note_sampler_stop()
         activity = self._activity
+        reasons = activity.unavailable
         return {
             "source": " + ".join(src for src, names in (("NVML", GPU_READINGS), ("psutil", HOST_READINGS),
                                                         ("schedstat", SCHED_READINGS))
@@ -398,8 +412,24 @@ class VRAMMonitor(PerfCallback):
             "host_logical_cores": self._host_cores,
             "ticks": activity.ticks,
             "phases": {phase: activity.phase_stats(phase) for phase in PHASES if phase in activity.phases()},
-            "unavailable": activity.unavailable,
+            "unavailable": reasons,
+            "energy": self._energy_section(reasons),
         }
+
+    def _energy_section(self, reasons: Dict[str, str]) -> Optional[Dict[str, Any]]:
+        """``vram.activity.energy``: the device's joules per phase (``EnergyMeter``); null, with ``energy`` in
+        ``reasons``, without NVML. The per-work figures are joined with IterationTimer's when the summary is built."""
+        meter = self._energy
+        if meter is None:
+            reasons["energy"] = self._unavailable.get("nvml_peak_used_mb", "NVML was not started")
+            return None
+        if meter.error is None and self._sampler is not None and self._sampler.error:
+            meter.error = f"sampling stopped: {self._sampler.error}"  # the totals would be short
+        stopped = meter.error or (None if meter.readings else "no energy reading was taken")
+        return {"source": meter.source, "min_span_s": meter.min_span_s, "readings": meter.readings,
+                "train_batches": self._steps,
+                "phases": {p: v for p, v in meter.phases().items() if p in PHASES},
+                "unavailable": {k: v for k, v in (("counter", meter.counter_reason), ("energy", stopped)) if v}}
 
     def activity_verdict(self) -> str:
         """One line for the console: per phase, GPU utilisation (mean and p5) beside the CPU use of this process and

@@ -27,6 +27,7 @@ from lightning_perf.summary.fields import (
 from lightning_perf.summary.contention import contention
 from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
 from lightning_perf.summary.trial_view import trial_lines, trial_results
+from lightning_perf.summary.energy import ENERGY_LABELS, energy_change, energy_lines, fmt_energy
 from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.projection import project_time, warmup_cost
 
@@ -295,6 +296,7 @@ def compare_summaries(
         "time_to_iterations_with_eval_s": {"base": eval_times["base"], "candidate": eval_times["candidate"]},
         "time_saved_with_eval_s": eval_times["saved_s"],
         "memory_mb": mem,
+        "energy": energy_change(base, candidate),
         "quality": qual,
         "trials": trial_results((base, candidate), (base_name, candidate_name)),
         "quality_gate_passed": {
@@ -675,6 +677,7 @@ def format_text(result: Dict[str, Any]) -> str:
         for label, d in result["memory_mb"].items():
             base_text, candidate_text, change = memory_texts(d["base"], d["candidate"])
             lines.append(f"  {label}: {base_text} -> {candidate_text} ({change}, {fmt_pct(d['delta_pct'])})")
+    lines += energy_lines(result.get("energy"), b["name"], c["name"])
     if result["quality"]:
         lines += ["", "Quality:"]
         for name, d in result["quality"].items():
@@ -733,6 +736,10 @@ def format_markdown(result: Dict[str, Any]) -> str:
         mem_rows = [[label, *memory_texts(d["base"], d["candidate"]), fmt_pct(d["delta_pct"])]
                     for label, d in result["memory_mb"].items()]
         parts += ["", markdown_table(["peak memory", b["name"], c["name"], "change", "change %"], mem_rows)]
+    if result.get("energy"):  # training energy (docs/energy.md)
+        e_rows = [[label, fmt_energy(result["energy"][k]["base"]), fmt_energy(result["energy"][k]["candidate"]),
+                   fmt_pct(result["energy"][k]["delta_pct"])] for k, label in ENERGY_LABELS]
+        parts += ["", markdown_table(["energy (training)", b["name"], c["name"], "change"], e_rows)]
     if result["quality"]:
         q_rows = [
             [name, fmt_num(d["base"], 4), fmt_num(d["candidate"], 4), fmt_pct(d["delta_pct"])]

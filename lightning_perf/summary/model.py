@@ -422,6 +422,27 @@ class PhaseActivity(Section):
                                             " clocks for power or heat")
 
 
+class PhaseEnergy(Section):
+    energy_j: NonNegative = Field(None, description="the device's energy over the phase, J (null under `min_span_s`)")
+    seconds: Seconds = Field(None, description="the span its readings cover")
+    mean_power_w: NonNegative = Field(None, description="`energy_j` / `seconds`")
+    iterations: Count = Field(None, description="train: IterationTimer's iterations over the same batches")
+    samples: Count = Field(None, description="train: IterationTimer's samples over the same batches")
+    j_per_iteration: NonNegative = None
+    j_per_sample: NonNegative = None
+    samples_per_j: Rate = None
+    unavailable: Reasons = None
+
+
+class Energy(Section):
+    source: Text = Field(None, description="`energy counter` (NVML's, mJ) or `power x time` (NVML power integrated)")
+    min_span_s: Seconds = Field(None, description="a phase's figure needs readings spanning at least this long")
+    readings: Count = None
+    train_batches: Count = Field(None, description="training batches seen, matched to IterationTimer's `batches`")
+    phases: Map(Obj(PhaseEnergy)) = Field(None, description="`train`, `validation`, ... (docs/energy.md)")
+    unavailable: Reasons = Field(None, description="`counter`: why power x time; `energy`: why no figure")
+
+
 class Activity(Section):
     source: Text = Field(None, description="`NVML + psutil`, `psutil` or `NVML`")
     interval_s: Seconds = None
@@ -430,6 +451,8 @@ class Activity(Section):
     ticks: Count = None
     phases: Map(Obj(PhaseActivity)) = Field(None, description="`train`, `validation`, `test`, `predict`")
     unavailable: Reasons = None
+    energy: Obj(Energy) = Field(None, description="the device's energy per phase; null (`unavailable.energy`) without"
+                                                  " NVML")
 
 
 class Vram(Section):

@@ -19,6 +19,7 @@ from lightning_perf.summary.fields import (
     speed,
     train_peak_mb,
 )
+from lightning_perf.summary.energy import fmt_energy, train_energy
 from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.trial_view import trial_line
 
@@ -92,6 +93,7 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
             **_memory_deltas(typed[ref], summary, i == 0),
             "tflops_per_s": s["tflops_per_s"],
             "mfu_pct": s["mfu_pct"],
+            **_energy_cells(typed[ref], summary, i == 0),
         }
         for loss in losses:
             row[loss] = values.get(loss)
@@ -134,8 +136,16 @@ _FIXED = ("run", "date", "notes", "status", "it_per_s", "samples_per_s", "ms_per
           "speedup_basis", "change_pct", "change_vs", "reference", "it_per_s_delta", "samples_per_s_delta",
           "train_peak_mb", "eval_peak_mb", "eval_in_train_hooks_peak_mb",
           *(f"{key}_delta_{unit}" for key, _, _ in _MEMORY for unit in ("mb", "pct")),
-          "tflops_per_s", "mfu_pct", "quality_gate", "eval_in_training_mode", "contention",
-          "trial")
+          "tflops_per_s", "mfu_pct", "quality_gate", "eval_in_training_mode", "contention", "j_per_sample",
+          "j_per_sample_delta_pct", "samples_per_j", "trial")
+
+
+def _energy_cells(ref: PerfSummary, run: PerfSummary, first: bool) -> Dict[str, Any]:
+    """The training phase's joules per sample (and its change from the reference row) and samples per joule."""
+    a, b = train_energy(ref)["j_per_sample"], train_energy(run)
+    change = None if first or a is None or b["j_per_sample"] is None or not a else finite(
+        100.0 * (b["j_per_sample"] - a) / a)
+    return {"j_per_sample": b["j_per_sample"], "j_per_sample_delta_pct": change, "samples_per_j": b["samples_per_j"]}
 
 
 def column_keys(columns: List[str], shown: List[str], other: List[str]) -> List[Tuple[str, str]]:
@@ -233,12 +243,34 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown", notes: Opti
         return ""
     if fmt == "csv":
         return csv_text(rows)
+    text = markdown_table(*phase_table(rows))
+    previous = rows[0].get("change_vs") == "previous"
+    if previous:
+        text += "\n\nChange and the memory changes are against the row before each (`--change-vs previous`)."
+    if any(r["speedup_basis"] == "samples/s" for r in rows[1:]):
+        text += ("\n\nChange is the samples/s ratio where a run processes a different number of samples per"
+                 f" iteration than {'the row before' if previous else 'the first'} (its batch size differs);"
+                 " elsewhere it is the it/s ratio.")
+    notes = list(notes or []) + [f"{row['run']}: {row['eval_in_training_mode']}" for row in rows
+                                 if row.get("eval_in_training_mode")]
+    notes += [f"{row['run']}: measured while {row['contention']}: its speed and its Change may be the machine's"
+              for row in rows if row.get("contention")]
+    notes += [f"{row['run']}: trial {row['trial']}" for row in rows if row.get("trial")]
+    if notes:
+        text += "\n\n" + "\n".join(f"- {note}" for note in notes)
+    return text
+
+
+def phase_table(rows: List[Dict[str, Any]]) -> Tuple[List[str], List[List[str]]]:
+    """The phase table's headers and cells, as ``report`` prints them (``report --html`` shows the same cells)."""
     metrics = [k for k in rows[0] if k not in _FIXED]
     compute = any(r.get("tflops_per_s") is not None for r in rows)  # columns only where a run counted FLOPs
+    energy = any(r.get("j_per_sample") is not None for r in rows)  # and where a run measured energy per sample
     memory = [(key, label) for key, label, _ in _MEMORY
               if key != "eval_in_train_hooks_peak" or any(r.get(f"{key}_mb") is not None for r in rows)]
     headers = ["Run", "Date", "Speed (it/s)", "Samples/s", "ms/iter (mean)", "ms/iter (median)", "Change"]
     headers += [label for _, label in memory] + (["TFLOP/s", "MFU"] if compute else [])
+    headers += ["J/sample", "Samples/J"] if energy else []
     headers += [m.upper() if m in ("psnr", "ssim", "lpips", "l1") else m for m in metrics] + ["Quality", "Status",
                                                                                               "Notes"]
     table = []
@@ -256,25 +288,13 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown", notes: Opti
             ]
             + [_memory_cell(row, key, i == 0) for key, _ in memory]
             + ([fmt_num(row["tflops_per_s"], 3), fmt_num(row["mfu_pct"], 1, "%")] if compute else [])
+            + ([fmt_energy(row["j_per_sample"]) + ("" if row["j_per_sample_delta_pct"] is None else
+                                                   f" ({fmt_pct(row['j_per_sample_delta_pct'])})"),
+                fmt_energy(row["samples_per_j"])] if energy else [])
             + [_fmt_logged(row[m]) for m in metrics]
             + [gate, str(row["status"]), row["notes"] or ""]
         )
-    text = markdown_table(headers, table)
-    previous = rows[0].get("change_vs") == "previous"
-    if previous:
-        text += "\n\nChange and the memory changes are against the row before each (`--change-vs previous`)."
-    if any(r["speedup_basis"] == "samples/s" for r in rows[1:]):
-        text += ("\n\nChange is the samples/s ratio where a run processes a different number of samples per"
-                 f" iteration than {'the row before' if previous else 'the first'} (its batch size differs);"
-                 " elsewhere it is the it/s ratio.")
-    notes = list(notes or []) + [f"{row['run']}: {row['eval_in_training_mode']}" for row in rows
-                                 if row.get("eval_in_training_mode")]
-    notes += [f"{row['run']}: measured while {row['contention']}: its speed and its Change may be the machine's"
-              for row in rows if row.get("contention")]
-    notes += [f"{row['run']}: trial {row['trial']}" for row in rows if row.get("trial")]
-    if notes:
-        text += "\n\n" + "\n".join(f"- {note}" for note in notes)
-    return text
+    return headers, table
 
 
 def _change_cell(row: Dict[str, Any], first: bool) -> str:
