@@ -287,6 +287,13 @@ class TailCause(Section):
     section: Obj(CauseSection) = Field(None, description="with SectionProfiler in the run: the section that grew")
 
 
+class TraceLink(Section):
+    path: Text = Field(None, description="StepTrace's Chrome/Perfetto trace file")
+    first_step: Count = None
+    last_step: Count = None
+    covers: Text = Field(None, description="`this` (the trace holds this iteration) or `next` (the steps right after it)")
+
+
 class TailIteration(Section):
     step: Count = Field(None, description="global step at its end")
     iteration: Count = Field(None, description="the run's iteration number")
@@ -296,6 +303,8 @@ class TailIteration(Section):
     gc_pause_ms: Ms = None
     section: Obj(OverMedian) = Field(None, description="with SectionProfiler in the run: the section that exceeded"
                                                        " its median the most in this iteration")
+    trace: Obj(TraceLink) = Field(None, description="with StepTrace in the run: a trace of this iteration or of the"
+                                                   " steps after it")
 
 
 class TailGc(Section):
@@ -453,6 +462,49 @@ class Vram(Section):
     measurement_failures: Reasons = None
     error: SectionError = None
     activity: Obj(Activity) = Field(None, description="what the GPU and host were doing, per phase")
+
+
+# -- step_trace ---------------------------------------------------------------------------------------------------------
+
+class TraceOp(Section):
+    name: Text = Field(None, description="an op, or a `record_function` range")
+    calls: Count = None
+    self_cpu_ms: Ms = Field(None, description="host time in the op itself")
+    total_cpu_ms: Ms = Field(None, description="host time with what ran inside it")
+    self_device_ms: Ms = Field(None, description="device time of its kernels (null without CUDA)")
+
+
+class TraceCapture(Section):
+    path: Text = Field(None, description="the Chrome/Perfetto JSON trace")
+    first_step: Count = None
+    last_step: Count = None
+    complete: Flag = Field(None, description="false where the run ended or failed inside the window")
+    trigger: Text = Field(None, description="`requested` (`steps`) or `slow` (after an iteration over `slow_factor`"
+                                            " x the median)")
+    slow_step: Count = Field(None, description="for `slow`: the slow iteration's step")
+    slow_ms: Ms = None
+    median_ms: Ms = Field(None, description="the median iteration when it was judged")
+    captured_ms: Ms = Field(None, description="wall time from the profiler's start to its stop")
+    start_ms: Ms = Field(None, description="what starting the profiler cost")
+    write_ms: Ms = Field(None, description="what stopping it and writing the trace cost")
+    top_ops: Seq(Obj(TraceOp)) = Field(None, description="the ops with the most self time (device where recorded)")
+
+
+class StepTrace(Section):
+    activities: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="`cpu`, `cuda`")
+    steps: Seq(Count) = Field(None, description="the steps asked for")
+    slow_factor: NonNegative = None
+    capture_steps: Count = None
+    max_captures: Count = None
+    warmup_steps: Count = None
+    trace_dir: Text = None
+    median_ms: Ms = Field(None, description="median iteration, as StepTrace timed it (host, batch end to batch end)")
+    slow_iterations: Count = Field(None, description="iterations judged over `slow_factor` x the median while"
+                                                     " captures were left (null without `slow_factor`)")
+    captures: Seq(Obj(TraceCapture)) = None
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+    error: SectionError = None
 
 
 # -- quality_gate, section_profiler, eval_no_grad_guard -----------------------------------------------------------------
@@ -653,6 +705,8 @@ class Diagnosis(Section):
     thresholds: Map(Real) = None
     contention: Text = Field(None, description="`the machine was busy: ...` where the run was measured under"
                                                " contention (docs/diagnosis.md), else null")
+    evidence: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="where to look next: a"
+                                                                        " trace, a memory snapshot, allocator pressure")
 
 
 class PerfSummary(Section):
@@ -671,6 +725,7 @@ class PerfSummary(Section):
     vram: Obj(Vram) = None
     quality_gate: Obj(QualityGate) = None
     eval_no_grad_guard: Obj(EvalNoGradGuard) = None
+    step_trace: Obj(StepTrace) = None
 
 
 # -- reading -------------------------------------------------------------------------------------------------------------

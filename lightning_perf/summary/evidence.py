@@ -1,0 +1,71 @@
+"""Where to look next: StepTrace's traces joined to IterationTimer's slow iterations, and the evidence lines of the
+diagnosis (a trace, a memory snapshot, an allocator under pressure). Pure Python on the summary's dicts."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional
+
+
+def _get(node: Any, key: str) -> Any:
+    if node is None:
+        return None
+    if isinstance(node, Mapping):
+        return node.get(key)
+    return getattr(node, key, None)
+
+
+def link_traces(data: Dict[str, Any]) -> None:
+    """Each of IterationTimer's kept slow iterations gets ``trace``: the capture that holds it (``covers: this``),
+    else the one that started right after it (``covers: next``, a capture its slowness triggered)."""
+    tail = _get(data.get("iteration_timer"), "tail")
+    captures = _get(data.get("step_trace"), "captures")
+    if not isinstance(tail, dict) or not captures:
+        return
+    for entry in tail.get("slowest") or ():
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, int):
+            continue
+        link = None
+        for capture in captures:
+            first, last = capture.get("first_step"), capture.get("last_step")
+            if isinstance(first, int) and isinstance(last, int) and first <= step <= last:
+                link = dict(capture, covers="this")
+                break
+            if capture.get("slow_step") == step or first == step + 1:
+                link = link or dict(capture, covers="next")
+        if link is not None:
+            entry["trace"] = {key: link.get(key) for key in ("path", "first_step", "last_step", "covers")}
+
+
+def _steps(capture: Any) -> str:
+    first, last = _get(capture, "first_step"), _get(capture, "last_step")
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
+def trace_lines(section: Any) -> List[str]:
+    """One line per capture: slow-triggered ones first."""
+    captures = [c for c in (_get(section, "captures") or []) if c is not None]
+    captures.sort(key=lambda c: _get(c, "trigger") != "slow")
+    out = []
+    for capture in captures:
+        why = ""
+        if _get(capture, "trigger") == "slow" and _get(capture, "slow_ms") is not None:
+            why = (f" after step {_get(capture, 'slow_step')} took {_get(capture, 'slow_ms'):.0f} ms"
+                   f" ({_get(capture, 'slow_ms') / max(_get(capture, 'median_ms') or 1e-9, 1e-9):.1f}x the median)")
+        out.append(f"see trace {_get(capture, 'path')} ({_steps(capture)}{why})")
+    return out
+
+
+def evidence_lines(summary: Any) -> List[str]:
+    """The diagnosis's ``evidence``: what the run recorded that shows what ran or what held memory."""
+    lines: List[str] = []
+    lines += trace_lines(_get(summary, "step_trace"))
+    return lines
+
+
+def first_evidence(lines: Optional[List[str]]) -> str:
+    """For the one-line diagnosis: the first evidence line, and how many more."""
+    if not lines:
+        return ""
+    more = len(lines) - 1
+    return f"; {lines[0]}" + (f" (+{more} more in the summary)" if more else "")
