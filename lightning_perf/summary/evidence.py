@@ -56,9 +56,38 @@ def trace_lines(section: Any) -> List[str]:
     return out
 
 
+def when(dump: Any) -> str:
+    """``out of memory in training step 3``, ``out of memory in validate after step 8``, ``steps 3-4``."""
+    step, phase = _get(dump, "step"), _get(dump, "phase")
+    if _get(dump, "trigger") != "oom":
+        return f"the steps window ending at step {step}"
+    return f"out of memory in training step {step}" if phase in ("train", None) else (
+        f"out of memory in {phase} after step {step}")
+
+
+def snapshot_lines(section: Any) -> List[str]:
+    """One line per memory snapshot: out-of-memory ones first, with the failed request and the largest allocation."""
+    dumps = [d for d in (_get(section, "snapshots") or []) if d is not None]
+    dumps.sort(key=lambda d: _get(d, "trigger") != "oom")
+    out = []
+    for dump in dumps:
+        bits = []
+        failed = _get(dump, "failed_request")
+        if failed is not None and _get(failed, "size_mb") is not None:
+            bits.append(f"it asked for {_get(failed, 'size_mb'):.1f} MB at {_get(failed, 'frame') or 'an unknown frame'}")
+        top = (_get(dump, "top_allocations") or [None])[0]
+        if top is not None and _get(top, "size_mb") is not None:
+            bits.append(f"the largest live allocation, {_get(top, 'size_mb'):.1f} MB, from"
+                        f" {_get(top, 'frame') or 'an unknown frame'}")
+        out.append(f"see memory snapshot {_get(dump, 'path')} ({when(dump)}"
+                   + (": " + "; ".join(bits) if bits else "") + ")")
+    return out
+
+
 def evidence_lines(summary: Any) -> List[str]:
     """The diagnosis's ``evidence``: what the run recorded that shows what ran or what held memory."""
     lines: List[str] = []
+    lines += snapshot_lines(_get(summary, "memory_snapshot"))
     lines += trace_lines(_get(summary, "step_trace"))
     return lines
 

@@ -507,6 +507,47 @@ class StepTrace(Section):
     error: SectionError = None
 
 
+# -- memory_snapshot ----------------------------------------------------------------------------------------------------
+
+class SnapshotAllocation(Section):
+    size_mb: MB = Field(None, description="what was asked for")
+    block_mb: MB = Field(None, description="the allocator's block for it (rounded up)")
+    device_free_mb: MB = Field(None, description="for a failed request: the device's free memory then")
+    frame: Text = Field(None, description="the innermost frame outside torch, Lightning and lightning_perf: your line")
+    frames: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="innermost first")
+
+
+class Snapshot(Section):
+    trigger: Text = Field(None, description="`oom` or `steps`")
+    stage: Text = None
+    phase: Text = Field(None, description="what ran: `train`, `validate`, `sanity_check`, `test` or `predict`")
+    step: Count = Field(None, description="in training, the iteration that failed (the step at its end, as in the"
+                                          " tail); else the global step when it was dumped")
+    path: Text = Field(None, description="the pickle (https://pytorch.org/memory_viz)")
+    html: Map(Text) = Field(None, description="view (`trace_plot`, `segment_plot`) -> HTML file")
+    allocated_mb: MB = None
+    reserved_mb: MB = None
+    trace_entries: Count = Field(None, description="allocator events in the history")
+    history_full: Flag = Field(None, description="the history reached `max_entries`: its oldest events dropped out")
+    top_allocations: Seq(Obj(SnapshotAllocation)) = Field(None, description="largest live allocations, largest first")
+    failed_request: Obj(SnapshotAllocation) = Field(None, description="the allocation that ran out of memory")
+    dump_ms: Ms = None
+    unavailable: Reasons = None
+
+
+class MemorySnapshot(Section):
+    on_oom: Flag = None
+    steps: Seq(Count) = Field(None, description="`[first, last]` of the recorded window")
+    max_entries: Count = None
+    stacks: Text = None
+    recorded: Flag = Field(None, description="whether the allocator's history was recorded in this run")
+    snapshot_dir: Text = None
+    snapshots: Seq(Obj(Snapshot)) = None
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+    error: SectionError = None
+
+
 # -- quality_gate, section_profiler, eval_no_grad_guard -----------------------------------------------------------------
 
 class Metric(Section):
@@ -726,6 +767,7 @@ class PerfSummary(Section):
     quality_gate: Obj(QualityGate) = None
     eval_no_grad_guard: Obj(EvalNoGradGuard) = None
     step_trace: Obj(StepTrace) = None
+    memory_snapshot: Obj(MemorySnapshot) = None
 
 
 # -- reading -------------------------------------------------------------------------------------------------------------
