@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
 
+from lightning_perf.measure.allocator import pressure_line
+
 
 def _get(node: Any, key: str) -> Any:
     if node is None:
@@ -84,17 +86,26 @@ def snapshot_lines(section: Any) -> List[str]:
     return out
 
 
+def pressure_lines(summary: Any) -> List[str]:
+    """An allocator that retried in training (VRAMMonitor's train phase, else IterationTimer's tail), in one line."""
+    retries = _get(_get(_get(_get(summary, "vram"), "phases"), "train"), "alloc_retries")
+    if retries is None:
+        retries = _get(_get(_get(summary, "iteration_timer"), "tail"), "alloc_retries")
+    line = pressure_line(retries)
+    return [line] if line else []
+
+
 def evidence_lines(summary: Any) -> List[str]:
     """The diagnosis's ``evidence``: what the run recorded that shows what ran or what held memory."""
-    lines: List[str] = []
+    lines: List[str] = pressure_lines(summary)
     lines += snapshot_lines(_get(summary, "memory_snapshot"))
     lines += trace_lines(_get(summary, "step_trace"))
     return lines
 
 
 def first_evidence(lines: Optional[List[str]]) -> str:
-    """For the one-line diagnosis: the first evidence line, and how many more."""
+    """For the one-line diagnosis: the first evidence line, and how many more are in the summary."""
     if not lines:
         return ""
     more = len(lines) - 1
-    return f"; {lines[0]}" + (f" (+{more} more in the summary)" if more else "")
+    return f" Evidence: {lines[0]}" + (f" (+{more} more in the summary's diagnosis.evidence)" if more else "")

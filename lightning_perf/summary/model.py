@@ -400,6 +400,12 @@ class PhaseMemory(Section):
     host_rss_peak_mb: MB = None
     usage_pct: Pct = None
     headroom_pct: Real = Field(None, description="schema 1")
+    alloc_retries: Count = Field(None, description="CUDA allocator retries in the phase (its cache freed and the"
+                                                   " allocation tried again: a stall each)")
+    ooms: Count = Field(None, description="out-of-memory errors the allocator raised in the phase")
+    fragmentation_mb: MB = Field(None, description="reserved minus allocated at the phase's end")
+    fragmentation_pct: Pct = Field(None, description="the same, % of reserved")
+    largest_free_block_mb: MB = Field(None, description="the largest cached block no tensor held at the phase's end")
 
 
 class Leak(Section):
@@ -498,7 +504,8 @@ class StepTrace(Section):
     max_captures: Count = None
     warmup_steps: Count = None
     trace_dir: Text = None
-    median_ms: Ms = Field(None, description="median iteration, as StepTrace timed it (host, batch end to batch end)")
+    median_ms: Ms = Field(None, description="median of the last 64 iterations StepTrace judged (host, batch end to"
+                                            " batch end); null without `slow_factor`")
     slow_iterations: Count = Field(None, description="iterations judged over `slow_factor` x the median while"
                                                      " captures were left (null without `slow_factor`)")
     captures: Seq(Obj(TraceCapture)) = None

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers import find_summary, fit
-from lightning_perf import MemorySnapshot, StepTrace
+from lightning_perf import MemorySnapshot, StepTrace, VRAMMonitor
 
 pytestmark = pytest.mark.gpu
 MB = 1024.0 * 1024.0
@@ -123,3 +123,35 @@ def test_what_recording_the_allocator_history_costs(record):
         torch.cuda.memory._record_memory_history(enabled=None)
     record("allocator history: allocate+free pair, off -> on (stacks=python)", on, off, "µs", "a figure, not checked")
     assert on > 0 and off > 0
+
+
+class FragmentingSteps(CudaSteps):
+    """Steps 2, 3 and 4 fill the card with 1 GiB blocks, free every other one (the cache keeps them) and ask for
+    3 GiB: no cached block holds it and the device has less than that left, so the allocator frees its cache and
+    tries again: one retry a step (torch's allocator with its default max_split_size)."""
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step + 1 in (2, 3, 4):
+            gib = 1 << 30
+            free, _ = torch.cuda.mem_get_info()
+            chunks = [torch.empty(gib, dtype=torch.uint8, device="cuda") for _ in range(int(free // gib) - 1)]
+            del chunks[::2]
+            big = torch.empty(3 * gib, dtype=torch.uint8, device="cuda")
+            del big, chunks
+        return super().training_step(batch, batch_idx)
+
+
+def test_allocator_retries_forced_by_a_fragmenting_pattern_are_counted(tmp_path, record):
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_stats()["num_alloc_retries"]
+    fit(tmp_path, [VRAMMonitor(nvml=False, activity=False)], model=FragmentingSteps(), accelerator="cuda",
+        max_epochs=1, num_sanity_val_steps=0, limit_val_batches=0)
+    counted = torch.cuda.memory_stats()["num_alloc_retries"] - before
+    torch.cuda.empty_cache()
+    summary = find_summary(tmp_path)
+    train = summary["vram"]["phases"]["train"]
+    record("allocator retries in training (3 forced)", train["alloc_retries"], counted, "count", "equal, and >= 3")
+    assert train["alloc_retries"] == counted and counted >= 3
+    assert train["fragmentation_mb"] is not None and train["largest_free_block_mb"] is not None
+    assert any(line.startswith(f"allocator under pressure: {counted} retries") for line in
+               summary["diagnosis"]["evidence"])
