@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lightning.pytorch import LightningModule, Trainer
@@ -12,11 +13,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_path, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded
 from lightning_perf.measure.clock import now
-from lightning_perf.measure.stats import LogHistogram
 from lightning_perf.measure.tail import OWN_WORK
 from lightning_perf.measure.trace import activity_names, finish_capture, start_capture, trace_name
 
-#: Iterations between two reads of the running median (a histogram quantile): the step path only compares.
+#: The median a slow iteration is judged against: of the last RECENT iterations (a ring, O(1) memory), taken again
+#: every MEDIAN_EVERY iterations (a sort of 64 numbers); the step path only stores and compares.
+RECENT = 64
 MEDIAN_EVERY = 16
 _NEVER = math.inf
 
@@ -43,10 +45,11 @@ class StepTrace(PerfCallback):
     Steps are numbered as IterationTimer's tail numbers them: the global step at the iteration's end (``steps=[100]``
     traces the iteration that ends at global step 100). A slow iteration is timed here on the host from one batch end
     to the next (the tail's round trip); the first iteration of an epoch and the first after a validation are not
-    judged (the tail names their causes already), nor the iteration after a capture. Capture starts the profiler at
-    the first batch start of the window and stops it at the window's last batch end, where the trace is written; that
-    work is lightning_perf's own (IterationTimer names its iteration for it), and the captured steps themselves run
-    slower under the profiler (docs/evidence.md gives the figures).
+    judged (the tail names their causes already), nor the iteration after a capture; the median is of the last 64
+    judged iterations. A capture starts the profiler at the first batch start of the window and stops it at the
+    window's last batch end, where the trace is written; that work is lightning_perf's own (IterationTimer names its
+    iteration for it), and the captured steps themselves run slower under the profiler (docs/evidence.md gives the
+    figures).
 
     Args:
         steps: global steps to trace (consecutive steps make one trace).
@@ -115,7 +118,8 @@ class StepTrace(PerfCallback):
         self._slow_captures = 0
         self._slow_seen = 0
         self._passed: List[int] = []  # requested steps the run never reached a start of (a resume past them)
-        self._hist = LogHistogram()
+        self._recent = [0.0] * RECENT
+        self._judged = 0
         self._median: Optional[float] = None
         self._step = 0
         self._last_end: Optional[float] = None
@@ -179,10 +183,10 @@ class StepTrace(PerfCallback):
             self._record_failure("on_train_batch_end", err)
 
     def _judge(self, ms: float, step: int) -> None:
-        hist = self._hist
-        hist.add(ms)
-        if hist.count % MEDIAN_EVERY == 0 or self._median is None:
-            self._median = hist.quantile(0.5) if hist.count > self.warmup_steps else None
+        n = self._judged = self._judged + 1
+        self._recent[(n - 1) % RECENT] = ms
+        if n > self.warmup_steps and (n % MEDIAN_EVERY == 0 or self._median is None):
+            self._median = statistics.median(self._recent[:n] if n < RECENT else self._recent)
         median = self._median
         if median is None or ms <= self.slow_factor * median:  # type: ignore[operator]
             return
@@ -288,7 +292,7 @@ class StepTrace(PerfCallback):
             "max_captures": self.max_captures,
             "warmup_steps": self.warmup_steps,
             "trace_dir": os.path.abspath(self._dir) if self._dir else None,
-            "median_ms": self._hist.quantile(0.5) if self._hist.count else None,
+            "median_ms": self._median,
             "slow_iterations": self._slow_seen if self.slow_factor is not None else None,
             "captures": self.captures,
             "unavailable": unavailable,

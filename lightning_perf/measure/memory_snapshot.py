@@ -77,8 +77,16 @@ def top_allocations(snapshot: Dict[str, Any], k: int) -> List[Dict[str, Any]]:
     blocks = [b for seg in snapshot.get("segments") or () for b in seg.get("blocks") or ()
               if b.get("state") == "active_allocated"]
     blocks.sort(key=lambda b: -int(b.get("size") or 0))
-    return [dict(_described(int(b.get("requested_size") or b.get("size") or 0), b.get("frames") or [], library),
+    return [dict(_described(int(b.get("requested_size") or b.get("size") or 0), _frames_of(b), library),
                  block_mb=int(b.get("size") or 0) / MB) for b in blocks[:k]]
+
+
+def _frames_of(block: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """A block's frames: ``frames`` (torch 2.1 on), else its first ``history`` entry's (older snapshots)."""
+    if "frames" in block:
+        return block.get("frames") or []
+    history = block.get("history") or [{}]
+    return history[0].get("frames") or []
 
 
 def failed_request(snapshot: Dict[str, Any]) -> Optional[Dict[str, Any]]:
