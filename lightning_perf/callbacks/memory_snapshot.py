@@ -9,7 +9,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_path, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.measure import memory_snapshot as snapshots
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.tail import OWN_WORK
@@ -222,6 +222,7 @@ class MemorySnapshot(PerfCallback):
     def state_dict(self) -> Dict[str, Any]:
         return {"snapshots": self.snapshots}
 
+    @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         kept = state_dict.get("snapshots")
         if isinstance(kept, list):  # dumps of before a resume stay in the summary

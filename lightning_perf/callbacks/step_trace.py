@@ -11,7 +11,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_path, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.tail import OWN_WORK
 from lightning_perf.measure.trace import activity_names, finish_capture, start_capture, trace_name
@@ -278,8 +278,10 @@ class StepTrace(PerfCallback):
 
     def _summary_section(self) -> Dict[str, Any]:
         unavailable = dict(self._unavailable)
-        if self._passed:
-            unavailable["steps"] = (f"steps {', '.join(map(str, self._passed))} were not traced: the run started"
+        traced = {s for c in self._captures for s in range(c.get("first_step", 0), c.get("last_step", -1) + 1)}
+        passed = [s for s in self._passed if s not in traced]  # a resume: those traced before it are in `captures`
+        if passed:
+            unavailable["steps"] = (f"steps {', '.join(map(str, passed))} were not traced: the run started"
                                     " (or resumed) after them, or the run ended first")
         left = [s for a, b, t in self._pending if t is None for s in range(a, b + 1)]
         if left:
@@ -301,6 +303,7 @@ class StepTrace(PerfCallback):
     def state_dict(self) -> Dict[str, Any]:
         return {"captures": self.captures, "slow_captures": self._slow_captures}
 
+    @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         captures = state_dict.get("captures")
         if isinstance(captures, list):  # traces of before a resume stay in the summary; the cap counts them

@@ -95,7 +95,9 @@ class VRAMMonitor(HookPhases, PerfCallback):
         ``host/process_cpu_cores``, ``host/cpu_pct``, ``host/steal_pct``, ``host/cpu_wait_pct`` (training; ``gpu/eval_util_pct``, ... for validation, at its end); and where a training hook runs
         evaluation inside ``lightning_perf.phase("eval_in_train_hooks")``, its own peak at each exit of that phase:
         ``vram/eval_in_train_hooks_peak_allocated_mb``, ``vram/eval_in_train_hooks_peak_reserved_mb``,
-        ``vram/eval_in_train_hooks_host_rss_peak_mb``.
+        ``vram/eval_in_train_hooks_host_rss_peak_mb``; on CUDA the allocator's health: ``vram/train_alloc_retries``,
+        ``vram/train_fragmentation_pct`` and at evaluation ends ``vram/eval_alloc_retries``,
+        ``vram/eval_fragmentation_pct``.
 
     Raises:
         ValueError: for ``nvml_interval_s`` outside (0.001, 60], ``warn_above_pct`` outside (0, 100], a
