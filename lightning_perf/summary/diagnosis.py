@@ -72,7 +72,7 @@ TAIL_ADVICE = {
     "lightning_perf": ("report less often (`SectionProfiler(report_every_n_steps=...)`, `log_every_n_steps`) or without"
                        " the printed table (`print_reports=False`)"),
     "unexplained": "find what grows in the slowest iterations (IterationTimer's `tail.slowest`, SectionProfiler's"
-                   " table, the torch profiler around those steps)",
+                   " table, a trace of those steps: `StepTrace(slow_factor=3.0)`)",
 }
 #: What a contended run's diagnosis adds: its figures may be the machine's.
 CONTENTION_ADVICE = ("measure again on a quiet machine, or compare runs measured in interleaved repeats, before"
