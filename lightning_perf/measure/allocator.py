@@ -68,7 +68,13 @@ class AllocatorHealth:
                 held.get("fragmentation_pct")}
 
     def _stats(self) -> Dict[str, Any]:
-        return self.backend.memory_stats_as_nested_dict(self.device) or {}
+        """The nested statistics dict; empty (every figure null) where the backend has none or it fails."""
+        nested = getattr(self.backend, "memory_stats_as_nested_dict", None)
+        try:
+            stats = nested(self.device) if nested is not None else None
+        except Exception:  # noqa: BLE001 - the peaks of VRAMMonitor go on without these figures
+            stats = None
+        return stats if isinstance(stats, dict) else {}
 
     def start(self) -> None:
         stats = self._stats()
@@ -99,9 +105,13 @@ class AllocatorHealth:
         snapshot = getattr(self.backend, "memory_snapshot", None)
         if snapshot is None:
             return None
+        try:
+            segments = snapshot() or ()
+        except Exception:  # noqa: BLE001
+            return None
         index = getattr(self.device, "index", None)
         largest = 0
-        for segment in snapshot() or ():
+        for segment in segments:
             if index is not None and segment.get("device", index) != index:
                 continue
             for block in segment.get("blocks") or ():
