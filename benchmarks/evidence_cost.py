@@ -1,4 +1,4 @@
-"""What StepTrace costs: per step when no capture is due (its two step hooks, called as Lightning calls them), and
+"""What StepTrace costs: per step when no capture is due (its step hook, called as Lightning calls it), and
 while it captures (a CPU-bound step of about 1 ms, captured steps against the others of the same run).
 
     python benchmarks/evidence_cost.py
@@ -28,16 +28,14 @@ STEPS = 200_000
 
 
 def hooks_us(trace: StepTrace) -> float:
-    """µs per step of the two step hooks, less an empty loop's, global_step advancing as in training."""
+    """µs per step of its step hook (a batch end), less an empty loop's, global_step advancing as in training."""
     trainer = SimpleNamespace(global_step=0, is_global_zero=True)
     trace._dir = tempfile.mkdtemp()  # set at set-up in a fit
-    start, end = trace.on_train_batch_start, trace.on_train_batch_end
+    end = trace.on_train_batch_end
 
     def loop(with_hooks: bool) -> float:
         began = time.thread_time()
         for i in range(STEPS):
-            if with_hooks:
-                start(trainer, None, None, i)
             trainer.global_step += 1
             if with_hooks:
                 end(trainer, None, None, None, i)

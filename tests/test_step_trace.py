@@ -68,13 +68,13 @@ def test_a_slow_step_triggers_a_trace_that_shows_the_injected_op_and_the_tail_li
 
 
 def test_requested_steps_are_traced_exactly(tmp_path):
-    trace = StepTrace(steps=[3, 4, 9])
+    trace = StepTrace(steps=[1, 3, 4, 9])
     fit(tmp_path, [trace], max_epochs=2)
     captures = find_summary(tmp_path)["step_trace"]["captures"]
-    assert [(c["first_step"], c["last_step"], c["trigger"]) for c in captures] == [(3, 4, "requested"),
-                                                                                 (9, 9, "requested")]
+    assert [(c["first_step"], c["last_step"], c["trigger"]) for c in captures] == [
+        (1, 1, "requested"), (3, 4, "requested"), (9, 9, "requested")]
     # an independent count of the iterations in each file: the optimizer's steps the profiler saw
-    for capture, iterations in zip(captures, (2, 1)):
+    for capture, iterations in zip(captures, (1, 2, 1)):
         names = trace_names(capture["path"])
         assert sum(1 for n in names if n and n.startswith("Optimizer.step#SGD.step")) == iterations
         assert os.path.basename(capture["path"]).startswith(f"step_{capture['first_step']}")
@@ -107,3 +107,13 @@ def test_a_crash_inside_the_window_keeps_the_trace_up_to_it(tmp_path):
 def test_bad_arguments_are_refused_at_construction(kwargs, shown):
     with pytest.raises(ValueError, match=f"StepTrace\\({shown.replace('[', '.').replace(']', '.')}\\)"):
         StepTrace(**kwargs)
+
+
+def test_with_gradient_accumulation_a_step_is_one_optimizer_step_of_its_micro_batches(tmp_path):
+    trace = StepTrace(steps=[3])
+    fit(tmp_path, [trace], max_epochs=1, accumulate_grad_batches=2)
+    (capture,) = trace.captures
+    names = trace_names(capture["path"])
+    assert sum(1 for n in names if n and n.startswith("Optimizer.step#SGD.step")) == 1
+    # both micro-batches of that step: each fetched once from the DataLoader
+    assert sum(1 for n in names if n and n.startswith("enumerate(DataLoader)")) == 2

@@ -46,10 +46,10 @@ class StepTrace(PerfCallback):
     traces the iteration that ends at global step 100). A slow iteration is timed here on the host from one batch end
     to the next (the tail's round trip); the first iteration of an epoch and the first after a validation are not
     judged (the tail names their causes already), nor the iteration after a capture; the median is of the last 64
-    judged iterations. A capture starts the profiler at the first batch start of the window and stops it at the
-    window's last batch end, where the trace is written; that work is lightning_perf's own (IterationTimer names its
-    iteration for it), and the captured steps themselves run slower under the profiler (docs/evidence.md gives the
-    figures).
+    judged iterations. A capture starts the profiler at the batch end before the window (so the trace holds each
+    iteration's whole round trip, the data loading of its first batch included) and stops it at the window's last
+    batch end, where the trace is written; that work is lightning_perf's own (IterationTimer names its iteration for
+    it), and the captured steps themselves run slower under the profiler (docs/evidence.md gives the figures).
 
     Args:
         steps: global steps to trace (consecutive steps make one trace).
@@ -150,21 +150,14 @@ class StepTrace(PerfCallback):
             first, last, _ = self._pending.pop(0)
             self._passed.extend(range(first, last + 1))
         self._next_first = self._pending[0][0] if self._pending else _NEVER
+        if self._step + 1 >= self._next_first:  # a window from the first iteration on
+            self._start(trainer)
 
-    # -- the step path: one comparison at a batch start; a clock read and a histogram add at a batch end ------------
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        try:
-            if self._step + 1 >= self._next_first and self._profiler is None:
-                self._start(trainer)
-        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
-            self._record_failure("on_train_batch_start", err)
-
+    # -- the step path: at a batch end, one test while nothing is due; a clock read and a store while watching -------
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         try:
-            if self._profiler is None and not self._watching:
-                if self._pending:
-                    self._step = trainer.global_step
+            if self._profiler is None and not self._watching and not self._pending:
                 return
             end = now()
             step = trainer.global_step
@@ -175,10 +168,13 @@ class StepTrace(PerfCallback):
                 if self._window is not None and step >= self._window[1]:
                     self._stop(trainer, complete=True)
                     self._last_end = None  # the next iteration holds the trace's writing
-                return
-            last, self._last_end = self._last_end, end
-            if last is not None:
-                self._judge(1000.0 * (end - last), step)
+            elif self._watching:
+                last, self._last_end = self._last_end, end
+                if last is not None:
+                    self._judge(1000.0 * (end - last), step)
+            if self._profiler is None and step + 1 >= self._next_first:
+                # from this batch end on: the next iteration's round trip, its data loading included
+                self._start(trainer)
         except Exception as err:  # noqa: BLE001 - `guarded`, inline
             self._record_failure("on_train_batch_end", err)
 
