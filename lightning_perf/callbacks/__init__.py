@@ -9,5 +9,5 @@ from lightning_perf.callbacks.section_profiler import SectionProfiler
 from lightning_perf.callbacks.step_trace import StepTrace
 from lightning_perf.callbacks.vram_monitor import VRAMMonitor
 
-__all__ = ["EvalNoGradGuard", "IterationTimer", "MemorySnapshot", "PerfSuite", "QualityGate", "SectionProfiler", "StepTrace",
-           "VRAMMonitor"]
+__all__ = ["EvalNoGradGuard", "IterationTimer", "MemorySnapshot", "PerfSuite", "QualityGate", "SectionProfiler",
+           "StepTrace", "VRAMMonitor"]

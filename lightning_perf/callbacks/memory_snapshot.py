@@ -34,8 +34,8 @@ class MemorySnapshot(PerfCallback):
 
     Args:
         on_oom: record from set-up and dump on an out-of-memory error.
-        steps: ``[first, last]``: record (if not already) from the start of step ``first`` and dump at the end of
-            step ``last``; None: no window.
+        steps: ``[first, last]``: record (if not already) from the batch end before step ``first`` and dump at the
+            end of step ``last``; None: no window.
         max_entries: allocator events kept (the oldest drop out).
         stacks: ``"python"`` (Python frames; cheaper) or ``"all"`` (with C++ frames).
         top_k: largest live allocations kept in the summary per dump.
@@ -139,16 +139,7 @@ class MemorySnapshot(PerfCallback):
         self._stop_recording()
         self._flush_summary(trainer)
 
-    # -- the window: one comparison at a batch start while it is ahead -----------------------------------------------
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        try:
-            if self._step + 1 >= self._first and not self._window_open:
-                self._first = _NEVER
-                self._window_open = True
-                self._start_recording()
-        except Exception as err:  # noqa: BLE001 - `guarded`, inline
-            self._record_failure("on_train_batch_start", err)
-
+    # -- the window: opened at the batch end before it (its first batch's transfer to the device included) ---------
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         try:
@@ -162,8 +153,15 @@ class MemorySnapshot(PerfCallback):
                 if not self.on_oom:
                     self._stop_recording()
                 OWN_WORK.add(now() - began)
+            elif not self._window_open and self._step + 1 >= self._first:
+                self._open_window()
         except Exception as err:  # noqa: BLE001 - `guarded`, inline
             self._record_failure("on_train_batch_end", err)
+
+    def _open_window(self) -> None:
+        self._first = _NEVER
+        self._window_open = True
+        self._start_recording()
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -171,6 +169,8 @@ class MemorySnapshot(PerfCallback):
         if self.steps and self._step >= self.steps[1]:
             self._first = _NEVER
             self._unavailable["steps"] = f"the run started (or resumed) at step {self._step}, after the window"
+        elif self._step + 1 >= self._first:  # a window from the first iteration on (or a resume inside it)
+            self._open_window()
 
     # -- dumps ---------------------------------------------------------------------------------------------------
     def _dump(self, trainer: Trainer, trigger: str, name: str) -> None:

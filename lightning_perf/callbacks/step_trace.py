@@ -1,4 +1,4 @@
-"""StepTrace: a torch.profiler trace (Chrome/Perfetto JSON) of chosen training steps, or of the steps after a slow one."""
+"""StepTrace: a torch.profiler trace (Chrome/Perfetto JSON) of chosen training steps, or of those after a slow one."""
 
 from __future__ import annotations
 

@@ -76,7 +76,8 @@ def snapshot_lines(section: Any) -> List[str]:
         bits = []
         failed = _get(dump, "failed_request")
         if failed is not None and _get(failed, "size_mb") is not None:
-            bits.append(f"it asked for {_get(failed, 'size_mb'):.1f} MB at {_get(failed, 'frame') or 'an unknown frame'}")
+            where = _get(failed, "frame") or "an unknown frame"
+            bits.append(f"it asked for {_get(failed, 'size_mb'):.1f} MB at {where}")
         top = (_get(dump, "top_allocations") or [None])[0]
         if top is not None and _get(top, "size_mb") is not None:
             bits.append(f"the largest live allocation, {_get(top, 'size_mb'):.1f} MB, from"
