@@ -117,3 +117,12 @@ def test_with_gradient_accumulation_a_step_is_one_optimizer_step_of_its_micro_ba
     assert sum(1 for n in names if n and n.startswith("Optimizer.step#SGD.step")) == 1
     # both micro-batches of that step: each fetched once from the DataLoader
     assert sum(1 for n in names if n and n.startswith("enumerate(DataLoader)")) == 2
+
+
+def test_the_printed_diagnosis_ends_with_the_first_evidence_line():
+    from lightning_perf.summary.diagnosis import diagnosis_line
+
+    line = diagnosis_line({"verdict": "tail-heavy", "figure": "tail", "value": 30.0, "threshold": 20.0,
+                           "advice": "look", "evidence": ["see trace /a.json (steps 5-6)", "see trace /b.json"]})
+    assert line.endswith(" Evidence: see trace /a.json (steps 5-6) (+1 more in the summary's diagnosis.evidence)")
+    assert "Evidence" not in diagnosis_line({"verdict": "tail-heavy", "figure": "tail", "evidence": []})
