@@ -15,6 +15,8 @@ _LAZY = {
     "SectionProfiler": "lightning_perf.callbacks.section_profiler",
     "PerfSuite": "lightning_perf.callbacks.perf_suite",
     "ABTrial": "lightning_perf.callbacks.ab_trial",
+    "StepTrace": "lightning_perf.callbacks.step_trace",
+    "MemorySnapshot": "lightning_perf.callbacks.memory_snapshot",
     "profile_section": "lightning_perf.measure.sections",
     "phase": "lightning_perf.measure.phases",
     "allow_grad_in_eval": "lightning_perf.measure.autograd",

@@ -3,7 +3,8 @@
 Each entry: class name -> (factory for a fast test instance, summary section name, YAML init_args).
 """
 
-from lightning_perf import EvalNoGradGuard, IterationTimer, QualityGate, SectionProfiler, VRAMMonitor
+from lightning_perf import (EvalNoGradGuard, IterationTimer, MemorySnapshot, QualityGate, SectionProfiler, StepTrace,
+                            VRAMMonitor)
 
 SUITE = {
     "IterationTimer": (lambda: IterationTimer(warmup_steps=1), "iteration_timer", {"warmup_steps": 1}),
@@ -14,4 +15,7 @@ SUITE = {
     "SectionProfiler": (lambda: SectionProfiler(warmup_steps=1, print_reports=False), "section_profiler",
                         {"warmup_steps": 1}),
     "VRAMMonitor": (lambda: VRAMMonitor(nvml_interval_s=0.01), "vram", {"nvml_interval_s": 0.01}),
+    "StepTrace": (lambda: StepTrace(steps=[2], slow_factor=3.0, max_captures=1), "step_trace",
+                  {"steps": [2], "slow_factor": 3.0}),
+    "MemorySnapshot": (lambda: MemorySnapshot(steps=[2, 3]), "memory_snapshot", {"steps": [2, 3]}),
 }

@@ -366,3 +366,53 @@ def test_fit_end_prints_peaks_and_the_leak_verdict(tmp_path, caplog):
     train = v["phases"]["train"]
     assert f"train peak {train['host_rss_peak_mb']:.0f} MB ({train['usage_pct']:.0f}% used)" in line, line
     assert line.endswith("; no leak") and v["leak_suspected"] is False
+
+
+# -- allocator health: retries, OOMs, fragmentation, the largest free block (the allocator simulated) -----------------
+class PressuredCuda(FakeCuda):
+    """An allocator that retries every 4th training step, with 1 GB reserved beyond what is allocated and a 600 MB
+    free block in its cache; counts the snapshot walks (phase ends only, never per step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.retries, self.snapshots = 3, 0  # 3 retries from before the fit: not this run's
+
+    def memory_stats_as_nested_dict(self, device):
+        stats = super().memory_stats_as_nested_dict(device)
+        stats["reserved_bytes"]["all"]["current"] = self.allocated + 1024 * MB
+        stats["num_alloc_retries"], stats["num_ooms"] = self.retries, 1
+        return stats
+
+    def memory_snapshot(self):
+        self.snapshots += 1
+        return [{"device": 0, "blocks": [{"size": 600 * MB, "state": "inactive"},
+                                         {"size": 2000 * MB, "state": "active_allocated"}]},
+                {"device": 1, "blocks": [{"size": 5000 * MB, "state": "inactive"}]}]  # another device's
+
+
+class RetriesEvery4th(SimulatedGpuModel):
+    def training_step(self, batch, batch_idx):
+        if (self.trainer.global_step + 1) % 4 == 0:
+            self.cuda.retries += 1
+        return super().training_step(batch, batch_idx)
+
+
+def test_allocator_retries_fragmentation_and_the_largest_free_block_per_phase(tmp_path, monkeypatch):
+    cuda = PressuredCuda()
+    cuda.alloc(500)
+    monkeypatch.setattr(vram_module, "cuda_backend", lambda: cuda)
+    monkeypatch.setattr(VRAMMonitor, "_device", lambda self, trainer: torch.device("cuda", 0))
+    monkeypatch.setattr(SimulatedGpuModel, "cuda", cuda, raising=False)
+    fit(tmp_path, [VRAMMonitor(nvml=False, activity=False)], model=RetriesEvery4th(), max_epochs=2)  # 16 steps
+    summary = find_summary(tmp_path)
+    train, validation = summary["vram"]["phases"]["train"], summary["vram"]["phases"]["validation"]
+    assert train["alloc_retries"] == 16 // 4 and validation["alloc_retries"] == 0  # the 3 before the fit are not
+    assert train["ooms"] == 0
+    assert train["fragmentation_mb"] == pytest.approx(1024.0) and validation["largest_free_block_mb"] == 600.0
+    reserved_mb = cuda.allocated / MB + 1024
+    assert train["fragmentation_pct"] == pytest.approx(100.0 * 1024 / reserved_mb)
+    # walked at phase ends only: train left at each of the 2 validations and at its end, validation left twice
+    assert cuda.snapshots == 5
+    logged = read_scalars(tmp_path)
+    assert max(v for _, v in logged["vram/train_alloc_retries"]) == 4
+    assert "allocator under pressure: 4 retries in training" in summary["diagnosis"]["evidence"][0]

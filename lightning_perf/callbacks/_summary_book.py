@@ -20,6 +20,7 @@ from lightning_perf.errors import PerfConfigError
 from lightning_perf.measure.tail import explain_with_sections
 from lightning_perf.summary.diagnosis import NOT_ENOUGH, diagnose, diagnosis_line
 from lightning_perf.summary.energy import join_work
+from lightning_perf.summary.evidence import link_traces
 from lightning_perf.summary.io import probe_folder, special_kind, write_json_atomic
 from lightning_perf.summary.schema import SCHEMA_VERSION, SUMMARY_FILENAME
 
@@ -293,6 +294,10 @@ class SummaryBook:
             data[cb.section_name] = cb.summary_section()
         self._explain_tail(data)
         join_work(data)  # the training phase's joules over IterationTimer's iterations and samples
+        try:  # StepTrace's traces, linked from the slow iterations they hold or follow
+            link_traces(data)
+        except Exception as err:  # noqa: BLE001 - a measurement never raises into training
+            rank_zero_warn(f"lightning_perf: the traces could not be linked to the tail ({type(err).__name__}: {err})")
         if self.stage == "fit":  # a validate/test/predict record has no training to diagnose
             diagnosis = self._diagnosis if self._diagnosis is not None else self._diagnose(data)
             data = {"schema_version": data.pop("schema_version"), "status": data.pop("status"),

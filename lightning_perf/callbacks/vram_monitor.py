@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 from lightning.pytorch import LightningModule, Trainer
@@ -11,9 +10,11 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks._hook_phases import HookPhases
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.measure.allocator import AllocatorHealth
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.device_activity import (
     GPU_READINGS,
@@ -35,21 +36,11 @@ from lightning_perf.measure.memory import (
     RssReader,
     host_total_mb,
 )
-from lightning_perf.measure.phases import add_listener, remove_listener
+from lightning_perf.measure.memory_phases import EVAL_KEY as _EVAL_KEY
+from lightning_perf.measure.memory_phases import (PHASES, hold_max as _hold_max, leak_detectors, leak_warning,
+                                                  memory_verdict, usage_pct)
 from lightning_perf.measure.tail import OWN_WORK
 
-#: ``eval_in_train_hooks``: evaluation a training hook runs inside ``lightning_perf.phase(...)``.
-PHASES = ("train", "validation", "test", "predict", "eval_in_train_hooks")
-#: Training iterations per leak reading: a CUDA allocator read costs ~20 µs on an H100 host, a host RSS read 10 to
-#: 45 µs right after a CPU step (the kernel walks the process's memory counters; 1 µs in a tight loop). One reading
-#: per window of 16 iterations: the allocator's count at an iteration's end is exact, and a host leak that the
-#: threshold flags (20 MB per 100 iterations) rises 3 MB a window, above RSS's drift between two readings.
-TRAIN_LEAK_STRIDE_CUDA = 16
-TRAIN_LEAK_STRIDE_HOST = 16
-LEAK_THRESHOLD_CUDA = 2.0  # MB per 100 iterations, torch allocator
-LEAK_THRESHOLD_RSS = 20.0  # MB per 100 iterations, host RSS
-_EVAL_KEY = {"validation": "eval", "test": "test", "predict": "predict", "train": "train",
-             "eval_in_train_hooks": "eval_in_train_hooks"}
 # sampler field -> summary field
 _SAMPLED = {"nvml_used_mb": "nvml_peak_used_mb", "nvml_process_mb": "nvml_process_peak_mb",
             "host_rss_mb": "host_rss_peak_mb"}
@@ -61,13 +52,6 @@ _ACTIVITY_KEYS = {"gpu_util_pct": ("gpu", "util_pct"), "mem_util_pct": ("gpu", "
                   "host_steal_pct": ("host", "steal_pct"), "cpu_wait_pct": ("host", "cpu_wait_pct")}
 
 
-def _hold_max(held: Dict[str, Optional[float]], values: Dict[str, Optional[float]]) -> None:
-    """Peak-hold: each known value raises its entry in ``held``."""
-    for key, value in values.items():
-        if value is not None:
-            held[key] = max(value, held.get(key) or 0.0)
-
-
 def cuda_backend() -> Any:
     """The allocator module (``torch.cuda``); a function so tests can simulate a GPU's allocator."""
     import torch
@@ -75,7 +59,7 @@ def cuda_backend() -> Any:
     return torch.cuda
 
 
-class VRAMMonitor(PerfCallback):
+class VRAMMonitor(HookPhases, PerfCallback):
     r"""Peak memory of training and of evaluation, separately, without missing short peaks.
 
     On CUDA: peak allocated and reserved MB per phase from torch's allocator (this callback resets torch's global
@@ -113,7 +97,9 @@ class VRAMMonitor(PerfCallback):
         ``host/process_cpu_cores``, ``host/cpu_pct``, ``host/steal_pct``, ``host/cpu_wait_pct`` (training; ``gpu/eval_util_pct``, ... for validation, at its end); and where a training hook runs
         evaluation inside ``lightning_perf.phase("eval_in_train_hooks")``, its own peak at each exit of that phase:
         ``vram/eval_in_train_hooks_peak_allocated_mb``, ``vram/eval_in_train_hooks_peak_reserved_mb``,
-        ``vram/eval_in_train_hooks_host_rss_peak_mb``.
+        ``vram/eval_in_train_hooks_host_rss_peak_mb``; on CUDA the allocator's health: ``vram/train_alloc_retries``,
+        ``vram/train_fragmentation_pct`` and at evaluation ends ``vram/eval_alloc_retries``,
+        ``vram/eval_fragmentation_pct``.
 
     Raises:
         ValueError: for ``nvml_interval_s`` outside (0.001, 60], ``warn_above_pct`` outside (0, 100], a
@@ -180,6 +166,7 @@ class VRAMMonitor(PerfCallback):
         self._phases = {}
         self._lifetime = {"peak_allocated_mb": None, "peak_reserved_mb": None}
         self._allocator: Optional[AllocatorPeaks] = None
+        self._health: Optional[AllocatorHealth] = None  # retries, OOMs, fragmentation: read at windows and phase ends
         self._device_label = "cpu"
         self._total_mb: Optional[float] = None
         self._unavailable: Dict[str, str] = {}
@@ -209,6 +196,7 @@ class VRAMMonitor(PerfCallback):
         if device.type == "cuda":
             backend = cuda_backend()
             self._allocator = AllocatorPeaks(device, backend)
+            self._health = AllocatorHealth(device, backend)
             self._total_mb = backend.get_device_properties(device).total_memory / (1024.0 * 1024.0)
             if self.nvml:
                 try:
@@ -221,7 +209,7 @@ class VRAMMonitor(PerfCallback):
                 self._nvml_unavailable("switched off (`nvml=False`)", warn=False)
         else:
             self._total_mb = host_total_mb()
-            for key in ("peak_allocated_mb", "peak_reserved_mb"):
+            for key in ("peak_allocated_mb", "peak_reserved_mb", "allocator"):
                 self._unavailable[key] = f"no CUDA allocator on {device.type}; host RSS is measured instead"
             self._nvml_unavailable(f"NVML applies to CUDA devices, this run is on {device.type}", warn=False)
         nvml_reader = self._nvml_reader
@@ -240,15 +228,8 @@ class VRAMMonitor(PerfCallback):
         return trainer.strategy.root_device
 
     def _make_leak_detectors(self, on_cuda: bool) -> None:
-        threshold = self.leak_threshold_mb_per_100
-        if threshold is None:
-            threshold = LEAK_THRESHOLD_CUDA if on_cuda else LEAK_THRESHOLD_RSS
-        self._leak_threshold = float(threshold)
-        self._leak_stride = TRAIN_LEAK_STRIDE_CUDA if on_cuda else TRAIN_LEAK_STRIDE_HOST
-        self._train_leak = LeakDetector(window=self.leak_window, threshold_mb_per_100=threshold, warmup=50,
-                                        stride=self._leak_stride)
-        self._eval_leak = LeakDetector(window=max(2, self.leak_window // 5), threshold_mb_per_100=threshold,
-                                       warmup=2)
+        self._train_leak, self._eval_leak, self._leak_threshold, self._leak_stride = leak_detectors(
+            on_cuda, self.leak_window, self.leak_threshold_mb_per_100)
 
     def _nvml_unavailable(self, reason: str, warn: bool = True) -> None:
         for key in ("nvml_peak_used_mb", "nvml_process_peak_mb"):
@@ -281,6 +262,8 @@ class VRAMMonitor(PerfCallback):
         self._phase = phase
         if self._allocator is not None:
             self._allocator.start_phase()
+        if self._health is not None:
+            self._health.enter(phase)
         if self._sampler is not None:
             self._sampler.set_phase(phase)
 
@@ -289,6 +272,8 @@ class VRAMMonitor(PerfCallback):
             return
         self._phase = None
         held = self._phases.setdefault(phase, {})
+        if self._health is not None:
+            self._health.exit(phase)
         if self._allocator is not None:
             _hold_max(held, self._allocator.end_phase())
             _hold_max(self._lifetime, {"peak_allocated_mb": self._allocator.lifetime_peak_allocated_mb,
@@ -316,12 +301,7 @@ class VRAMMonitor(PerfCallback):
             )
 
     def _usage_pct(self, held: Dict[str, Optional[float]]) -> Optional[float]:
-        """The phase's peak as a share of device (host on CPU) memory: 100 - usage is the headroom left."""
-        if not self._total_mb:
-            return None
-        keys = ("peak_reserved_mb", "nvml_peak_used_mb") if self._allocator is not None else ("host_rss_peak_mb",)
-        values = [held.get(k) for k in keys if held.get(k) is not None]
-        return 100.0 * max(values) / self._total_mb if values else None
+        return usage_pct(held, self._total_mb, self._allocator is not None)
 
     def _phase_metrics(self, phase: str, live: bool = False) -> Dict[str, Optional[float]]:
         held = dict(self._phases.get(phase, {}))
@@ -338,6 +318,9 @@ class VRAMMonitor(PerfCallback):
             metrics["vram/nvml_used_mb"] = self._sampler.last["nvml_used_mb"]
         rss_key = "vram/host_rss_peak_mb" if phase == "train" else prefix + "host_rss_peak_mb"
         metrics[rss_key] = held.get("host_rss_peak_mb")
+        if self._health is not None:
+            health = self._health.window_metrics if live else self._health.phase_metrics
+            metrics.update(health(prefix, phase))
         metrics.update(self._activity_metrics(phase))
         return metrics
 
@@ -490,13 +473,7 @@ class VRAMMonitor(PerfCallback):
         else:
             return
         if detector.add(mb):
-            unit = "iterations" if phase == "train" else f"{phase} batches"
-            self._warn_once(
-                f"leak:{phase}",
-                f"memory rose by {detector.rate_mb_per_100:.1f} MB per 100 {unit} and kept rising: a leak is"
-                " suspected. Look for tensors kept across steps (a list of losses or outputs without .detach(),"
-                " an autograd graph kept alive by evaluation without torch.no_grad()).",
-            )
+            self._warn_once(f"leak:{phase}", leak_warning(detector.rate_mb_per_100, phase))
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -535,30 +512,6 @@ class VRAMMonitor(PerfCallback):
             self._leaks[phase] = self._eval_leak.result()
         if self._in_training:
             self._enter("train")
-
-    # -- phases a user's training hook opens: `with lightning_perf.phase("eval_in_train_hooks"):` -----------------
-    def _listen_to_hook_phases(self, trainer: Trainer) -> None:
-        self._hook_trainer = weakref.ref(trainer)
-        add_listener(self._hook_phase)
-
-    def _stop_listening_to_hook_phases(self) -> None:
-        remove_listener(self._hook_phase)
-        self._hook_trainer = None
-
-    @guarded
-    def _hook_phase(self, name: str, entering: bool) -> None:
-        """Ends the train phase (keeping its peak) and opens ``name``, or closes ``name`` and opens train again:
-        what validation inside fit does, at the user's marks. Only inside training; no sync, no NVML call."""
-        trainer = self._hook_trainer() if self._hook_trainer is not None else None
-        if trainer is None or trainer.sanity_checking:
-            return
-        if entering and self._phase == "train":
-            self._exit(trainer, "train")
-            self._enter(name)
-        elif not entering and self._phase == name:
-            self._exit(trainer, name)
-            if self._in_training:
-                self._enter("train")
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -604,21 +557,7 @@ class VRAMMonitor(PerfCallback):
 
     def verdict(self) -> str:
         """One line for the console: each phase's peak (allocator on CUDA, else host RSS), its usage, and leaks."""
-        parts = []
-        for phase in PHASES:
-            held = self._phases.get(phase)
-            if not held:
-                continue
-            peak = held.get("peak_allocated_mb") if self._allocator is not None else held.get("host_rss_peak_mb")
-            if peak is None:
-                continue
-            usage = self._usage_pct(held)
-            parts.append(f"{phase} peak {peak:.0f} MB" + (f" ({usage:.0f}% used)" if usage is not None else ""))
-        leaks = [f"{phase} (+{r['rate_mb_per_100_iters']:.1f} MB/100 it)" for phase, r in self._leaks.items()
-                 if r.get("suspected") and r.get("rate_mb_per_100_iters") is not None]
-        source = "allocator" if self._allocator is not None else "host RSS"
-        return (f"VRAMMonitor ({source}): " + (", ".join(parts) or "no phase measured")
-                + ("; leak suspected in " + ", ".join(leaks) if leaks else "; no leak"))
+        return memory_verdict(self._phases, self._leaks, self._allocator is not None, self._usage_pct)
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -643,6 +582,7 @@ class VRAMMonitor(PerfCallback):
                 held = self._phases[phase]
                 phases[phase] = {f: held.get(f) for f in fields}
                 phases[phase]["usage_pct"] = self._usage_pct(held)
+                phases[phase].update(self._health.phases.get(phase, {}) if self._health is not None else {})
         unavailable = dict(self._unavailable)
         if self._sampler is not None and self._sampler.error and self._nvml_reader is not None:
             reason = f"sampling stopped: {self._sampler.error}"

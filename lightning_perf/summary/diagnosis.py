@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from lightning_perf.measure.loader import wait_advice
 from lightning_perf.measure.tail import section_elsewhere
 from lightning_perf.summary.contention import contention, contention_line
+from lightning_perf.summary.evidence import evidence_lines, first_evidence
 from lightning_perf.summary.model import PerfSummary, as_summary
 
 #: input-bound: data loading + transfer above this % of iteration time (SectionProfiler).
@@ -71,7 +72,7 @@ TAIL_ADVICE = {
     "lightning_perf": ("report less often (`SectionProfiler(report_every_n_steps=...)`, `log_every_n_steps`) or without"
                        " the printed table (`print_reports=False`)"),
     "unexplained": "find what grows in the slowest iterations (IterationTimer's `tail.slowest`, SectionProfiler's"
-                   " table, the torch profiler around those steps)",
+                   " table, a trace of those steps: `StepTrace(slow_factor=3.0)`)",
 }
 #: What a contended run's diagnosis adds: its figures may be the machine's.
 CONTENTION_ADVICE = ("measure again on a quiet machine, or compare runs measured in interleaved repeats, before"
@@ -224,7 +225,8 @@ def diagnose(summary: Any) -> Dict[str, Any]:
     summary = as_summary(summary, "summary")
     out: Dict[str, Any] = {"verdict": NOT_ENOUGH, "figure": None, "value": None, "of": None, "threshold": None,
                            "advice": None, "also": [], "unchecked": {}, "reason": None, "thresholds": dict(THRESHOLDS),
-                           "contention": contention_line(contention(summary)), "ceilings": {}}
+                           "contention": contention_line(contention(summary)), "ceilings": {},
+                           "evidence": evidence_lines(summary)}
     shares, why = _shares(summary)
     if shares is None:
         profiler = summary.section_profiler
@@ -318,9 +320,10 @@ def diagnosis_line(diagnosis: Optional[Mapping[str, Any]], name: Optional[str] =
     if not diagnosis or not diagnosis.get("verdict"):
         return f"Diagnosis{who}: none in this summary"
     verdict = diagnosis["verdict"]
+    evidence = first_evidence(diagnosis.get("evidence"))
     if verdict == NOT_ENOUGH:
         return f"Diagnosis{who}: not enough measured: {diagnosis.get('reason') or 'no reason given'}." + (
-            f" {diagnosis['advice']}" if diagnosis.get("advice") else "")
+            f" {diagnosis['advice']}" if diagnosis.get("advice") else "") + evidence
     value, threshold = _number(diagnosis.get("value")), _number(diagnosis.get("threshold"))
     figure = str(diagnosis.get("figure") or "")
     if value is not None:
@@ -336,7 +339,7 @@ def diagnosis_line(diagnosis: Optional[Mapping[str, Any]], name: Optional[str] =
         diagnosis.get("advice")) else ""
     return (f"Diagnosis{who}: {verdict}: {figure.strip()}" + (f"; most likely to help: {diagnosis['advice']}"
                                                                if diagnosis.get("advice") else "")
-            + (f" [also {', '.join(also)}]" if also else "") + caveat)
+            + (f" [also {', '.join(also)}]" if also else "") + caveat + evidence)
 
 
 def ceiling_words(diagnosis: Optional[Mapping[str, Any]], verdict: Optional[str]) -> Optional[str]:

@@ -287,6 +287,13 @@ class TailCause(Section):
     section: Obj(CauseSection) = Field(None, description="with SectionProfiler in the run: the section that grew")
 
 
+class TraceLink(Section):
+    path: Text = Field(None, description="StepTrace's Chrome/Perfetto trace file")
+    first_step: Count = None
+    last_step: Count = None
+    covers: Text = Field(None, description="`this` (the trace holds this iteration) or `next` (the steps right after it)")
+
+
 class TailIteration(Section):
     step: Count = Field(None, description="global step at its end")
     iteration: Count = Field(None, description="the run's iteration number")
@@ -296,6 +303,8 @@ class TailIteration(Section):
     gc_pause_ms: Ms = None
     section: Obj(OverMedian) = Field(None, description="with SectionProfiler in the run: the section that exceeded"
                                                        " its median the most in this iteration")
+    trace: Obj(TraceLink) = Field(None, description="with StepTrace in the run: a trace of this iteration or of the"
+                                                   " steps after it")
 
 
 class TailGc(Section):
@@ -391,6 +400,12 @@ class PhaseMemory(Section):
     host_rss_peak_mb: MB = None
     usage_pct: Pct = None
     headroom_pct: Real = Field(None, description="schema 1")
+    alloc_retries: Count = Field(None, description="CUDA allocator retries in the phase (its cache freed and the"
+                                                   " allocation tried again: a stall each)")
+    ooms: Count = Field(None, description="out-of-memory errors the allocator raised in the phase")
+    fragmentation_mb: MB = Field(None, description="reserved minus allocated at the phase's end")
+    fragmentation_pct: Pct = Field(None, description="the same, % of reserved")
+    largest_free_block_mb: MB = Field(None, description="the largest cached block no tensor held at the phase's end")
 
 
 class Leak(Section):
@@ -476,6 +491,91 @@ class Vram(Section):
     measurement_failures: Reasons = None
     error: SectionError = None
     activity: Obj(Activity) = Field(None, description="what the GPU and host were doing, per phase")
+
+
+# -- step_trace ---------------------------------------------------------------------------------------------------------
+
+class TraceOp(Section):
+    name: Text = Field(None, description="an op, or a `record_function` range")
+    calls: Count = None
+    self_cpu_ms: Ms = Field(None, description="host time in the op itself")
+    total_cpu_ms: Ms = Field(None, description="host time with what ran inside it")
+    self_device_ms: Ms = Field(None, description="device time of its kernels (null without CUDA)")
+
+
+class TraceCapture(Section):
+    path: Text = Field(None, description="the Chrome/Perfetto JSON trace")
+    first_step: Count = None
+    last_step: Count = None
+    complete: Flag = Field(None, description="false where the run ended or failed inside the window")
+    trigger: Text = Field(None, description="`requested` (`steps`) or `slow` (after an iteration over `slow_factor`"
+                                            " x the median)")
+    slow_step: Count = Field(None, description="for `slow`: the slow iteration's step")
+    slow_ms: Ms = None
+    median_ms: Ms = Field(None, description="the median iteration when it was judged")
+    captured_ms: Ms = Field(None, description="wall time from the profiler's start to its stop")
+    start_ms: Ms = Field(None, description="what starting the profiler cost")
+    write_ms: Ms = Field(None, description="what stopping it and writing the trace cost")
+    top_ops: Seq(Obj(TraceOp)) = Field(None, description="the ops with the most self time (device where recorded)")
+
+
+class StepTrace(Section):
+    activities: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="`cpu`, `cuda`")
+    steps: Seq(Count) = Field(None, description="the steps asked for")
+    slow_factor: NonNegative = None
+    capture_steps: Count = None
+    max_captures: Count = None
+    warmup_steps: Count = None
+    trace_dir: Text = None
+    median_ms: Ms = Field(None, description="median of the last 64 iterations StepTrace judged (host, batch end to"
+                                            " batch end); null without `slow_factor`")
+    slow_iterations: Count = Field(None, description="iterations judged over `slow_factor` x the median while"
+                                                     " captures were left (null without `slow_factor`)")
+    captures: Seq(Obj(TraceCapture)) = None
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+    error: SectionError = None
+
+
+# -- memory_snapshot ----------------------------------------------------------------------------------------------------
+
+class SnapshotAllocation(Section):
+    size_mb: MB = Field(None, description="what was asked for")
+    block_mb: MB = Field(None, description="the allocator's block for it (rounded up)")
+    device_free_mb: MB = Field(None, description="for a failed request: the device's free memory then")
+    frame: Text = Field(None, description="the innermost frame outside torch, Lightning and lightning_perf: your line")
+    frames: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="innermost first")
+
+
+class Snapshot(Section):
+    trigger: Text = Field(None, description="`oom` or `steps`")
+    stage: Text = None
+    phase: Text = Field(None, description="what ran: `train`, `validate`, `sanity_check`, `test` or `predict`")
+    step: Count = Field(None, description="in training, the iteration that failed (the step at its end, as in the"
+                                          " tail); else the global step when it was dumped")
+    path: Text = Field(None, description="the pickle (https://pytorch.org/memory_viz)")
+    html: Map(Text) = Field(None, description="view (`trace_plot`, `segment_plot`) -> HTML file")
+    allocated_mb: MB = None
+    reserved_mb: MB = None
+    trace_entries: Count = Field(None, description="allocator events in the history")
+    history_full: Flag = Field(None, description="the history reached `max_entries`: its oldest events dropped out")
+    top_allocations: Seq(Obj(SnapshotAllocation)) = Field(None, description="largest live allocations, largest first")
+    failed_request: Obj(SnapshotAllocation) = Field(None, description="the allocation that ran out of memory")
+    dump_ms: Ms = None
+    unavailable: Reasons = None
+
+
+class MemorySnapshot(Section):
+    on_oom: Flag = None
+    steps: Seq(Count) = Field(None, description="`[first, last]` of the recorded window")
+    max_entries: Count = None
+    stacks: Text = None
+    recorded: Flag = Field(None, description="whether the allocator's history was recorded in this run")
+    snapshot_dir: Text = None
+    snapshots: Seq(Obj(Snapshot)) = None
+    unavailable: Reasons = None
+    measurement_failures: Reasons = None
+    error: SectionError = None
 
 
 # -- quality_gate, section_profiler, eval_no_grad_guard -----------------------------------------------------------------
@@ -683,6 +783,8 @@ class Diagnosis(Section):
                                                " contention (docs/diagnosis.md), else null")
     ceilings: Map(Obj(Ceiling)) = Field(None, description="verdict -> what removing that bottleneck could give at"
                                                           " most (docs/diagnosis.md#ceilings)")
+    evidence: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="where to look next: a"
+                                                                        " trace, a memory snapshot, allocator pressure")
 
 
 class TrialArm(Section):
@@ -758,6 +860,8 @@ class PerfSummary(Section):
     quality_gate: Obj(QualityGate) = None
     eval_no_grad_guard: Obj(EvalNoGradGuard) = None
     trial: Obj(Trial) = Field(None, description="ABTrial: a change tried in alternating blocks (docs/trials.md)")
+    step_trace: Obj(StepTrace) = None
+    memory_snapshot: Obj(MemorySnapshot) = None
 
 
 # -- reading -------------------------------------------------------------------------------------------------------------

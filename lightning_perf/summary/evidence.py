@@ -1,0 +1,112 @@
+"""Where to look next: StepTrace's traces joined to IterationTimer's slow iterations, and the evidence lines of the
+diagnosis (a trace, a memory snapshot, an allocator under pressure). Pure Python on the summary's dicts."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional
+
+from lightning_perf.measure.allocator import pressure_line
+
+
+def _get(node: Any, key: str) -> Any:
+    if node is None:
+        return None
+    if isinstance(node, Mapping):
+        return node.get(key)
+    return getattr(node, key, None)
+
+
+def link_traces(data: Dict[str, Any]) -> None:
+    """Each of IterationTimer's kept slow iterations gets ``trace``: the capture that holds it (``covers: this``),
+    else the one that started right after it (``covers: next``, a capture its slowness triggered)."""
+    tail = _get(data.get("iteration_timer"), "tail")
+    captures = _get(data.get("step_trace"), "captures")
+    if not isinstance(tail, dict) or not captures:
+        return
+    for entry in tail.get("slowest") or ():
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if not isinstance(step, int):
+            continue
+        link = None
+        for capture in captures:
+            first, last = capture.get("first_step"), capture.get("last_step")
+            if isinstance(first, int) and isinstance(last, int) and first <= step <= last:
+                link = dict(capture, covers="this")
+                break
+            if capture.get("slow_step") == step or first == step + 1:
+                link = link or dict(capture, covers="next")
+        if link is not None:
+            entry["trace"] = {key: link.get(key) for key in ("path", "first_step", "last_step", "covers")}
+
+
+def _steps(capture: Any) -> str:
+    first, last = _get(capture, "first_step"), _get(capture, "last_step")
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
+def trace_lines(section: Any) -> List[str]:
+    """One line per capture: slow-triggered ones first."""
+    captures = [c for c in (_get(section, "captures") or []) if c is not None]
+    captures.sort(key=lambda c: _get(c, "trigger") != "slow")
+    out = []
+    for capture in captures:
+        why = ""
+        if _get(capture, "trigger") == "slow" and _get(capture, "slow_ms") is not None:
+            why = (f" after step {_get(capture, 'slow_step')} took {_get(capture, 'slow_ms'):.0f} ms"
+                   f" ({_get(capture, 'slow_ms') / max(_get(capture, 'median_ms') or 1e-9, 1e-9):.1f}x the median)")
+        out.append(f"see trace {_get(capture, 'path')} ({_steps(capture)}{why})")
+    return out
+
+
+def when(dump: Any) -> str:
+    """``out of memory in training step 3``, ``out of memory in validate after step 8``, ``steps 3-4``."""
+    step, phase = _get(dump, "step"), _get(dump, "phase")
+    if _get(dump, "trigger") != "oom":
+        return f"the steps window ending at step {step}"
+    return f"out of memory in training step {step}" if phase in ("train", None) else (
+        f"out of memory in {phase} after step {step}")
+
+
+def snapshot_lines(section: Any) -> List[str]:
+    """One line per memory snapshot: out-of-memory ones first, with the failed request and the largest allocation."""
+    dumps = [d for d in (_get(section, "snapshots") or []) if d is not None]
+    dumps.sort(key=lambda d: _get(d, "trigger") != "oom")
+    out = []
+    for dump in dumps:
+        bits = []
+        failed = _get(dump, "failed_request")
+        if failed is not None and _get(failed, "size_mb") is not None:
+            where = _get(failed, "frame") or "an unknown frame"
+            bits.append(f"it asked for {_get(failed, 'size_mb'):.1f} MB at {where}")
+        top = (_get(dump, "top_allocations") or [None])[0]
+        if top is not None and _get(top, "size_mb") is not None:
+            bits.append(f"the largest live allocation, {_get(top, 'size_mb'):.1f} MB, from"
+                        f" {_get(top, 'frame') or 'an unknown frame'}")
+        out.append(f"see memory snapshot {_get(dump, 'path')} ({when(dump)}"
+                   + (": " + "; ".join(bits) if bits else "") + ")")
+    return out
+
+
+def pressure_lines(summary: Any) -> List[str]:
+    """An allocator that retried in training (VRAMMonitor's train phase, else IterationTimer's tail), in one line."""
+    retries = _get(_get(_get(_get(summary, "vram"), "phases"), "train"), "alloc_retries")
+    if retries is None:
+        retries = _get(_get(_get(summary, "iteration_timer"), "tail"), "alloc_retries")
+    line = pressure_line(retries)
+    return [line] if line else []
+
+
+def evidence_lines(summary: Any) -> List[str]:
+    """The diagnosis's ``evidence``: what the run recorded that shows what ran or what held memory."""
+    lines: List[str] = pressure_lines(summary)
+    lines += snapshot_lines(_get(summary, "memory_snapshot"))
+    lines += trace_lines(_get(summary, "step_trace"))
+    return lines
+
+
+def first_evidence(lines: Optional[List[str]]) -> str:
+    """For the one-line diagnosis: the first evidence line, and how many more are in the summary."""
+    if not lines:
+        return ""
+    more = len(lines) - 1
+    return f" Evidence: {lines[0]}" + (f" (+{more} more in the summary's diagnosis.evidence)" if more else "")
