@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Dict, List, Optional
 
+import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -138,6 +139,7 @@ class ABTrial(PerfCallback):
         self._quality: Optional[Dict[str, Any]] = None
         self._quality_reason: Optional[str] = None
         self._module: Any = None
+        self._cuda: Optional[torch.device] = None  # the device synchronised at each block's end
         self._trainer: Any = None
         self._wrapper: Any = None
         self._held_step: Any = None
@@ -158,6 +160,8 @@ class ABTrial(PerfCallback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._module, self._trainer = pl_module, trainer
         self._last_step = trainer.global_step
+        device = trainer.strategy.root_device
+        self._cuda = device if device.type == "cuda" else None
         if self.change.around_step is not None:
             self._wrap_step(pl_module)
         self._status = "running"
@@ -239,9 +243,13 @@ class ABTrial(PerfCallback):
                 if step == self._last_step:
                     return  # still accumulating: the iteration ends with the optimizer step
                 self._last_step = step
-            t = clock.now()
             i = self._iteration
             block, counted = self.schedule.where(i)
+            if self._cuda is not None and self.schedule.where(i + 1)[0] != block:
+                # Once a block (a warm-up) ends: the host runs up to ~20 CUDA steps ahead, so without it an arm's
+                # queued kernels would run in the next block; opt-in, one sync a block, never per step.
+                torch.cuda.synchronize(self._cuda)
+            t = clock.now()
             if counted and not self._broken and self._last is not None:
                 self._blocks.add(block, t - self._last, _batch_size(batch))
             self._broken = False

@@ -72,11 +72,14 @@ def test_tf32_speedup_agrees_with_event_timed_matmuls(tmp_path, record):
     trial = ABTrial("tf32", warmup=6, block=6, blocks=12, quality_batches=0)
     fit(tmp_path, [trial], model=model, accelerator="gpu", max_steps=trial.schedule.total, limit_val_batches=0,
         num_sanity_val_steps=0)
-    ours = find_summary(tmp_path)["trial"]["speedup"]
+    trial_summary = find_summary(tmp_path)["trial"]
+    ours = trial_summary["speedup"]
     a, b = torch.randn(256, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
     off = event_ms(lambda: a @ b)
     torch.backends.cuda.matmul.allow_tf32 = True
     on = event_ms(lambda: a @ b)
     torch.backends.cuda.matmul.allow_tf32 = False
     record("ABTrial tf32 speed-up vs event-timed matmul", ours, off / on, "x", "both > 1.2")
+    record("ABTrial tf32 speed-up, low end of its interval", trial_summary["speedup_low"], 1.0, "x", "above 1")
     assert ours > 1.2 and off / on > 1.2
+    assert trial_summary["verdict"] == "faster" and trial_summary["speedup_low"] > 1.0, trial_summary["line"]
