@@ -133,8 +133,9 @@ def test_make_demo_ends_on_the_answer_with_the_summaries_figures(tmp_path):
     assert "significant" not in block and "no claim of significance" in block
     assert speed.startswith("Speed:    within noise: ") == (not compared["speedup_beyond_within_run_noise"])
 
+    both = set(base["section_profiler"]["sections"]) & set(cand["section_profiler"]["sections"])
     sections = {name: [1000 * s["section_profiler"]["sections"][name]["total_s"] / s["section_profiler"]["iterations"]
-                       for s in (base, cand)] for name in base["section_profiler"]["sections"]}
+                       for s in (base, cand)] for name in both}
     moved = max(sections, key=lambda n: abs(sections[n][1] - sections[n][0]))
     old, new = _number(rf"Moved: +{moved} most, ([\d.]+) -> ([\d.]+) ms/iter", lines["Moved"])
     assert abs(old - sections[moved][0]) < 0.006 and abs(new - sections[moved][1]) < 0.006
