@@ -52,7 +52,8 @@ def quiet_upstream_noise() -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
     warnings.filterwarnings("ignore", message="The parameter 'pretrained' is deprecated", category=UserWarning)
-    warnings.filterwarnings("ignore", message="Arguments other than a weight enum or `None` for 'weights' are deprecated",
+    warnings.filterwarnings("ignore", message="Arguments other than a weight enum or `None` for 'weights' are"
+                            " deprecated",
                             category=UserWarning)
 
 

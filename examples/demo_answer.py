@@ -79,7 +79,8 @@ def quality_line(result: Dict[str, Any], candidate: Any) -> str:
     passed = result["quality_gate_passed"]["candidate"]
     if not result["quality"]:
         return "Quality:  not measured in both runs"
-    values = ", ".join(f"{name.upper()} {q['base']:.4f} -> {q['candidate']:.4f}" for name, q in result["quality"].items())
+    values = ", ".join(f"{name.upper()} {q['base']:.4f} -> {q['candidate']:.4f}"
+                       for name, q in result["quality"].items())
     tolerance = {m.tolerance for m in candidate.quality_gate.metrics.values() if m is not None and m.tolerance}
     within = f" (within {100 * tolerance.pop():g}%)" if len(tolerance) == 1 else ""
     verdict = {True: f"gate passed{within}", False: "gate FAILED", None: "not gated"}[passed]
