@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -90,3 +91,69 @@ def test_demo_samples_in_eval_mode_and_the_guard_finds_the_training_mode_mistake
     assert finding["site"] == "DemoNet.on_train_batch_end" and finding["modules"] == ["body.3", "body.6"]
     # two samplings of the 32 held-out patches in batches of 8
     assert finding["runs"] == 2 and finding["forwards"] == 8 and finding["running_stats_changed"] is True
+
+
+def _number(pattern, text):
+    found = re.search(pattern, text)
+    assert found, (pattern, text)
+    return [float(g) for g in found.groups()]
+
+
+@pytest.mark.slow
+def test_make_demo_ends_on_the_answer_with_the_summaries_figures(tmp_path):
+    """`make demo`, shortened: its last 20 lines carry the speed verdict with its interval, the section that moved
+    most, memory and quality, each figure the one in the two summaries (read here from the JSON, not from the code
+    that printed them); no line claims significance from one run a side; upstream noise is gone."""
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "demo", f"PY={sys.executable}", "STAMP=", f"DEMO={out}",
+         f"LIGHTNING_PERF={sys.executable} -m lightning_perf.cli", "DEMO_ARGS=--max-steps 40 --val-every 20"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    last = proc.stdout.splitlines()[-20:]
+    block = "\n".join(last)
+    lines = {line.split(":")[0]: line for line in last if line[:1].isalpha() and ":" in line}
+    base, cand = (json.loads((out / name / "perf_summary.json").read_text()) for name in ("baseline", "workers2"))
+
+    # the verdict: the ratio of the two mean ms/iter, both means, and compare's within-run interval
+    b_ms, c_ms = (s["iteration_timer"]["ms_per_iter"]["mean"] for s in (base, cand))
+    speed = lines["Speed"]
+    ratio, shown_b, shown_c = _number(r"([\d.]+)x (?:faster|slower) .*?([\d.]+) -> ([\d.]+) ms/iter mean", speed)
+    assert abs(ratio - max(b_ms, c_ms) / min(b_ms, c_ms)) < 0.006 and ("slower" in speed) == (c_ms > b_ms)
+    assert abs(shown_b - b_ms) < 0.006 and abs(shown_c - c_ms) < 0.006
+    compared = json.loads(subprocess.run(
+        [sys.executable, "-m", "lightning_perf.cli", "compare", str(out / "baseline" / "perf_summary.json"),
+         str(out / "workers2" / "perf_summary.json"), "--format", "json"], capture_output=True, text=True).stdout)
+    found = re.search(r"95% CI ([\d.]+)x (faster |slower )?to ([\d.]+)x (faster|slower) within each run", block)
+    assert found, block
+    first, first_word, second, word = found.groups()
+    bounds = sorted(float(v) if w.strip() == "faster" else 1 / float(v)
+                    for v, w in ((first, first_word or word), (second, word)))
+    assert all(abs(shown / expected - 1) < 0.01 for shown, expected in zip(bounds, compared["speedup_ci95"]))
+    assert "significant" not in block and "no claim of significance" in block
+    assert speed.startswith("Speed:    within noise: ") == (not compared["speedup_beyond_within_run_noise"])
+
+    both = set(base["section_profiler"]["sections"]) & set(cand["section_profiler"]["sections"])
+    sections = {name: [1000 * s["section_profiler"]["sections"][name]["total_s"] / s["section_profiler"]["iterations"]
+                       for s in (base, cand)] for name in both}
+    moved = max(sections, key=lambda n: abs(sections[n][1] - sections[n][0]))
+    old, new = _number(rf"Moved: +{moved} most, ([\d.]+) -> ([\d.]+) ms/iter", lines["Moved"])
+    assert abs(old - sections[moved][0]) < 0.006 and abs(new - sections[moved][1]) < 0.006
+
+    rss = [[s["vram"]["phases"][phase]["host_rss_peak_mb"] for s in (base, cand)] for phase in ("train", "validation")]
+    shown = _number(r"train peak ([\d.]+) MB -> ([\d.]+) MB .*eval peak ([\d.]+) MB -> ([\d.]+) MB", lines["Memory"])
+    assert all(abs(a - b) <= 0.5 for a, b in zip(shown, rss[0] + rss[1])), (shown, rss)
+
+    quality = lines["Quality"]
+    assert ("gate passed" in quality) == (cand["quality_gate"]["passed"] is True)
+    for name, metric in cand["quality_gate"]["metrics"].items():
+        before = base["quality_gate"]["metrics"][name]["value"]
+        assert f"{name.upper()} {before:.4f} -> {metric['value']:.4f}" in quality
+    assert f"{out}/compare.txt" in block and f"{out}/report.md" in block
+    assert (out / "compare.txt").read_text().startswith("Diagnosis")
+    assert "| baseline |" in (out / "report.md").read_text()
+
+    said = proc.stdout + proc.stderr
+    assert "💡 Tip" not in said and "LeafSpec" not in said and "'pretrained' is deprecated" not in said
+    # LPIPS's weights: fetched once (or tried once, offline), not tried again in the gated run
+    assert len([line for line in said.splitlines() if line.startswith("Downloading:") and "alexnet" in line]) <= 1
