@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -23,6 +22,7 @@ from lightning_perf.measure.image_quality import (
     build_image_metrics,
     load_lpips,
 )
+from lightning_perf.measure.image_scoring import compute_scores, image_pair, score_batch
 from lightning_perf.summary.baseline import (
     DEFAULT_TOLERANCE,
     BaselineError,
@@ -352,75 +352,24 @@ class QualityGate(PerfCallback):
         for metric in self._image_metrics.values():
             metric.reset()
 
-    def _pair(self, outputs: Any) -> tuple:
-        if isinstance(outputs, dict):
-            missing = [k for k in (self.preds_key, self.target_key) if k not in outputs]
-            if missing:
-                raise PerfConfigError(
-                    f"QualityGate: validation_step's output has no {', '.join(map(repr, missing))}; it has keys"
-                    f" {sorted(map(str, outputs))}. Return {{{self.preds_key!r}: preds, {self.target_key!r}: target}}"
-                    " or set `preds_key`/`target_key`.")
-            preds, target = outputs[self.preds_key], outputs[self.target_key]
-        elif isinstance(outputs, (tuple, list)) and len(outputs) == 2:
-            preds, target = outputs
-        else:
-            raise PerfConfigError(
-                f"QualityGate: validation_step returned a {type(outputs).__name__}; expected a dict with"
-                f" {self.preds_key!r} and {self.target_key!r} or a (preds, target) tuple.")
-        if not isinstance(preds, torch.Tensor) or not isinstance(target, torch.Tensor):
-            raise PerfConfigError("QualityGate: preds and target must be tensors, got"
-                                  f" {type(preds).__name__} and {type(target).__name__}.")
-        if preds.shape != target.shape:
-            raise PerfConfigError(f"QualityGate: preds and target differ in shape: {tuple(preds.shape)} vs"
-                                  f" {tuple(target.shape)}; expected the same (N, C, H, W).")
-        needs_images = [m for m in ("ssim", "lpips") if m in self.metrics]
-        if needs_images and preds.dim() != 4:
-            raise PerfConfigError(f"QualityGate: {', '.join(needs_images)} need images shaped (N, C, H, W); got"
-                                  f" {tuple(preds.shape)}.")
-        if "lpips" in self._image_metrics and preds.shape[1] != 3:
-            raise PerfConfigError(f"QualityGate: LPIPS needs 3-channel images; got {preds.shape[1]} channels.")
-        return preds, target
-
     @guarded
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if not self._image_metrics or (self._outputs_checked and not self._active):
             return
-        preds, target = self._pair(outputs)  # checked on the first batch, sanity check included
+        # checked on the first batch, sanity check included
+        preds, target = image_pair(outputs, self.preds_key, self.target_key, self.metrics,
+                                   lpips_built="lpips" in self._image_metrics)
         self._outputs_checked = True
-        if not self._active:
-            return
-        with torch.no_grad():
-            # channels_last or strided outputs: torchmetrics' L1 views them flat and fails; scored as the same images
-            preds, target = preds.detach().contiguous(), target.detach().contiguous()
-            for name, metric in self._image_metrics.items():
-                if name in self._unscored:
-                    continue
-                try:
-                    metric.update(preds, target)
-                except Exception as err:  # noqa: BLE001 - the measurement broke, not the model: said, not gated
-                    self._unscored[name] = f"could not score the validation outputs ({type(err).__name__}:" \
-                                           f" {error_message(err)})"
-        self._images += int(preds.shape[0]) if preds.dim() > 0 else 1
+        if self._active:  # in any memory layout (channels_last...), scored as the same images
+            self._images += score_batch(self._image_metrics, preds, target, self._unscored, error_message)
 
     @guarded
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._active:
             return
-        values: Dict[str, float] = {}
-        for name, metric in self._image_metrics.items():  # compute() syncs across ranks: every rank is here
-            value = math.nan
-            if metric.update_count > 0:  # as on every rank: compute() is the same collective everywhere
-                try:
-                    value = float(metric.compute())  # NaN and inf kept: they fail the check below
-                except Exception as err:  # noqa: BLE001 - e.g. the state of updates that all failed
-                    self._unscored.setdefault(name, f"could not score the validation outputs"
-                                                    f" ({type(err).__name__}: {error_message(err)})")
-            if name not in self._unscored and (metric.update_count == 0 or self._images == 0):
-                self._unscored[name] = "scored no image in this validation (no validation batch gave one)"
-            if name not in self._unscored:  # a part of the images is no figure to gate: all or nothing
-                values[name] = value
-            metric.reset()
+        # compute() syncs across ranks: every rank is here; NaN and inf are kept, they fail the check
+        values = compute_scores(self._image_metrics, self._images, self._unscored, error_message)
         for name, value in values.items():
             if math.isfinite(value):  # for ModelCheckpoint(monitor=...); loggers get them with the verdict
                 pl_module.log(f"quality/{name}", value, sync_dist=False, rank_zero_only=False, logger=False)
