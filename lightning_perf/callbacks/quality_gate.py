@@ -31,6 +31,7 @@ from lightning_perf.summary.baseline import (
     write_baseline,
 )
 from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
+from lightning_perf.summary.quality_verdict import failure_message, on_never_checked, times, verdict_line
 
 ACTIONS = ("warn", "fail", "stop")
 MODES = ("max", "min")
@@ -314,7 +315,7 @@ class QualityGate(PerfCallback):
             ran = f"validations ran at steps {earlier}{', '.join(map(str, self._validation_steps))}"
             why = self._unreachable(last_step)
             if self._not_checked:  # validations ran when scheduled, and scored nothing
-                why = (f"the gated metrics scored nothing at {self._times(self._not_checked_count, 'validation')}"
+                why = (f"the gated metrics scored nothing at {times(self._not_checked_count, 'validation')}"
                        f" ({ran}); first at {self._not_checked}")
             elif why is None and (self.at_steps is not None or self.every_n_steps is not None):
                 schedule = " or ".join(
@@ -329,8 +330,7 @@ class QualityGate(PerfCallback):
         return f"never checked: {why}"
 
     def _on_never_checked(self) -> str:
-        return {"fail": "action='fail' fails the fit", "warn": "action='warn' warns",
-                "stop": "action='stop' warns: there is no training left to stop"}[self.action]
+        return on_never_checked(self.action)
 
     def _scheduled(self, step: int) -> bool:
         if self.at_steps is None and self.every_n_steps is None:
@@ -480,21 +480,7 @@ class QualityGate(PerfCallback):
         return reason
 
     def _failure_message(self, step: int, failing: List[str]) -> str:
-        parts = []
-        for name in failing:
-            r = self._results.get(name)
-            if r is None:
-                parts.append(name)
-                continue
-            if r.get("reason"):
-                parts.append(f"{name} {r['reason']}")
-                continue
-            better = "higher" if r["mode"] == "max" else "lower"
-            pct = f" ({r['delta_pct']:+.2f}%)" if r["delta_pct"] is not None else ""
-            tol = (f"{100 * r['tolerance']:g}%" if r["tolerance_mode"] == "relative" else f"{r['tolerance']:g}")
-            parts.append(f"{name} {r['value']:.4g} vs baseline {r['baseline']:.4g}{pct}, tolerance {tol},"
-                         f" {better} is better")
-        return f"quality gate failed at step {step}: " + "; ".join(parts) + "."
+        return failure_message(step, failing, self._results)
 
     # -- end -----------------------------------------------------------------------------------------------------
     @guarded
@@ -535,11 +521,7 @@ class QualityGate(PerfCallback):
         """Why checks ran but did not decide every gated metric (None when they did)."""
         if not self._not_checked:
             return None
-        return f"not checked at {self._times(self._not_checked_count, 'validation')}; first at {self._not_checked}"
-
-    @staticmethod
-    def _times(count: int, what: str) -> str:
-        return f"{count} {what}" + ("s" if count != 1 else "")
+        return f"not checked at {times(self._not_checked_count, 'validation')}; first at {self._not_checked}"
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -547,21 +529,8 @@ class QualityGate(PerfCallback):
 
     def verdict(self) -> str:
         """One line for the console: the final verdict and every failed check (the first 10, then a count)."""
-        values = ", ".join(f"{n} {r['value']:.4g}" for n, r in self._results.items() if r.get("value") is not None)
-        if self._unchecked and not self._failed_count:
-            return f"QualityGate: not passed, {self._unchecked}"
-        if self._checks == 0:
-            return ("QualityGate: no validation was checked" + (f" (not checked at {self._not_checked})"
-                                                                 if self._not_checked else ""))
-        checks = f"{self._checks} check" + ("s" if self._checks != 1 else "")
-        if self.baseline is None:
-            return f"QualityGate: {values} (no baseline, not gated; {checks})"
-        if not self._failed_count:
-            return f"QualityGate: passed {'all ' if self._checks != 1 else ''}{checks}; last: {values}"
-        shown = "; ".join(f"step {f['step']}: {', '.join(f['metrics'])}" for f in self._failed[:10])
-        more = f"; and {self._failed_count - 10} more" if self._failed_count > 10 else ""
-        return (f"QualityGate: FAILED {self._failed_count} of {self._checks} checks ({shown}{more});"
-                f" last: {values or 'no finite value'}")
+        return verdict_line(self._results, self._checks, self._failed, self._failed_count, self.baseline is not None,
+                            self._unchecked, self._not_checked)
 
     @property
     def _baseline_images(self) -> Optional[int]:
