@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_path, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks._check_schedule import check_at_steps, is_due, schedule_text, unreachable
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import check_writable, error_message
@@ -152,17 +153,7 @@ class QualityGate(PerfCallback):
                 or not math.isfinite(data_range)):
             raise bad_argument(owner, "data_range", data_range, "Expected a finite number > 0 (1.0 for [0, 1] images).")
         check_positive_int(owner, "every_n_steps", every_n_steps, allow_none=True)
-        if at_steps is not None and not isinstance(at_steps, (str, bytes, int)):
-            try:  # an iterator is read once, here: the checks below and the gate see the same steps
-                at_steps = list(at_steps)
-            except TypeError:
-                raise bad_argument(owner, "at_steps", at_steps, "Expected a list of global steps (integers >= 0).")
-        if at_steps is not None and (isinstance(at_steps, (str, bytes, int)) or any(
-                isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in at_steps)):
-            raise bad_argument(owner, "at_steps", at_steps, "Expected a list of global steps (integers >= 0).")
-        if at_steps is not None and not list(at_steps):  # a gate that can never check would pass silently
-            raise bad_argument(owner, "at_steps", at_steps, "Expected at least one global step; None checks every"
-                               " validation run.")
+        self.at_steps = check_at_steps(owner, at_steps)
         self.metrics = list(metrics)
         self.monitor = monitor
         self.gated = self.metrics + [m for m in monitor if m not in self.metrics]
@@ -188,7 +179,6 @@ class QualityGate(PerfCallback):
                                    f"It lacks gated metric(s) {', '.join(missing)}; it has:"
                                    f" {', '.join(sorted(self.baseline)) or 'nothing'}.")
         self.action = action
-        self.at_steps = sorted(set(at_steps)) if at_steps is not None else None
         self.every_n_steps = every_n_steps
         self.record_baseline = check_path(owner, "record_baseline", record_baseline)
         self.lpips_pretrained = check_bool(owner, "lpips_pretrained", lpips_pretrained)
@@ -288,22 +278,7 @@ class QualityGate(PerfCallback):
         }
 
     def _unreachable(self, last_step: Optional[int]) -> Optional[str]:
-        """Why no scheduled check can happen up to ``last_step`` (None when one can, or when the schedule is every
-        validation run)."""
-        if last_step is None or last_step < 0 or (self.at_steps is None and self.every_n_steps is None):
-            return None
-        if self.at_steps is not None and any(0 < s <= last_step for s in self.at_steps):
-            return None
-        if self.every_n_steps is not None and self.every_n_steps <= last_step:
-            return None
-        parts = []
-        if self.at_steps is not None:
-            steps = self.at_steps if len(self.at_steps) <= 5 else self.at_steps[:5] + ["..."]
-            verb = "is" if len(self.at_steps) == 1 else "are"
-            parts.append(f"at_steps=[{', '.join(map(str, steps))}] {verb} outside the run's steps 1 to {last_step}")
-        if self.every_n_steps is not None:
-            parts.append(f"every_n_steps={self.every_n_steps} is larger than the run's last step {last_step}")
-        return " and ".join(parts)
+        return unreachable(last_step, self.at_steps, self.every_n_steps)
 
     def _never_checked_reason(self, last_step: int) -> str:
         """Why a fit ended with no check: said in the summary, the warning and the error of action='fail'."""
@@ -318,11 +293,7 @@ class QualityGate(PerfCallback):
                 why = (f"the gated metrics scored nothing at {times(self._not_checked_count, 'validation')}"
                        f" ({ran}); first at {self._not_checked}")
             elif why is None and (self.at_steps is not None or self.every_n_steps is not None):
-                schedule = " or ".join(
-                    ([f"at_steps={self.at_steps}"] if self.at_steps is not None else [])
-                    + ([f"a multiple of every_n_steps={self.every_n_steps}"] if self.every_n_steps is not None
-                       else []))
-                why = f"no validation ran at {schedule} ({ran})"
+                why = f"no validation ran at {schedule_text(self.at_steps, self.every_n_steps)} ({ran})"
             elif why is None:
                 why = f"no validation completed a check ({ran}; see measurement_failures)"
             else:
@@ -332,18 +303,12 @@ class QualityGate(PerfCallback):
     def _on_never_checked(self) -> str:
         return on_never_checked(self.action)
 
-    def _scheduled(self, step: int) -> bool:
-        if self.at_steps is None and self.every_n_steps is None:
-            return True
-        return (self.at_steps is not None and step in self.at_steps) or (
-            self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0)
-
     # -- validation ----------------------------------------------------------------------------------------------
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._metrics_built:
             self._build_metrics(trainer)
-        self._active = not trainer.sanity_checking and self._scheduled(trainer.global_step)
+        self._active = not trainer.sanity_checking and is_due(trainer.global_step, self.at_steps, self.every_n_steps)
         if not trainer.sanity_checking:
             self._validation_runs += 1
             self._validation_steps = (self._validation_steps + [trainer.global_step])[-5:]
