@@ -12,6 +12,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_path, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._check_schedule import check_at_steps, is_due, schedule_text, unreachable
+from lightning_perf.callbacks._gate_tolerance import (
+    DEFAULT_TOLERANCE_MODE,
+    MAX_TOLERANCE,
+    TOLERANCE_MODES,
+    check_tolerance,
+    check_tolerance_mode,
+    per_metric,
+)
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import check_writable, error_message
@@ -24,25 +32,16 @@ from lightning_perf.measure.image_quality import (
     load_lpips,
 )
 from lightning_perf.measure.image_scoring import compute_scores, image_pair, score_batch
-from lightning_perf.summary.baseline import (
-    DEFAULT_TOLERANCE,
-    BaselineError,
-    load_baseline,
-    verdict,
-    write_baseline,
-)
+from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, BaselineError, gate_baseline, verdict, write_baseline
 from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
 from lightning_perf.summary.quality_verdict import failure_message, on_never_checked, times, verdict_line
 
+__all__ = ["QualityGate", "ACTIONS", "MODES", "TOLERANCE_MODES", "DEFAULT_TOLERANCE_MODE", "MAX_TOLERANCE"]
+
 ACTIONS = ("warn", "fail", "stop")
 MODES = ("max", "min")
-TOLERANCE_MODES = ("relative", "absolute")
-DEFAULT_TOLERANCE_MODE = "relative"
 _MAX_FAILED_RECORDS = 100
 
-
-#: The largest tolerance accepted: a baseline times a larger one can overflow to infinity, a gate that never fails.
-MAX_TOLERANCE = 1e6
 
 class QualityGate(PerfCallback):
     r"""Measures image quality during validation and gates it against a baseline within a tolerance.
@@ -158,26 +157,18 @@ class QualityGate(PerfCallback):
         self.monitor = monitor
         self.gated = self.metrics + [m for m in monitor if m not in self.metrics]
         self.modes = {**{m: IMAGE_METRIC_DIRECTIONS[m] for m in self.metrics}, **monitor}
-        self.tolerance = self._per_metric(owner, "tolerance", tolerance, self._check_tolerance, DEFAULT_TOLERANCE)
-        self.tolerance_mode = self._per_metric(owner, "tolerance_mode", tolerance_mode, self._check_tolerance_mode,
-                                               DEFAULT_TOLERANCE_MODE)
+        self.tolerance = per_metric(owner, "tolerance", tolerance, self.gated, check_tolerance, DEFAULT_TOLERANCE)
+        self.tolerance_mode = per_metric(owner, "tolerance_mode", tolerance_mode, self.gated, check_tolerance_mode,
+                                         DEFAULT_TOLERANCE_MODE)
         self.baseline_source = baseline if isinstance(baseline, str) else ("dict" if baseline is not None else None)
         self.baseline: Optional[Dict[str, float]] = None
         self._baseline_meta: Dict[str, Any] = {}
         self._baseline_gaps: Dict[str, str] = {}
         if baseline is not None:
-            try:
-                self.baseline, gaps, self._baseline_meta = load_baseline(baseline)
+            try:  # a metric the baseline run could not measure (LPIPS offline) is not gated: a gap
+                self.baseline, self._baseline_gaps, self._baseline_meta = gate_baseline(baseline, self.gated)
             except BaselineError as err:
                 raise bad_argument(owner, "baseline", baseline, str(err)) from None
-            # A metric the baseline run could not measure (LPIPS offline) is not gated; one it lacks is an error.
-            self._baseline_gaps = {m: f"the baseline run could not measure it: {gaps[m]}"
-                                   for m in self.gated if m not in self.baseline and m in gaps}
-            missing = [m for m in self.gated if m not in self.baseline and m not in gaps]
-            if missing:
-                raise bad_argument(owner, "baseline", baseline,
-                                   f"It lacks gated metric(s) {', '.join(missing)}; it has:"
-                                   f" {', '.join(sorted(self.baseline)) or 'nothing'}.")
         self.action = action
         self.every_n_steps = every_n_steps
         self.record_baseline = check_path(owner, "record_baseline", record_baseline)
@@ -190,32 +181,6 @@ class QualityGate(PerfCallback):
         self._lpips_model: Any = None
         self._lpips_reason: Optional[str] = None
         self._reset()
-
-    # -- construction helpers ------------------------------------------------------------------------------------
-    def _per_metric(self, owner: str, name: str, value: Any, check: Any, default: Any) -> Dict[str, Any]:
-        """One value for every gated metric: a single value for all, or a dict (unnamed metrics get ``default``)."""
-        if isinstance(value, dict):
-            unknown = [k for k in value if k not in self.gated]
-            if unknown:
-                raise bad_argument(owner, name, value, f"Unknown metric(s) {', '.join(unknown)}; gated metrics are:"
-                                   f" {', '.join(self.gated)}.")
-            return {m: check(owner, name, value.get(m, default)) for m in self.gated}
-        checked = check(owner, name, value)
-        return {m: checked for m in self.gated}
-
-    @staticmethod
-    def _check_tolerance(owner: str, name: str, value: Any) -> float:
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value)
-                or value > MAX_TOLERANCE):
-            raise bad_argument(owner, name, value, f"Expected a tolerance from 0 to {MAX_TOLERANCE:g} (0.005 is 0.5%"
-                               " when relative; a larger one overflows with the baseline and can never fail).")
-        return float(value)
-
-    @staticmethod
-    def _check_tolerance_mode(owner: str, name: str, value: Any) -> str:
-        if value not in TOLERANCE_MODES:
-            raise bad_argument(owner, name, value, f"Possible choices are: {', '.join(TOLERANCE_MODES)}.")
-        return value
 
     def _reset(self) -> None:
         self._image_metrics: Dict[str, Any] = {}
