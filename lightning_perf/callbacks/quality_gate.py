@@ -214,12 +214,12 @@ class QualityGate(PerfCallback):
             self._start_run(trainer)
             if self.record_baseline and trainer.is_global_zero:
                 check_writable("QualityGate(record_baseline)", str(self.record_baseline))
-            unreachable = self._unreachable(trainer.max_steps)
-            if unreachable and self.baseline is not None:
-                self._warn_once("unreachable", f"{unreachable}: this gate will not check in this run, and at fit end"
-                                f" it counts as failed ({self._on_never_checked()}).")
-            elif unreachable:  # no verdict to fail, but nothing will be measured (or recorded) either
-                self._warn_once("unreachable", f"{unreachable}: nothing will be measured in this run" + (
+            out_of_reach = unreachable(trainer.max_steps, self.at_steps, self.every_n_steps)
+            if out_of_reach and self.baseline is not None:
+                self._warn_once("unreachable", f"{out_of_reach}: this gate will not check in this run, and at fit end"
+                                f" it counts as failed ({on_never_checked(self.action)}).")
+            elif out_of_reach:  # no verdict to fail, but nothing will be measured (or recorded) either
+                self._warn_once("unreachable", f"{out_of_reach}: nothing will be measured in this run" + (
                     f", and record_baseline={str(self.record_baseline)!r} will write no baseline"
                     if self.record_baseline else "") + ".")
         else:
@@ -242,9 +242,6 @@ class QualityGate(PerfCallback):
             for name, metric in build_image_metrics(self.metrics, self.data_range, self._lpips_model).items()
         }
 
-    def _unreachable(self, last_step: Optional[int]) -> Optional[str]:
-        return unreachable(last_step, self.at_steps, self.every_n_steps)
-
     def _never_checked_reason(self, last_step: int) -> str:
         """Why a fit ended with no check: said in the summary, the warning and the error of action='fail'."""
         if self._validation_runs == 0:
@@ -253,7 +250,7 @@ class QualityGate(PerfCallback):
         else:
             earlier = "..., " if self._validation_runs > len(self._validation_steps) else ""
             ran = f"validations ran at steps {earlier}{', '.join(map(str, self._validation_steps))}"
-            why = self._unreachable(last_step)
+            why = unreachable(last_step, self.at_steps, self.every_n_steps)
             if self._not_checked:  # validations ran when scheduled, and scored nothing
                 why = (f"the gated metrics scored nothing at {times(self._not_checked_count, 'validation')}"
                        f" ({ran}); first at {self._not_checked}")
@@ -264,9 +261,6 @@ class QualityGate(PerfCallback):
             else:
                 why = f"{why} ({ran})"
         return f"never checked: {why}"
-
-    def _on_never_checked(self) -> str:
-        return on_never_checked(self.action)
 
     # -- validation ----------------------------------------------------------------------------------------------
     @guarded
@@ -365,7 +359,7 @@ class QualityGate(PerfCallback):
         if self.baseline is None:
             log_scalars(trainer, logged)
             if failing:  # no gate, but a NaN or a missing metric is still said
-                self._warn_once(f"failed:{','.join(failing)}", self._failure_message(step, failing))
+                self._warn_once(f"failed:{','.join(failing)}", failure_message(step, failing, self._results))
             return
         passed = not failing
         self._last_passed = False if failing else (None if unscored else True)
@@ -378,11 +372,11 @@ class QualityGate(PerfCallback):
                 self._failed.append({"step": step, "metrics": failing,
                                      **({"reason": mismatch} if mismatch and self.require_same_step else {})})
             if self.action != "stop":
-                self._warn_once(f"failed:{','.join(failing)}", self._failure_message(step, failing))
+                self._warn_once(f"failed:{','.join(failing)}", failure_message(step, failing, self._results))
         if self.action == "stop":
             stop = trainer.strategy.reduce_boolean_decision(not passed, all=False)
             if stop:
-                self._warn_once("stop", self._failure_message(step, failing or ["(another rank)"])
+                self._warn_once("stop", failure_message(step, failing or ["(another rank)"], self._results)
                                 + " Training stops (action='stop').")
                 trainer.should_stop = True
 
@@ -392,7 +386,7 @@ class QualityGate(PerfCallback):
         what = "; ".join(f"{name} {why}" for name, why in unscored.items())
         if self._not_checked is None:
             self._not_checked = f"step {step}: {what}"
-        consequence = (f"the gate cannot pass ({self._on_never_checked()})" if self.baseline is not None
+        consequence = (f"the gate cannot pass ({on_never_checked(self.action)})" if self.baseline is not None
                        else "nothing is gated without a baseline")
         self._warn_once(f"unscored:{','.join(unscored)}", f"{what}. Not checked at step {step}: the measurement"
                         f" broke, which says nothing about the model; {consequence}.")
@@ -409,9 +403,6 @@ class QualityGate(PerfCallback):
                             f" {recorded} (at_steps=[{recorded}]), or require_same_step=True to fail such a check.")
         return reason
 
-    def _failure_message(self, step: int, failing: List[str]) -> str:
-        return failure_message(step, failing, self._results)
-
     # -- end -----------------------------------------------------------------------------------------------------
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -421,7 +412,7 @@ class QualityGate(PerfCallback):
                                else self._partly_checked())
             if self.action != "fail":
                 self._warn_once("never_checked", f"{self._unchecked}; the summary records the gate as not"
-                                f" passed ({self._on_never_checked()}).")
+                                f" passed ({on_never_checked(self.action)}).")
         if self.record_baseline and trainer.is_global_zero:
             bad = [n for n, r in self._results.items() if r.get("value") is None]
             if not self._results or bad:
