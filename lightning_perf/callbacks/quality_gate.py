@@ -6,12 +6,20 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_path, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks._check_schedule import check_at_steps, is_due, schedule_text, unreachable
+from lightning_perf.callbacks._gate_tolerance import (
+    DEFAULT_TOLERANCE_MODE,
+    MAX_TOLERANCE,
+    TOLERANCE_MODES,
+    check_tolerance,
+    check_tolerance_mode,
+    per_metric,
+)
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import check_writable, error_message
@@ -23,24 +31,17 @@ from lightning_perf.measure.image_quality import (
     build_image_metrics,
     load_lpips,
 )
-from lightning_perf.summary.baseline import (
-    DEFAULT_TOLERANCE,
-    BaselineError,
-    load_baseline,
-    verdict,
-    write_baseline,
-)
+from lightning_perf.measure.image_scoring import compute_scores, image_pair, score_batch
+from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, BaselineError, gate_baseline, verdict, write_baseline
 from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
+from lightning_perf.summary.quality_verdict import failure_message, on_never_checked, times, verdict_line
+
+__all__ = ["QualityGate", "ACTIONS", "MODES", "TOLERANCE_MODES", "DEFAULT_TOLERANCE_MODE", "MAX_TOLERANCE"]
 
 ACTIONS = ("warn", "fail", "stop")
 MODES = ("max", "min")
-TOLERANCE_MODES = ("relative", "absolute")
-DEFAULT_TOLERANCE_MODE = "relative"
 _MAX_FAILED_RECORDS = 100
 
-
-#: The largest tolerance accepted: a baseline times a larger one can overflow to infinity, a gate that never fails.
-MAX_TOLERANCE = 1e6
 
 class QualityGate(PerfCallback):
     r"""Measures image quality during validation and gates it against a baseline within a tolerance.
@@ -151,43 +152,24 @@ class QualityGate(PerfCallback):
                 or not math.isfinite(data_range)):
             raise bad_argument(owner, "data_range", data_range, "Expected a finite number > 0 (1.0 for [0, 1] images).")
         check_positive_int(owner, "every_n_steps", every_n_steps, allow_none=True)
-        if at_steps is not None and not isinstance(at_steps, (str, bytes, int)):
-            try:  # an iterator is read once, here: the checks below and the gate see the same steps
-                at_steps = list(at_steps)
-            except TypeError:
-                raise bad_argument(owner, "at_steps", at_steps, "Expected a list of global steps (integers >= 0).")
-        if at_steps is not None and (isinstance(at_steps, (str, bytes, int)) or any(
-                isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in at_steps)):
-            raise bad_argument(owner, "at_steps", at_steps, "Expected a list of global steps (integers >= 0).")
-        if at_steps is not None and not list(at_steps):  # a gate that can never check would pass silently
-            raise bad_argument(owner, "at_steps", at_steps, "Expected at least one global step; None checks every"
-                               " validation run.")
+        self.at_steps = check_at_steps(owner, at_steps)
         self.metrics = list(metrics)
         self.monitor = monitor
         self.gated = self.metrics + [m for m in monitor if m not in self.metrics]
         self.modes = {**{m: IMAGE_METRIC_DIRECTIONS[m] for m in self.metrics}, **monitor}
-        self.tolerance = self._per_metric(owner, "tolerance", tolerance, self._check_tolerance, DEFAULT_TOLERANCE)
-        self.tolerance_mode = self._per_metric(owner, "tolerance_mode", tolerance_mode, self._check_tolerance_mode,
-                                               DEFAULT_TOLERANCE_MODE)
+        self.tolerance = per_metric(owner, "tolerance", tolerance, self.gated, check_tolerance, DEFAULT_TOLERANCE)
+        self.tolerance_mode = per_metric(owner, "tolerance_mode", tolerance_mode, self.gated, check_tolerance_mode,
+                                         DEFAULT_TOLERANCE_MODE)
         self.baseline_source = baseline if isinstance(baseline, str) else ("dict" if baseline is not None else None)
         self.baseline: Optional[Dict[str, float]] = None
         self._baseline_meta: Dict[str, Any] = {}
         self._baseline_gaps: Dict[str, str] = {}
         if baseline is not None:
-            try:
-                self.baseline, gaps, self._baseline_meta = load_baseline(baseline)
+            try:  # a metric the baseline run could not measure (LPIPS offline) is not gated: a gap
+                self.baseline, self._baseline_gaps, self._baseline_meta = gate_baseline(baseline, self.gated)
             except BaselineError as err:
                 raise bad_argument(owner, "baseline", baseline, str(err)) from None
-            # A metric the baseline run could not measure (LPIPS offline) is not gated; one it lacks is an error.
-            self._baseline_gaps = {m: f"the baseline run could not measure it: {gaps[m]}"
-                                   for m in self.gated if m not in self.baseline and m in gaps}
-            missing = [m for m in self.gated if m not in self.baseline and m not in gaps]
-            if missing:
-                raise bad_argument(owner, "baseline", baseline,
-                                   f"It lacks gated metric(s) {', '.join(missing)}; it has:"
-                                   f" {', '.join(sorted(self.baseline)) or 'nothing'}.")
         self.action = action
-        self.at_steps = sorted(set(at_steps)) if at_steps is not None else None
         self.every_n_steps = every_n_steps
         self.record_baseline = check_path(owner, "record_baseline", record_baseline)
         self.lpips_pretrained = check_bool(owner, "lpips_pretrained", lpips_pretrained)
@@ -199,32 +181,6 @@ class QualityGate(PerfCallback):
         self._lpips_model: Any = None
         self._lpips_reason: Optional[str] = None
         self._reset()
-
-    # -- construction helpers ------------------------------------------------------------------------------------
-    def _per_metric(self, owner: str, name: str, value: Any, check: Any, default: Any) -> Dict[str, Any]:
-        """One value for every gated metric: a single value for all, or a dict (unnamed metrics get ``default``)."""
-        if isinstance(value, dict):
-            unknown = [k for k in value if k not in self.gated]
-            if unknown:
-                raise bad_argument(owner, name, value, f"Unknown metric(s) {', '.join(unknown)}; gated metrics are:"
-                                   f" {', '.join(self.gated)}.")
-            return {m: check(owner, name, value.get(m, default)) for m in self.gated}
-        checked = check(owner, name, value)
-        return {m: checked for m in self.gated}
-
-    @staticmethod
-    def _check_tolerance(owner: str, name: str, value: Any) -> float:
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value)
-                or value > MAX_TOLERANCE):
-            raise bad_argument(owner, name, value, f"Expected a tolerance from 0 to {MAX_TOLERANCE:g} (0.005 is 0.5%"
-                               " when relative; a larger one overflows with the baseline and can never fail).")
-        return float(value)
-
-    @staticmethod
-    def _check_tolerance_mode(owner: str, name: str, value: Any) -> str:
-        if value not in TOLERANCE_MODES:
-            raise bad_argument(owner, name, value, f"Possible choices are: {', '.join(TOLERANCE_MODES)}.")
-        return value
 
     def _reset(self) -> None:
         self._image_metrics: Dict[str, Any] = {}
@@ -258,12 +214,12 @@ class QualityGate(PerfCallback):
             self._start_run(trainer)
             if self.record_baseline and trainer.is_global_zero:
                 check_writable("QualityGate(record_baseline)", str(self.record_baseline))
-            unreachable = self._unreachable(trainer.max_steps)
-            if unreachable and self.baseline is not None:
-                self._warn_once("unreachable", f"{unreachable}: this gate will not check in this run, and at fit end"
-                                f" it counts as failed ({self._on_never_checked()}).")
-            elif unreachable:  # no verdict to fail, but nothing will be measured (or recorded) either
-                self._warn_once("unreachable", f"{unreachable}: nothing will be measured in this run" + (
+            out_of_reach = unreachable(trainer.max_steps, self.at_steps, self.every_n_steps)
+            if out_of_reach and self.baseline is not None:
+                self._warn_once("unreachable", f"{out_of_reach}: this gate will not check in this run, and at fit end"
+                                f" it counts as failed ({on_never_checked(self.action)}).")
+            elif out_of_reach:  # no verdict to fail, but nothing will be measured (or recorded) either
+                self._warn_once("unreachable", f"{out_of_reach}: nothing will be measured in this run" + (
                     f", and record_baseline={str(self.record_baseline)!r} will write no baseline"
                     if self.record_baseline else "") + ".")
         else:
@@ -286,24 +242,6 @@ class QualityGate(PerfCallback):
             for name, metric in build_image_metrics(self.metrics, self.data_range, self._lpips_model).items()
         }
 
-    def _unreachable(self, last_step: Optional[int]) -> Optional[str]:
-        """Why no scheduled check can happen up to ``last_step`` (None when one can, or when the schedule is every
-        validation run)."""
-        if last_step is None or last_step < 0 or (self.at_steps is None and self.every_n_steps is None):
-            return None
-        if self.at_steps is not None and any(0 < s <= last_step for s in self.at_steps):
-            return None
-        if self.every_n_steps is not None and self.every_n_steps <= last_step:
-            return None
-        parts = []
-        if self.at_steps is not None:
-            steps = self.at_steps if len(self.at_steps) <= 5 else self.at_steps[:5] + ["..."]
-            verb = "is" if len(self.at_steps) == 1 else "are"
-            parts.append(f"at_steps=[{', '.join(map(str, steps))}] {verb} outside the run's steps 1 to {last_step}")
-        if self.every_n_steps is not None:
-            parts.append(f"every_n_steps={self.every_n_steps} is larger than the run's last step {last_step}")
-        return " and ".join(parts)
-
     def _never_checked_reason(self, last_step: int) -> str:
         """Why a fit ended with no check: said in the summary, the warning and the error of action='fail'."""
         if self._validation_runs == 0:
@@ -312,38 +250,24 @@ class QualityGate(PerfCallback):
         else:
             earlier = "..., " if self._validation_runs > len(self._validation_steps) else ""
             ran = f"validations ran at steps {earlier}{', '.join(map(str, self._validation_steps))}"
-            why = self._unreachable(last_step)
+            why = unreachable(last_step, self.at_steps, self.every_n_steps)
             if self._not_checked:  # validations ran when scheduled, and scored nothing
-                why = (f"the gated metrics scored nothing at {self._times(self._not_checked_count, 'validation')}"
+                why = (f"the gated metrics scored nothing at {times(self._not_checked_count, 'validation')}"
                        f" ({ran}); first at {self._not_checked}")
             elif why is None and (self.at_steps is not None or self.every_n_steps is not None):
-                schedule = " or ".join(
-                    ([f"at_steps={self.at_steps}"] if self.at_steps is not None else [])
-                    + ([f"a multiple of every_n_steps={self.every_n_steps}"] if self.every_n_steps is not None
-                       else []))
-                why = f"no validation ran at {schedule} ({ran})"
+                why = f"no validation ran at {schedule_text(self.at_steps, self.every_n_steps)} ({ran})"
             elif why is None:
                 why = f"no validation completed a check ({ran}; see measurement_failures)"
             else:
                 why = f"{why} ({ran})"
         return f"never checked: {why}"
 
-    def _on_never_checked(self) -> str:
-        return {"fail": "action='fail' fails the fit", "warn": "action='warn' warns",
-                "stop": "action='stop' warns: there is no training left to stop"}[self.action]
-
-    def _scheduled(self, step: int) -> bool:
-        if self.at_steps is None and self.every_n_steps is None:
-            return True
-        return (self.at_steps is not None and step in self.at_steps) or (
-            self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0)
-
     # -- validation ----------------------------------------------------------------------------------------------
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._metrics_built:
             self._build_metrics(trainer)
-        self._active = not trainer.sanity_checking and self._scheduled(trainer.global_step)
+        self._active = not trainer.sanity_checking and is_due(trainer.global_step, self.at_steps, self.every_n_steps)
         if not trainer.sanity_checking:
             self._validation_runs += 1
             self._validation_steps = (self._validation_steps + [trainer.global_step])[-5:]
@@ -352,75 +276,24 @@ class QualityGate(PerfCallback):
         for metric in self._image_metrics.values():
             metric.reset()
 
-    def _pair(self, outputs: Any) -> tuple:
-        if isinstance(outputs, dict):
-            missing = [k for k in (self.preds_key, self.target_key) if k not in outputs]
-            if missing:
-                raise PerfConfigError(
-                    f"QualityGate: validation_step's output has no {', '.join(map(repr, missing))}; it has keys"
-                    f" {sorted(map(str, outputs))}. Return {{{self.preds_key!r}: preds, {self.target_key!r}: target}}"
-                    " or set `preds_key`/`target_key`.")
-            preds, target = outputs[self.preds_key], outputs[self.target_key]
-        elif isinstance(outputs, (tuple, list)) and len(outputs) == 2:
-            preds, target = outputs
-        else:
-            raise PerfConfigError(
-                f"QualityGate: validation_step returned a {type(outputs).__name__}; expected a dict with"
-                f" {self.preds_key!r} and {self.target_key!r} or a (preds, target) tuple.")
-        if not isinstance(preds, torch.Tensor) or not isinstance(target, torch.Tensor):
-            raise PerfConfigError("QualityGate: preds and target must be tensors, got"
-                                  f" {type(preds).__name__} and {type(target).__name__}.")
-        if preds.shape != target.shape:
-            raise PerfConfigError(f"QualityGate: preds and target differ in shape: {tuple(preds.shape)} vs"
-                                  f" {tuple(target.shape)}; expected the same (N, C, H, W).")
-        needs_images = [m for m in ("ssim", "lpips") if m in self.metrics]
-        if needs_images and preds.dim() != 4:
-            raise PerfConfigError(f"QualityGate: {', '.join(needs_images)} need images shaped (N, C, H, W); got"
-                                  f" {tuple(preds.shape)}.")
-        if "lpips" in self._image_metrics and preds.shape[1] != 3:
-            raise PerfConfigError(f"QualityGate: LPIPS needs 3-channel images; got {preds.shape[1]} channels.")
-        return preds, target
-
     @guarded
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if not self._image_metrics or (self._outputs_checked and not self._active):
             return
-        preds, target = self._pair(outputs)  # checked on the first batch, sanity check included
+        # checked on the first batch, sanity check included
+        preds, target = image_pair(outputs, self.preds_key, self.target_key, self.metrics,
+                                   lpips_built="lpips" in self._image_metrics)
         self._outputs_checked = True
-        if not self._active:
-            return
-        with torch.no_grad():
-            # channels_last or strided outputs: torchmetrics' L1 views them flat and fails; scored as the same images
-            preds, target = preds.detach().contiguous(), target.detach().contiguous()
-            for name, metric in self._image_metrics.items():
-                if name in self._unscored:
-                    continue
-                try:
-                    metric.update(preds, target)
-                except Exception as err:  # noqa: BLE001 - the measurement broke, not the model: said, not gated
-                    self._unscored[name] = f"could not score the validation outputs ({type(err).__name__}:" \
-                                           f" {error_message(err)})"
-        self._images += int(preds.shape[0]) if preds.dim() > 0 else 1
+        if self._active:  # in any memory layout (channels_last...), scored as the same images
+            self._images += score_batch(self._image_metrics, preds, target, self._unscored, error_message)
 
     @guarded
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._active:
             return
-        values: Dict[str, float] = {}
-        for name, metric in self._image_metrics.items():  # compute() syncs across ranks: every rank is here
-            value = math.nan
-            if metric.update_count > 0:  # as on every rank: compute() is the same collective everywhere
-                try:
-                    value = float(metric.compute())  # NaN and inf kept: they fail the check below
-                except Exception as err:  # noqa: BLE001 - e.g. the state of updates that all failed
-                    self._unscored.setdefault(name, f"could not score the validation outputs"
-                                                    f" ({type(err).__name__}: {error_message(err)})")
-            if name not in self._unscored and (metric.update_count == 0 or self._images == 0):
-                self._unscored[name] = "scored no image in this validation (no validation batch gave one)"
-            if name not in self._unscored:  # a part of the images is no figure to gate: all or nothing
-                values[name] = value
-            metric.reset()
+        # compute() syncs across ranks: every rank is here; NaN and inf are kept, they fail the check
+        values = compute_scores(self._image_metrics, self._images, self._unscored, error_message)
         for name, value in values.items():
             if math.isfinite(value):  # for ModelCheckpoint(monitor=...); loggers get them with the verdict
                 pl_module.log(f"quality/{name}", value, sync_dist=False, rank_zero_only=False, logger=False)
@@ -486,7 +359,7 @@ class QualityGate(PerfCallback):
         if self.baseline is None:
             log_scalars(trainer, logged)
             if failing:  # no gate, but a NaN or a missing metric is still said
-                self._warn_once(f"failed:{','.join(failing)}", self._failure_message(step, failing))
+                self._warn_once(f"failed:{','.join(failing)}", failure_message(step, failing, self._results))
             return
         passed = not failing
         self._last_passed = False if failing else (None if unscored else True)
@@ -499,11 +372,11 @@ class QualityGate(PerfCallback):
                 self._failed.append({"step": step, "metrics": failing,
                                      **({"reason": mismatch} if mismatch and self.require_same_step else {})})
             if self.action != "stop":
-                self._warn_once(f"failed:{','.join(failing)}", self._failure_message(step, failing))
+                self._warn_once(f"failed:{','.join(failing)}", failure_message(step, failing, self._results))
         if self.action == "stop":
             stop = trainer.strategy.reduce_boolean_decision(not passed, all=False)
             if stop:
-                self._warn_once("stop", self._failure_message(step, failing or ["(another rank)"])
+                self._warn_once("stop", failure_message(step, failing or ["(another rank)"], self._results)
                                 + " Training stops (action='stop').")
                 trainer.should_stop = True
 
@@ -513,7 +386,7 @@ class QualityGate(PerfCallback):
         what = "; ".join(f"{name} {why}" for name, why in unscored.items())
         if self._not_checked is None:
             self._not_checked = f"step {step}: {what}"
-        consequence = (f"the gate cannot pass ({self._on_never_checked()})" if self.baseline is not None
+        consequence = (f"the gate cannot pass ({on_never_checked(self.action)})" if self.baseline is not None
                        else "nothing is gated without a baseline")
         self._warn_once(f"unscored:{','.join(unscored)}", f"{what}. Not checked at step {step}: the measurement"
                         f" broke, which says nothing about the model; {consequence}.")
@@ -530,23 +403,6 @@ class QualityGate(PerfCallback):
                             f" {recorded} (at_steps=[{recorded}]), or require_same_step=True to fail such a check.")
         return reason
 
-    def _failure_message(self, step: int, failing: List[str]) -> str:
-        parts = []
-        for name in failing:
-            r = self._results.get(name)
-            if r is None:
-                parts.append(name)
-                continue
-            if r.get("reason"):
-                parts.append(f"{name} {r['reason']}")
-                continue
-            better = "higher" if r["mode"] == "max" else "lower"
-            pct = f" ({r['delta_pct']:+.2f}%)" if r["delta_pct"] is not None else ""
-            tol = (f"{100 * r['tolerance']:g}%" if r["tolerance_mode"] == "relative" else f"{r['tolerance']:g}")
-            parts.append(f"{name} {r['value']:.4g} vs baseline {r['baseline']:.4g}{pct}, tolerance {tol},"
-                         f" {better} is better")
-        return f"quality gate failed at step {step}: " + "; ".join(parts) + "."
-
     # -- end -----------------------------------------------------------------------------------------------------
     @guarded
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -556,7 +412,7 @@ class QualityGate(PerfCallback):
                                else self._partly_checked())
             if self.action != "fail":
                 self._warn_once("never_checked", f"{self._unchecked}; the summary records the gate as not"
-                                f" passed ({self._on_never_checked()}).")
+                                f" passed ({on_never_checked(self.action)}).")
         if self.record_baseline and trainer.is_global_zero:
             bad = [n for n, r in self._results.items() if r.get("value") is None]
             if not self._results or bad:
@@ -586,11 +442,7 @@ class QualityGate(PerfCallback):
         """Why checks ran but did not decide every gated metric (None when they did)."""
         if not self._not_checked:
             return None
-        return f"not checked at {self._times(self._not_checked_count, 'validation')}; first at {self._not_checked}"
-
-    @staticmethod
-    def _times(count: int, what: str) -> str:
-        return f"{count} {what}" + ("s" if count != 1 else "")
+        return f"not checked at {times(self._not_checked_count, 'validation')}; first at {self._not_checked}"
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -598,21 +450,8 @@ class QualityGate(PerfCallback):
 
     def verdict(self) -> str:
         """One line for the console: the final verdict and every failed check (the first 10, then a count)."""
-        values = ", ".join(f"{n} {r['value']:.4g}" for n, r in self._results.items() if r.get("value") is not None)
-        if self._unchecked and not self._failed_count:
-            return f"QualityGate: not passed, {self._unchecked}"
-        if self._checks == 0:
-            return ("QualityGate: no validation was checked" + (f" (not checked at {self._not_checked})"
-                                                                 if self._not_checked else ""))
-        checks = f"{self._checks} check" + ("s" if self._checks != 1 else "")
-        if self.baseline is None:
-            return f"QualityGate: {values} (no baseline, not gated; {checks})"
-        if not self._failed_count:
-            return f"QualityGate: passed {'all ' if self._checks != 1 else ''}{checks}; last: {values}"
-        shown = "; ".join(f"step {f['step']}: {', '.join(f['metrics'])}" for f in self._failed[:10])
-        more = f"; and {self._failed_count - 10} more" if self._failed_count > 10 else ""
-        return (f"QualityGate: FAILED {self._failed_count} of {self._checks} checks ({shown}{more});"
-                f" last: {values or 'no finite value'}")
+        return verdict_line(self._results, self._checks, self._failed, self._failed_count, self.baseline is not None,
+                            self._unchecked, self._not_checked)
 
     @property
     def _baseline_images(self) -> Optional[int]:

@@ -117,3 +117,19 @@ def verdict(value: float, baseline: float, mode: str, tolerance: float, relative
         "mode": mode,
         "passed": passed,
     }
+
+
+def gate_baseline(source: Any, gated: Any) -> Tuple[Dict[str, float], Dict[str, str], Dict[str, Any]]:
+    """:func:`load_baseline` for a gate of the metrics ``gated``: (values, gated metric -> why it is not gated, how it
+    was measured). A metric the baseline run could not measure (LPIPS offline) is not gated; one it lacks is an error.
+
+    Raises:
+        BaselineError: as :func:`load_baseline`, or the baseline lacks a gated metric.
+    """
+    values, gaps, meta = load_baseline(source)
+    not_gated = {m: f"the baseline run could not measure it: {gaps[m]}" for m in gated if m not in values and m in gaps}
+    missing = [m for m in gated if m not in values and m not in gaps]
+    if missing:
+        raise BaselineError(f"It lacks gated metric(s) {', '.join(missing)}; it has:"
+                            f" {', '.join(sorted(values)) or 'nothing'}.")
+    return values, not_gated, meta
