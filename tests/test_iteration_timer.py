@@ -342,7 +342,7 @@ def test_the_step_path_keeps_bounded_memory_and_reads_see_every_iteration(tmp_pa
     class Watch(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             waiting = len(timer._pending_ms)
-            read = timer._host.count if batch_idx == 7 else None  # a read now and then
+            read = timer._histogram().count if batch_idx == 7 else None  # a read now and then
             seen.append((waiting, read, timer.iterations))
 
     fit(tmp_path, [timer, Watch()], max_epochs=3)

@@ -69,7 +69,7 @@ def test_the_simulated_device_runs_the_cuda_path_and_goes_to_the_other_checkout_
     other = copy_of_package(tmp_path)
     path = other / "lightning_perf" / "callbacks" / "section_profiler.py"
     source = path.read_text()
-    mark = "        end_next = self._next_owner\n"
+    mark = "        fit = ledger.fit_iterations\n"
     assert source.count(mark) == 1
     path.write_text(source.replace(mark, "        __import__('time').sleep(0.010)\n" + mark))
     proc = bench("--hooks-only", "SectionProfiler", "--simulated-device", "--against", str(other), "--steps", "10",
