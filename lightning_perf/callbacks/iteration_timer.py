@@ -61,23 +61,14 @@ def infer_batch_size(batch: Any) -> Optional[int]:
     return None if path is None else follow(batch, path)
 
 
-class _Folded:
-    """An IterationTimer attribute (histogram, block series) read only after the waiting iteration times are folded
-    in, so a reader never misses one."""
+class _Window:
+    """The figures of the logging window since the last scalars: seconds, iterations, batches, samples, items, and
+    the seconds of its tail iterations."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    __slots__ = ("seconds", "iterations", "batches", "samples", "items", "tail_s")
 
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        if obj is None:
-            return self
-        if obj._pending_ms:
-            obj._fold()
-        return obj.__dict__[self.name]
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        obj._fold()
-        obj.__dict__[self.name] = value
+    def __init__(self) -> None:
+        self.seconds, self.iterations, self.batches, self.samples, self.items, self.tail_s = 0.0, 0, 0, 0, 0, 0.0
 
 
 class IterationTimer(PerfCallback):
@@ -188,15 +179,22 @@ class IterationTimer(PerfCallback):
 
     # -- state ---------------------------------------------------------------------------------------------------
     # The step path appends each counted iteration's ms to a list; it goes into the histogram and the block series
-    # every FOLD_EVERY iterations and before any read (these descriptors), so memory stays bounded.
-    _host = _Folded("_host_histogram")
-    _blocks = _Folded("_block_series")
-
+    # every FOLD_EVERY iterations and before any read (``_histogram``, ``_series``), so memory stays bounded.
     def _fold(self) -> None:
         pending, self._pending_ms = self._pending_ms, []
         if pending:
-            self._host_histogram.add_many(pending)
-            self._block_series.add_many(pending)
+            self._host.add_many(pending)
+            self._blocks.add_many(pending)
+
+    def _histogram(self) -> LogHistogram:
+        """The counted iterations' ms, every one of them folded in."""
+        self._fold()
+        return self._host
+
+    def _series(self) -> BlockSeries:
+        """The counted iterations' ms in blocks (for the speed verdict's interval), every one folded in."""
+        self._fold()
+        return self._blocks
 
     def _reset(self) -> None:
         # Cumulative over the whole run (kept through checkpoints).
@@ -267,7 +265,7 @@ class IterationTimer(PerfCallback):
         self._open_epoch: Optional[Dict[str, Any]] = None
         self._resumed_epoch: Optional[int] = None  # the epoch a mid-epoch resume carried on, until it starts
         self._trainer_epoch: Optional[int] = None
-        self._window = [0.0, 0, 0, 0, 0, 0.0]  # seconds, iterations, batches, samples, items, tail seconds
+        self._window = _Window()
         self._flags = 0  # what coincided with the iteration in progress (measure.tail's bits), set by the hooks
         self._gc_pause_s = 0.0  # pauses of the flagged garbage collections in the iteration in progress
         self._own_s = 0.0  # lightning_perf's own periodic work in the iteration in progress (measure.tail.OwnWork)
@@ -357,7 +355,7 @@ class IterationTimer(PerfCallback):
         threshold = self._tail_threshold_s
         if threshold == math.inf:
             median = (statistics.median(self._pending_ms) if self._pending_ms
-                      else self.__dict__["_host_histogram"].quantile(0.5))
+                      else self._host.quantile(0.5))
             if not median:
                 return False
             threshold = TAIL_FACTOR * median / 1000.0
@@ -563,16 +561,16 @@ class IterationTimer(PerfCallback):
             if flags:
                 self._causes.add(ms, flags, gc_pause_s, own_s)
             if seconds > self._tail_threshold_s:
-                self._window[5] += seconds
+                self._window.tail_s += seconds
             self._counted_batches += self._iter_batches
             self._counted_samples += self._iter_samples
             self._counted_items += self._iter_items
-            w = self._window
-            w[0] += seconds
-            w[1] += 1
-            w[2] += self._iter_batches
-            w[3] += self._iter_samples
-            w[4] += self._iter_items
+            window = self._window
+            window.seconds += seconds
+            window.iterations += 1
+            window.batches += self._iter_batches
+            window.samples += self._iter_samples
+            window.items += self._iter_items
         else:
             self._excluded[reason] = self._excluded.get(reason, 0) + 1
             self._warmup_time_s += seconds
@@ -612,8 +610,10 @@ class IterationTimer(PerfCallback):
             return None
 
     def _log_window(self, trainer: Trainer) -> None:
-        seconds, iters, batches, samples, items, tail_s = self._window
-        self._window = [0.0, 0, 0, 0, 0, 0.0]
+        window, self._window = self._window, _Window()
+        seconds, iters, batches, samples, items = (window.seconds, window.iterations, window.batches, window.samples,
+                                                   window.items)
+        tail_s = window.tail_s
         if iters == 0 or seconds <= 0:
             return
         metrics = {
@@ -630,7 +630,7 @@ class IterationTimer(PerfCallback):
         if self._retries_seen is not None:  # retries in this window's fast iterations flag none of the next
             self._retried(trainer)
         # the next window's tail: above 2x the median so far (of the folded iterations: a read does not fold)
-        median = self.__dict__["_host_histogram"].quantile(0.5)
+        median = self._host.quantile(0.5)
         self._tail_threshold_s = TAIL_FACTOR * median / 1000.0 if median else math.inf
         if self._flops is not None:
             tflops = tflops_per_s(self._flops, batches, seconds)
@@ -733,12 +733,12 @@ class IterationTimer(PerfCallback):
         if retries is not None and self._alloc_retries_start is not None:
             self._alloc_retries = (self._alloc_retries or 0) + max(0, retries - self._alloc_retries_start)
             self._alloc_retries_start = None
-        median = self._host.quantile(0.5)
-        mean = self._host.mean
+        median = self._histogram().quantile(0.5)
+        mean = self._histogram().mean
         # One collective, reached by every rank with the same shape (in a PerfSuite, shared with its other callbacks).
         gather_floats_then(trainer, [median, mean], self._set_ranks, self)
-        s = self._host.summary()
-        tflops = tflops_per_s(self._flops, self._counted_batches, self._host.total / 1000.0)
+        s = self._histogram().summary()
+        tflops = tflops_per_s(self._flops, self._counted_batches, self._histogram().total / 1000.0)
         log_scalars(
             trainer,
             {
@@ -767,11 +767,11 @@ class IterationTimer(PerfCallback):
 
     def verdict(self) -> str:
         """One line for the console: the headline (mean), the typical iteration (median), the tail, the totals."""
-        s = self._host.summary()
+        s = self._histogram().summary()
         if s["mean"] is None:
             return f"IterationTimer: no iteration measured ({self.iterations} ran, {self.warmup_steps} warm-up per fit)"
         line = (f"IterationTimer: {s['mean']:.2f} ms/iter mean ({1000.0 / s['mean']:.2f} it/s), median {s['median']:.2f},"
-                f" p95 {s['p95']:.2f} ms, over {self._host.count} of {self.iterations} iterations;"
+                f" p95 {s['p95']:.2f} ms, over {self._histogram().count} of {self.iterations} iterations;"
                 f" train {self._train_time_s():.1f} s, eval {self._eval_time_s():.1f} s")
         section = self._summary_section()
         train, with_eval = section["projected_time_to_target_s"], section["projected_time_to_target_with_eval_s"]
@@ -790,15 +790,15 @@ class IterationTimer(PerfCallback):
 
     # -- results -------------------------------------------------------------------------------------------------
     def _summary_section(self) -> Dict[str, Any]:
-        s = self._host.summary()
-        counted_s = self._host.total / 1000.0
+        s = self._histogram().summary()
+        counted_s = self._histogram().total / 1000.0
         unavailable: Dict[str, str] = {}
         samples_per_s = None
         if self._samples_unknown is not None:
             unavailable["samples_per_s"] = self._samples_unknown
         elif counted_s > 0:
             samples_per_s = self._counted_samples / counted_s
-        if self._host.count == 0:
+        if self._histogram().count == 0:
             unavailable["ms_per_iter"] = (
                 f"no iteration was measured: {self.iterations} iterations ran and the first"
                 f" {self.warmup_steps} of each fit are warm-up"
@@ -826,7 +826,7 @@ class IterationTimer(PerfCallback):
             "iterations": self.iterations,
             "batches": self.batches,
             "samples": self.samples if self._samples_unknown is None else None,
-            "measured_iterations": self._host.count,
+            "measured_iterations": self._histogram().count,
             "warmup_steps": self.warmup_steps,
             "excluded": dict(self._excluded),
             "warmup_time_s": self._warmup_time_s,
@@ -853,8 +853,8 @@ class IterationTimer(PerfCallback):
                 self._eval_time_s() / self._validation_runs if self._validation_runs else None),
             "epochs": list(self._epochs),
             "ranks": self._ranks,
-            "histogram_ms": self._host.to_dict(),
-            "blocks_ms": self._blocks.to_dict(),
+            "histogram_ms": self._histogram().to_dict(),
+            "blocks_ms": self._series().to_dict(),
             "tail": self._tail_section(unavailable),
             "unavailable": unavailable,
         }
@@ -874,7 +874,7 @@ class IterationTimer(PerfCallback):
         if self._alloc_retries is None:
             unavailable["tail.alloc_retries"] = ("the CUDA allocator's retries are read on CUDA only"
                                                  if self._clock is None else "not read: training did not end")
-        block = tail_block(self._host, self._causes, self._slowest,
+        block = tail_block(self._histogram(), self._causes, self._slowest,
                            {"gc": gc_figures, "alloc_retries": self._alloc_retries, "dataloader": self._loader_info})
         if block["share_pct"] is None:
             unavailable["tail"] = "no iteration was measured"
@@ -944,8 +944,8 @@ class IterationTimer(PerfCallback):
             "fits": self._fits,
             "epochs": list(self._epochs),
             "open_epoch": self._open_epoch_record(),
-            "histogram_ms": self._host.to_dict(),
-            "blocks_ms": self._blocks.to_dict(),
+            "histogram_ms": self._histogram().to_dict(),
+            "blocks_ms": self._series().to_dict(),
             "device_histogram_ms": self._device.to_dict(),
             "tail": {"slowest": self._slowest.to_state(), "gc_pause_s": self._causes.gc_pause_s,
                      "own_s": self._causes.own_s,
@@ -1000,7 +1000,7 @@ class IterationTimer(PerfCallback):
             _warmup_time_s=s.number("warmup_time_s"), _startup_time_s=s.number("startup_time_s", None, allow_none=True),
             _validation_runs=s.count("validation_runs"),
             _fits=s.count("fits"), _epochs=epochs, _open_epoch=open_epoch,
-            _host=s.histogram("histogram_ms", self._host), _blocks=s.series("blocks_ms", self._blocks),
+            _host=s.histogram("histogram_ms", self._histogram()), _blocks=s.series("blocks_ms", self._series()),
             _device=s.histogram("device_histogram_ms", self._device), _slowest=slowest,
             _slow_floor=slowest.floor, _causes=causes, _alloc_retries=retries)
         for name, value in read.items():  # all read: nothing is assigned from a state that fails halfway
