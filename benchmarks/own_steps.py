@@ -68,7 +68,7 @@ def own_time_per_step(suite: Any, steps: int, root: str,
         setattr(suite, hook, timed(getattr(suite, hook), hook == "on_train_batch_end"))
     for cb in suite.callbacks:
         if isinstance(cb, lightning_perf.SectionProfiler):
-            cb._close_iteration = timed(cb._close_iteration)
+            cb._closed = timed(cb._closed)
             cb._batch_transfer = timed(cb._batch_transfer)  # installed at setup from this attribute
     overhead.fit([suite], steps, None, root)
     return per[:steps]

@@ -156,6 +156,7 @@ class SectionProfiler(PerfCallback):
         self._ledger = SectionLedger(self.warmup_steps, self.report_every_n_steps,
                                      gap_mode=self.data_loading_boundary == "batch_gap")
         self._stepped = False  # an optimizer step was announced since the last batch end
+        self._report_waits = False  # a report fell due at a fetch's start: made at the batch's transfer or start
         self._overhead_s = 0.0  # the hooks' own time
         self._clock: Optional[DeviceIntervalClock] = None
         self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
@@ -207,16 +208,25 @@ class SectionProfiler(PerfCallback):
         ref = getattr(self, "_trainer_ref", None)  # (None in a copy, none before setup: no report is made there)
         return ref() if ref is not None else None
 
-    def _closed(self, trainer: Optional[Trainer]) -> None:
+    def _closed(self, trainer: Optional[Trainer], report_later: bool = False) -> None:
         """After the ledger closed an iteration: device marks for the next ones, device events read in batches, the
-        window report where one fell due (lightning_perf's own work in the iteration that starts: IterationTimer may
-        name it)."""
+        window report where one fell due. ``report_later``: closed at a fetch's start, whose wait for the batch the
+        report must not lengthen; it is made at the batch's transfer (or its start) instead."""
         ledger = self._ledger
         if self._clock is not None:
             ledger.marker = self._mark_device if self._near_timed() else None
             if ledger.fit_iterations % POLL_EVERY == 0:
                 self._poll_device()
-        if ledger.report_due and trainer is not None:
+        if ledger.report_due:
+            ledger.report_due = False
+            self._report_waits = report_later
+            if not report_later:
+                self._report(trainer)
+
+    def _report(self, trainer: Optional[Trainer]) -> None:
+        """The window report: lightning_perf's own work in the iteration that starts (IterationTimer may name it)."""
+        self._report_waits = False
+        if trainer is not None:
             start = now()
             self._report_window(trainer)
             OWN_WORK.add(now() - start)
@@ -320,7 +330,7 @@ class SectionProfiler(PerfCallback):
                 self._fetches += 1
                 self._fetch_t = t
                 if self._ledger.fetch_started(t):
-                    self._closed(self._trainer())
+                    self._closed(self._trainer(), report_later=True)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
                 self._record_failure("dataloader fetch", err)
             self._overhead_s += now() - t
@@ -348,6 +358,8 @@ class SectionProfiler(PerfCallback):
             try:
                 if self._ledger.transfer(t):
                     self._closed(self._trainer())
+                elif self._report_waits and self._ledger.current == "transfer":
+                    self._report(self._trainer())
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
                 self._record_failure("batch_to_device", err)
             self._overhead_s += now() - t
@@ -446,6 +458,8 @@ class SectionProfiler(PerfCallback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._active and self._ledger.epoch_end(now()):
             self._closed(trainer)
+        if self._report_waits:
+            self._report(trainer)
         self._flush_tables()  # the epoch's tables before what Lightning prints at its end (`Trainer.fit` stopped...)
 
     def _flush_tables(self) -> None:
@@ -466,6 +480,8 @@ class SectionProfiler(PerfCallback):
             try:
                 if self._ledger.batch_start(t):  # (no transfer or fetch was seen: a dataloader_iter step)
                     self._closed(trainer)
+                elif self._report_waits:
+                    self._report(trainer)
             except Exception as err:  # noqa: BLE001
                 self._record_failure("on_train_batch_start", err)
             self._overhead_s += now() - t
@@ -561,6 +577,8 @@ class SectionProfiler(PerfCallback):
             return
         if self._ledger.train_end(now()):
             self._closed(trainer)
+        if self._report_waits:
+            self._report(trainer)
         self._read_workers()
         self._poll_device(flush=True)
         self._ledger.marker = None  # (the device's events are read: the final row is host time)
