@@ -563,7 +563,7 @@ class SimulatedClocks(Callback):
 
         for cb in self.targets:
             clock = DeviceIntervalClock(event_factory=SimulatedEvent)
-            if hasattr(cb, "_use_clock"):  # SectionProfiler: what to tape is decided with the clock
+            if hasattr(cb, "_use_clock"):  # SectionProfiler: its device marks are decided with the clock
                 cb._use_clock(clock)
                 continue
             cb._clock = clock
