@@ -249,7 +249,7 @@ def test_window_figures_add_up_to_the_run_totals_while_histograms_take_raw_times
     from lightning_perf.measure import section_ledger as module
 
     monkeypatch.setattr(module, "FOLD_EVERY", 3)
-    monkeypatch.setattr(module, "HISTOGRAM_EVERY", 7)
+    monkeypatch.setattr(sections_module, "HISTOGRAM_EVERY", 7)
     every = 4
     fit(tmp_path, [profiler(warmup_steps=0, report_every_n_steps=every)], model=EmaModel(), max_epochs=2)
     s = find_summary(tmp_path)["section_profiler"]
@@ -711,7 +711,7 @@ def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatc
 
     clock = use_virtual_clock(monkeypatch)
     monkeypatch.setattr(module, "FOLD_EVERY", 4)
-    monkeypatch.setattr(module, "HISTOGRAM_EVERY", 8)
+    monkeypatch.setattr(sections_module, "HISTOGRAM_EVERY", 8)
     sp = profiler(warmup_steps=0, report_every_n_steps=10**6)
     unfolded, raw, counts = [], [], []
 

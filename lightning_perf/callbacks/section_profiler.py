@@ -160,8 +160,6 @@ class SectionProfiler(PerfCallback):
         self._overhead_s = 0.0  # the hooks' own time
         self._clock: Optional[DeviceIntervalClock] = None
         self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
-        self._device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
-        self._device_iteration: Optional[int] = None
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._fetch_t: Optional[float] = None  # where the fetch running now started
         self._fetch_ends = 0  # fetches whose return was seen (the loop's ``_on_after_fetch``)
@@ -265,21 +263,15 @@ class SectionProfiler(PerfCallback):
         return device_timed(fit_iteration, self.warmup_steps, self.device_timing_every_n_iterations)
 
     def _poll_device(self, flush: bool = False) -> None:
+        """The device intervals the device has passed (all of them with ``flush``, at the train end) into the ledger;
+        the user sections' event pairs that completed into their sections."""
         if self._clock is None:
             return
         for label, ms in (self._clock.flush_labeled() if flush else self._clock.poll_labeled()):
-            if label is None:
-                continue
-            name, iteration, counted = label
-            if iteration != self._device_iteration:  # every piece of the previous iteration has been read
-                self._close_device_iteration()
-                self._device_iteration = iteration
-            if counted:
-                self._device_pieces[name] = self._device_pieces.get(name, 0.0) + ms
+            if label is not None:
+                self._ledger.device_interval(label, ms)
         if flush:
-            if self._device_iteration is not None and self._device_iteration < self._ledger.iterations:
-                self._close_device_iteration()
-            self._device_pieces = {}  # the iteration still open at the end is not counted on the host either
+            self._ledger.device_end()
         pending = self._pending_user
         while pending and (flush or pending[0][2].query()):
             name, start, end, counted = pending.popleft()
@@ -287,14 +279,6 @@ class SectionProfiler(PerfCallback):
                 end.synchronize()
             if counted:
                 self._ledger.section(name, "user").device.add(float(start.elapsed_time(end)))
-
-    def _close_device_iteration(self) -> None:
-        """One device time per section per iteration, the sum of its pieces (optimizer_step and other are entered
-        twice in an iteration: per piece they would come out at about half)."""
-        for name, ms in self._device_pieces.items():
-            if name in self._sections:
-                self._sections[name].device.add(ms)
-        self._device_pieces = {}
 
     # -- events from outside Lightning's hooks -------------------------------------------------------------------
     def section_started(self, name: str) -> Any:
@@ -587,38 +571,11 @@ class SectionProfiler(PerfCallback):
         gather_floats_then(trainer, means, self._set_ranks, self)
 
     def _read_workers(self) -> None:
-        """The summary's ``workers`` block: what the training DataLoader's workers spent making each batch (their
-        fetch and collate, timed inside them), beside the main process's wait (``data_loading``)."""
-        timer, self._workers = self._worker_timer, None
-        workers = loader.num_workers(self._loaders)
-        if workers is None:
-            self._workers_reason = "no DataLoader in trainer.train_dataloader"
-            return
-        row: Dict[str, Any] = {"num_workers": workers, "batches": None, "busy_ms_per_batch": None, "busy_pct": None,
-                               "cpu_count": loader.cpu_count()}
-        self._workers = row
-        if workers == 0:
-            self._workers_reason = ("num_workers=0: batches are made in the main process, and its wait for them is"
-                                    " data_loading")
-            return
-        if timer is None or self._workers_reason is not None:
-            return
-        timer.stop()
-        busy, batches = timer.totals()
-        if not batches:
-            self._workers_reason = (
-                "no batch made by a worker was timed: workers started by spawn or forkserver do not inherit the timer"
-                " (only forked workers do)" if not loader.uses_fork(self._loaders) else
-                "no batch made by a worker was timed")
-            return
-        row["batches"] = batches
-        row["busy_ms_per_batch"] = per_batch = 1000.0 * busy / batches
-        # at the loop's measured pace (counted iterations, warm-up left out): the share of the workers' time that
-        # making its batches takes; 100% or more: they are saturated, the loop cannot go faster than they make batches
+        """The summary's ``workers`` block (``measure.loader.workers_block``), at the loop's measured pace."""
         self._ledger.fold()
-        iteration_ms = self._ledger.iteration.host.mean
-        if iteration_ms:
-            row["busy_pct"] = 100.0 * per_batch * self._batches_per_iteration / (workers * iteration_ms)
+        self._workers, self._workers_reason = loader.workers_block(
+            self._worker_timer, self._loaders, self._batches_per_iteration, self._ledger.iteration.host.mean,
+            self._workers_reason)
 
     def _set_ranks(self, rows: Rows) -> None:
         self._ranks = {name: spread_across_ranks([r[i] for r in rows]) for i, name in enumerate(AUTO_SECTIONS)

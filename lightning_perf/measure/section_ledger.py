@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from lightning_perf.measure.clock import now
+from lightning_perf.measure.sections import Samples, Section
 from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
 from lightning_perf.measure.tail import OWN_WORK, SlowestPieces, median_per_iteration
 
@@ -12,7 +13,7 @@ from lightning_perf.measure.tail import OWN_WORK, SlowestPieces, median_per_iter
 #: progress bar, the loop's own bookkeeping): its own section where ``data_loading`` is the fetch alone.
 BETWEEN = "between_batches"
 #: (checkpointing last: the ninth section made shares its histogram batches' phase with the iterations', see
-#: ``Samples``, and a checkpoint rarely comes every iteration)
+#: ``sections.Samples``, and a checkpoint rarely comes every iteration)
 AUTO_SECTIONS = ("data_loading", BETWEEN, "transfer", "forward", "backward", "optimizer_step", "other",
                  "checkpointing")
 MANUAL_SECTIONS = ("data_loading", BETWEEN, "transfer", "training_step", "checkpointing", "other")
@@ -21,60 +22,9 @@ MAX_CALLS_PER_ITERATION = 10_000
 #: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
 #: IterationTimer's default ``keep_slowest`` (10), so that its kept iterations are found here too.
 SLOWEST_KEPT = 20
-#: Raw times a section keeps before they go into its histogram (up to 7/8 more by its phase, see ``Samples``).
-HISTOGRAM_EVERY = 512
 #: A device mark, called on each switch that changes the section: (section ending, section starting, whether the
 #: ending piece belongs to the next iteration, whether the starting one does).
 Marker = Callable[[Optional[str], Optional[str], bool, bool], None]
-
-
-class Samples:
-    """Host times of one section (or of whole iterations): raw seconds, folded into the report window's sum, min and
-    max, and into the bounded histogram once ``limit`` of them wait or before any figure is read.
-
-    ``limit`` is ``HISTOGRAM_EVERY`` plus an eighth of it per ``phase`` (0 to 7: the order in which the sections were
-    made): with one limit every section that runs once an iteration went into its histogram at the same fold (1 to
-    2 ms on a 2-core CPU), one slow iteration of the profiler's own making; with eight the batches are spread."""
-
-    __slots__ = ("host", "raw", "seen", "limit", "window_s", "window_n", "window_min", "window_max")
-
-    def __init__(self, phase: int = 0) -> None:
-        self.host = LogHistogram()
-        self.raw: List[float] = []
-        self.seen = 0  # raw times already in the window's figures
-        self.limit = HISTOGRAM_EVERY + HISTOGRAM_EVERY // 8 * (phase % 8)
-        self.window_reset()
-
-    def window_reset(self) -> None:
-        self.window_s, self.window_n, self.window_min, self.window_max = 0.0, 0, float("inf"), 0.0
-
-    def fold(self, histogram: bool = True) -> None:
-        """The raw times not yet in the window's figures go there; into the histogram too where ``histogram`` is
-        true or ``limit`` of them wait."""
-        raw = self.raw
-        if len(raw) > self.seen:
-            new = raw[self.seen:]
-            self.window_s += sum(new)
-            self.window_n += len(new)
-            self.window_min = min(self.window_min, min(new))
-            self.window_max = max(self.window_max, max(new))
-            self.seen = len(raw)
-        if raw and (histogram or len(raw) >= self.limit):
-            self.host.add_many(raw, 1000.0)
-            self.raw, self.seen = [], 0
-
-
-class Section(Samples):
-    """Bounded statistics of one section: per-call host ms (histogram), device ms, calls left by exceptions."""
-
-    __slots__ = ("kind", "parent", "device", "closed_by_exception", "runs")
-
-    def __init__(self, kind: str, parent: Optional[str] = None, phase: int = 0) -> None:
-        super().__init__(phase)
-        self.kind, self.parent = kind, parent
-        self.device = LogHistogram()
-        self.closed_by_exception = 0
-        self.runs = 0  # a user section: counted iterations it ran in, this process
 
 
 class Iteration:
@@ -131,6 +81,8 @@ class SectionLedger:
         self.validation_s = 0.0
         self.validation_runs = 0
         self.val_start: Optional[float] = None
+        self.device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
+        self.device_iteration: Optional[int] = None
 
     def section(self, name: str, kind: str = "auto", parent: Optional[str] = None) -> Section:
         sec = self.sections.get(name)
@@ -419,6 +371,29 @@ class SectionLedger:
                 for name, sec in self.sections.items() if name in table}
         medians = {name: median_per_iteration(self.sections[name].host, n, runs[name]) for name in runs}
         return self.slowest.entries(medians, {k: v for k, v in runs.items() if v is not None}, n)
+
+    # -- device time --------------------------------------------------------------------------------------------
+    def device_interval(self, label: Tuple[str, int, bool], ms: float) -> None:
+        """A device interval read, labelled (section, iteration, counted) by the caller's mark. One device time per
+        section per iteration: the sum of its pieces (optimizer_step and other run twice in an iteration)."""
+        name, iteration, counted = label
+        if iteration != self.device_iteration:  # every piece of the previous iteration has been read
+            self._close_device_iteration()
+            self.device_iteration = iteration
+        if counted:
+            self.device_pieces[name] = self.device_pieces.get(name, 0.0) + ms
+
+    def device_end(self) -> None:
+        """Every interval read: the last closed iteration's go in; the open one's not (nor are its host pieces)."""
+        if self.device_iteration is not None and self.device_iteration < self.iterations:
+            self._close_device_iteration()
+        self.device_pieces = {}
+
+    def _close_device_iteration(self) -> None:
+        for name, ms in self.device_pieces.items():
+            if name in self.sections:
+                self.sections[name].device.add(ms)
+        self.device_pieces = {}
 
     # -- checkpoint state ----------------------------------------------------------------------------------------
     def state(self, t: float) -> Dict[str, Any]:
