@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Set, Tuple, TextIO
 
+from lightning_perf.bench.rounds import DEFAULT_REPEATS
 from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
 
@@ -224,11 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", help="also write the rows to this CSV (default: none)")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                    help="seconds per variant, a finite number > 0 (default: none, no limit)")
-    p.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="N",
                    help="run the variants N rounds, interleaved (A B C, C B A, ...), each run a fresh process: the"
-                   " speedups' intervals then come from the spread between runs, and a variant within that noise"
-                   " is said to be; with 1 no speedup is called significant between runs, 3 is the least that"
-                   " finds a 10%% change under 2.5%% drift (default: 1)")
+                   " speedups' intervals come from the spread between runs, and a variant is decided faster or slower"
+                   " only beyond the A/A noise floor; 1 decides nothing. 5 finds a 10%% change in ~90%% of trials"
+                   f" under 3%% drift between runs (see docs/cli.md) (default: {DEFAULT_REPEATS})")
+    p.add_argument("--budget", type=_positive_float, default=None, metavar="SECONDS",
+                   help="start a round only when it is expected to end within SECONDS of the matrix's start (the"
+                   " longest round so far); the report says how many rounds ran (default: none, every round)")
+    p.add_argument("--noise-floor", default="auto", metavar="auto|off|VARIANT",
+                   help="the A/A pair: auto runs the baseline's setup again in the same rounds (as BASELINE_aa) unless"
+                   " a variant has the baseline's overrides; VARIANT names the copy; off runs none (default: auto)")
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
                         " speed per measured iteration (default: end-to-end)")
@@ -597,6 +604,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         matrix_rows,
         parse_variants,
         run_matrix,
+        with_noise_floor,
     )
 
     try:
@@ -616,13 +624,14 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         if path:
             _check_output(path, flag)
     try:
+        variants, copy = with_noise_floor(variants, args.noise_floor)
         check_outputs(args.out, variants)
     except ValueError as err:
         _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
-                         log=lambda m: _say(m, sys.stderr), repeats=args.repeats)
-    rows = matrix_rows(results)
+                         log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget)
+    rows = matrix_rows(results, noise_floor=copy)
     header = matrix_header(results, args.config)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)
     _say(text)

@@ -413,10 +413,12 @@ def test_matrix_findings_are_computed_from_the_numbers(tmp_path):
                for f in found), found
     assert any(f.startswith("Warm-up cost: cudnn's first epoch took 7.5x") for f in found), found
     assert "Least memory: workers" in " ".join(found)
-    assert any(f.startswith("Fastest: amp+workers") for f in found)  # cudnn is faster but its gate failed
+    assert any(f.startswith("No verdict between runs: one run each") for f in found), found
     text = format_matrix(rows)
     assert "⚠ quality gate FAILED" in text and "| Epoch 1 (s) | Epoch 2 (s) |" in text  # one unit per column
-    assert "**Best:** amp+workers" in text
+    # one run each decides nothing: the fastest is named as measured, not as Best (cudnn is faster, its gate failed)
+    assert ("**Best:** not decided: one run each, so the drift between runs was not measured (--repeats 2 or more);"
+            " fastest measured: amp+workers,") in text
     assert not any(f.startswith("Busy machine") for f in found)
 
 
@@ -502,7 +504,7 @@ def test_matrix_without_a_quality_gate_says_no_gate_ran(timer_summary):
     assert [r["quality_gate"] for r in rows] == [None, None] and [r["status"] for r in rows] == ["completed"] * 2
     text = format_matrix(rows, best_by="steady")
     best = text.splitlines()[-1]
-    assert best.startswith("**Best:** amp,") and "quality gate not failed" not in best, best
+    assert best.split("fastest measured: ")[-1].startswith("amp,") and "quality gate not failed" not in best, best
     assert best.endswith("; quality: no gate ran: the variant's run has no QualityGate."), best
     assert "| no gate ran | completed |" in text
 
@@ -534,9 +536,9 @@ def test_matrix_gates_each_variant_against_the_baseline_variant(timer_summary):
     assert cl["quality_gate_note"].startswith("not checked: l1 not checked: could not score the validation outputs")
     text = format_matrix(list(rows.values()), best_by="steady")
     best = text.splitlines()[-1]
-    assert best.startswith("**Best:** amp,") and best.endswith("; quality: " + rows["amp"]["quality_gate_note"] + ".")
+    assert best.split("fastest measured: ")[-1].startswith("amp,") and best.endswith("; quality: " + rows["amp"]["quality_gate_note"] + ".")
     assert "| FAILED | ⚠ quality gate FAILED |" in text and "| not checked | ⚠ quality gate not checked |" in text
-    assert any(f.startswith("Fastest: amp ") for f in findings(list(rows.values()), "steady"))
+    assert not any("worse_psnr" in f for f in findings(list(rows.values()), "steady") if f.startswith("Decided"))
     csv_rows = {r["variant"]: r for r in csv.DictReader(format_matrix(list(rows.values()), "csv").splitlines())}
     assert csv_rows["worse_psnr"]["quality_gate"] == "False" and "psnr 25 vs 26" in csv_rows["worse_psnr"][
         "quality_gate_note"]
@@ -586,7 +588,7 @@ def test_matrix_rows_decide_between_runs_an_aa_pair_ties_and_a_slow_variant_is_f
     significant; the findings say which ties."""
     from helpers import fit
     from lightning_perf import IterationTimer
-    from lightning_perf.bench.matrix import findings, matrix_rows
+    from lightning_perf.bench.matrix import findings, format_matrix, matrix_rows
 
     fit(tmp_path, [IterationTimer(warmup_steps=1, summary_path=str(tmp_path / "s.json"))], max_epochs=1)
     base = json.loads((tmp_path / "s.json").read_text())
@@ -597,13 +599,21 @@ def test_matrix_rows_decide_between_runs_an_aa_pair_ties_and_a_slow_variant_is_f
         return first
 
     rows = matrix_rows([variant("baseline", [100.0, 103.0, 98.0]), variant("baseline2", [101.0, 97.0, 102.0]),
-                        variant("slow", [110.0, 113.0, 108.0])])
+                        variant("slow", [110.0, 113.0, 108.0])], noise_floor="baseline2")
     aa, slow = rows[1], rows[2]
     assert aa["runs"] == 3 and aa["speedup_significant"] is False and aa["speedup_ci_low"] < 1.0 < aa["speedup_ci_high"]
+    assert aa["noise_floor"] is True and slow["noise_floor"] is False
     assert slow["speedup_significant"] is True and slow["speedup_ci_high"] < 1.0
     assert slow["speedup"] == pytest.approx(math.exp(sum(map(math.log, (100.0, 103.0, 98.0))) / 3
                                                      - sum(map(math.log, (110.0, 113.0, 108.0))) / 3))
-    found = findings(rows)
-    assert any(f.startswith("Within noise of baseline between runs: baseline2 (") and "over 3 + 3 runs" in f
-               for f in found), found
-    assert not any("slow (" in f and f.startswith("Within noise") for f in found)
+    # the A/A ratio and its interval beside the slow variant: baseline2's own figures against the baseline's
+    assert slow["aa_speedup"] == pytest.approx(aa["speedup"]) and slow["aa_ci_low"] == pytest.approx(aa["speedup_ci_low"])
+    assert slow["steady_verdict"] == "slower" and aa["steady_verdict"] == "within noise"
+    found = findings(rows, best_by="steady")
+    assert any(f.startswith("Noise floor (A/A: baseline2, the baseline's setup again in the same rounds, against"
+                            " baseline; steady state") and "over 3 + 3 runs" in f for f in found), found
+    assert any(f.startswith("Decided against baseline: slow 1.10x slower (0.91x, 95% CI") for f in found), found
+    assert not any(f.startswith("Within noise") and "slow (" in f for f in found), found
+    # the baseline is decided faster than the slow variant and the A/A copy is never Best: named
+    best = format_matrix(rows, best_by="steady").splitlines()[-1]
+    assert best.startswith("**Best:** baseline, by steady state"), best
