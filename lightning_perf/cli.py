@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -239,6 +240,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
                         " speed per measured iteration (default: end-to-end)")
+
+    p = add("race", "race two or more training commands in interleaved rounds, the suite attached to each run, and"
+            " compare each with the first between runs")
+    p.add_argument("--cmd", action="append", required=True, metavar="NAME=COMMAND",
+                   help="a name and its command, e.g. 'baseline=python ../old/train.py --steps 200' (split as a shell"
+                   " splits words, no shell run); the first is the baseline; give two or more")
+    p.add_argument("--out", default=os.path.join("runs", "race"),
+                   help="each run's summary in OUT/NAME/repeat_K/, the comparison in OUT/race.json (default:"
+                   " runs/race)")
+    p.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="N",
+                   help=f"rounds, each command once a round in a fresh process (default: {DEFAULT_REPEATS})")
+    p.add_argument("--budget", type=_positive_float, default=None, metavar="SECONDS",
+                   help="start a round only when it is expected to end within SECONDS (default: none)")
+    p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
+                   help="seconds per run, a finite number > 0 (default: none, no limit)")
+    p.add_argument("--noise-floor", default="auto", metavar="auto|off|NAME",
+                   help="the A/A pair: auto runs the first command again in the same rounds (as NAME_aa) unless a"
+                   " --cmd repeats it; NAME names the copy; off runs none (default: auto)")
+    p.add_argument("--callbacks", type=_callback_names, metavar="LIST",
+                   help="as for run (default: IterationTimer, SectionProfiler, VRAMMonitor, EvalNoGradGuard)")
+    p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
+                   help="a change below PCT%% is never decided (default: 2.0)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="(default: text)")
+    p.add_argument("--report", help="also write the text report to this file (default: none)")
 
     p = add("run", "run a training command with the suite attached to every Trainer it builds, with no change to"
             " its code (the way to measure a baseline checkout)")
@@ -642,6 +667,36 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r["status"] == "completed" for r in rows) else 1
 
 
+def _cmd_race(args: argparse.Namespace) -> int:
+    from lightning_perf.bench.race import (
+        check_out,
+        format_race,
+        parse_commands,
+        race_ok,
+        race_result,
+        run_race,
+        with_copy,
+        write_result,
+    )
+
+    try:
+        commands, copy = with_copy(parse_commands(args.cmd), args.noise_floor)
+        check_out(args.out, commands)
+    except ValueError as err:
+        raise SummaryError(str(err)) from None
+    if args.report:
+        _check_output(args.report, "--report")
+    info = run_race(commands, args.out, args.repeats, budget_s=args.budget, timeout_s=args.timeout,
+                    callbacks=args.callbacks, log=lambda m: _say(m, sys.stderr))
+    result = race_result(commands, info, copy, min_effect_pct=args.min_effect)
+    write_result(result, os.path.join(args.out, "race.json"))
+    text = format_race(result)
+    _say(json.dumps(result, indent=2, default=str) if args.format == "json" else text)
+    if args.report:
+        _write_text(args.report, "--report", text + "\n")
+    return EXIT_OK if race_ok(result) else 1
+
+
 def _cmd_bench_compare(args: argparse.Namespace) -> int:
     from lightning_perf.bench.analysis import compare_bench, format_bench_compare, select_sweep, sweep_ids
     from lightning_perf.bench.sweep import BenchError
@@ -664,7 +719,7 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"compare": _cmd_compare, "report": _cmd_report, "bench": _cmd_bench, "bench-compare": _cmd_bench_compare,
-            "matrix": _cmd_matrix, "run": _cmd_run}
+            "matrix": _cmd_matrix, "race": _cmd_race, "run": _cmd_run}
 
 
 #: Commands that only read summaries: whatever a file holds, they answer with one line, never a traceback.
