@@ -10,6 +10,7 @@ import sys
 from typing import Any, Dict, List, Optional, Set, Tuple, TextIO
 
 from lightning_perf.bench.rounds import DEFAULT_REPEATS
+from lightning_perf.bench.sweep_rounds import DEFAULT_ROUNDS
 from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
 
@@ -201,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="untimed iterations per configuration, >= 0 (default: 10 inference, 5 train)")
     p.add_argument("--iters", type=_positive_int, default=None, metavar="N",
                    help="timed iterations per configuration, >= 1 (default: 50 inference, 20 train)")
+    p.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS, metavar="N",
+                   help="measure every configuration N times, in interleaved rounds (one CSV row each); the noise of"
+                   " the verdicts comes from the spread between rounds, and a sentence is said only where the"
+                   f" intervals separate (default: {DEFAULT_ROUNDS})")
     p.add_argument("--csv", default=DEFAULT_BENCH_CSV,
                    help=f"append rows to this CSV, header only when new (default: {DEFAULT_BENCH_CSV})")
     p.add_argument("--no-csv", action="store_true", help="write no CSV")
@@ -550,6 +555,7 @@ def _remove_empty_folders(folders: List[str]) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from lightning_perf.bench.analysis import analysis, select_sweep, sweep_ids
     from lightning_perf.bench.sweep import BenchError, FactoryError, format_table, load_callable, run_sweep
+    from lightning_perf.bench.sweep_rounds import combine_rounds
 
     if args.sweep is not None and not args.from_csv:
         _say("lightning-perf: error: --sweep chooses among the sweeps of --from-csv CSV; a new sweep shows its own"
@@ -571,12 +577,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 _check_output(args.plot, "--plot")
                 from lightning_perf.bench.plots import plot_sweep
 
-                plot_sweep(rows, args.plot)
+                plot_sweep(combine_rounds(rows), args.plot)
                 _say(f"plot written to {args.plot}", sys.stderr)
         except (BenchError, ValueError) as err:
             _say(f"lightning-perf: error: {err}", sys.stderr)
             return EXIT_ERROR
-        _say(heading + "\n" + format_table(rows) + "\n\n" + analysis(rows))
+        shown = combine_rounds(rows)
+        _say(heading + "\n" + format_table(shown) + "\n\n" + analysis(shown))
         return EXIT_OK
     if not args.model:
         _say("lightning-perf: error: bench needs --model PKG.MODULE:FACTORY (or --from-csv CSV)", sys.stderr)
@@ -600,7 +607,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             _pyplot()  # fail before the sweep, not after it
         rows = run_sweep(factory, args.input_sizes, args.batch_sizes, mode=args.mode, device=args.device,
                          precision=args.precision, warmup=args.warmup, iters=args.iters, input_builder=builder,
-                         csv_path=args.csv, progress=not args.no_progress)
+                         csv_path=args.csv, progress=not args.no_progress, rounds=args.rounds)
     except (BenchError, ValueError) as err:  # SummaryError too: an output that cannot be written
         _remove_empty_folders(created)  # bad input writes nothing, not even the folder the check made
         text = f"--model {args.model!r}: {err}" if isinstance(err, FactoryError) else str(err)
@@ -609,13 +616,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _say("lightning-perf: interrupted; finished rows are in the CSV", sys.stderr)
         return 130
-    _say(f"sweep {rows[0]['sweep_id']}: {len(rows)} rows\n" + format_table(rows) + "\n\n" + analysis(rows))
+    shown = combine_rounds(rows)
+    rounds = f" ({len(shown)} configurations x {args.rounds} interleaved rounds)" if args.rounds > 1 else ""
+    _say(f"sweep {rows[0]['sweep_id']}: {len(rows)} rows{rounds}\n" + format_table(shown) + "\n\n" + analysis(shown))
     if args.csv:
         _say(f"rows appended to {args.csv} (sweep {rows[0]['sweep_id']})", sys.stderr)
     if args.plot:
         from lightning_perf.bench.plots import plot_sweep
 
-        plot_sweep(rows, args.plot)
+        plot_sweep(shown, args.plot)
         _say(f"plot written to {args.plot}", sys.stderr)
     failed = [r for r in rows if r["error"] and r["error"] != "OOM"]
     return 1 if failed else EXIT_OK
