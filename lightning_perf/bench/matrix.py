@@ -130,7 +130,7 @@ def _callbacks_note(events: List[Dict[str, Any]]) -> Optional[str]:
     return "; ".join(dict.fromkeys(notes)) or None
 
 
-def _written_elsewhere(events: List[Dict[str, Any]], summary_path: str) -> Optional[str]:
+def written_elsewhere(events: List[Dict[str, Any]], summary_path: str) -> Optional[str]:
     """The fit summary the variant's Trainer wrote elsewhere (its callbacks name their own ``summary_path``), when
     none is at ``summary_path``."""
     if os.path.lexists(summary_path):
@@ -277,7 +277,7 @@ def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, con
     if result["measured_with"]:
         log(f"[matrix] {name}: measured with {result['measured_with']}")
     read_from = summary_path
-    elsewhere = _written_elsewhere(events, summary_path)
+    elsewhere = written_elsewhere(events, summary_path)
     if elsewhere is not None:  # each variant keeps its own copy: the next one may write the same file again
         result["summary_from"] = read_from = elsewhere
         try:
@@ -431,6 +431,8 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
     for r, s, s_again in zip(results, typed, again):
         row: Dict[str, Any] = {"variant": r["name"], "status": _status(r, s), "overrides": " ".join(r["overrides"]),
                                "wall_s": r["wall_s"], "baseline": s is not None and s is base}
+        if r.get("rounds"):  # the rounds of run_matrix: how many ran of those asked (the CSV), and why (findings)
+            row.update(_rounds=r["rounds"], rounds_done=r["rounds"]["done"], rounds_planned=r["rounds"]["planned"])
         if s is not None:
             repeated = s is not base and (base_again or s_again)
             cmp = (compare_summaries(base, s, base_repeats=base_again if repeated else (),

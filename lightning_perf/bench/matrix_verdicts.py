@@ -104,7 +104,7 @@ def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
     words = next(w for b, _, w in BASES if b == basis)
     base = next((r for r in rows if r.get("baseline")), None)
     out: List[str] = []
-    rounds = rounds_line(next((r.get("rounds") for r in rows if r.get("rounds")), None))
+    rounds = rounds_line(next((r["_rounds"] for r in rows if r.get("_rounds")), None))
     if rounds:
         out.append("Rounds: " + rounds)
     others = [r for r in rows if not r.get("baseline") and r.get(f"{basis}_verdict")]

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from lightning_perf._attach import DEFAULT_CALLBACKS, SUMMARY_NAME, read_manifest
+from lightning_perf.bench.matrix import written_elsewhere
 from lightning_perf.bench.noise_floor import (
     FASTER,
     MIN_EFFECT_PCT,
@@ -107,8 +109,9 @@ def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], tim
         os.unlink(summary_path)
     manifest = os.path.join(run_dir, ".lightning_perf_manifest.jsonl")
     open(manifest, "w").close()
+    # fill: a Trainer with lightning_perf callbacks of its own keeps them (and gets the others), as in the matrix
     env = command_env(os.environ, callbacks, out=os.path.abspath(run_dir), name=name, baseline=None,
-                      manifest=manifest)
+                      manifest=manifest, fill=True)
     log(f"[race] {name}: {' '.join(shlex.quote(a) for a in argv)}")
     start = time.perf_counter()
     code: Optional[int]
@@ -128,6 +131,13 @@ def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], tim
         pass
     result: Dict[str, Any] = {"name": name, "exit_code": code, "wall_s": wall, "summary_path": summary_path,
                               "summary": None, "problem": None}
+    elsewhere = written_elsewhere(events, summary_path)
+    if elsewhere is not None:  # the command's own callbacks wrote it: a copy here, before the next run overwrites it
+        try:
+            shutil.copyfile(elsewhere, summary_path)
+            log(f"[race] {name}: its own callbacks wrote the summary to {elsewhere}; copied to {summary_path}")
+        except OSError as err:
+            log(f"[race] {name}: cannot copy {elsewhere} to {summary_path} ({err.strerror or err})")
     try:
         result["summary"] = load_summary(summary_path)
     except SummaryError as err:
