@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--callbacks", type=_callback_names, metavar="LIST",
                    help="as for run (default: IterationTimer, SectionProfiler, VRAMMonitor, EvalNoGradGuard)")
     p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
-                   help="a change below PCT%% is never decided (default: 2.0)")
+                   help="a change below PCT%% is never decided (default: 2)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="(default: text)")
     p.add_argument("--report", help="also write the text report to this file (default: none)")
 
