@@ -3,7 +3,6 @@ with the suite attached, run as a user runs it, in a subprocess on tiny CPU scri
 
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap

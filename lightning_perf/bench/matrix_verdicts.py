@@ -49,7 +49,6 @@ def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], mi
         return
     for basis, key, _ in BASES:
         prefix = "aa_" if basis == "steady" else "aa_end_to_end_"
-        short = prefix + ("speedup" if basis == "steady" else "speedup")
         floor = None
         if aa is not None:
             floor = noise_floor(aa[_rates_key(aa, basis)], base[_rates_key(aa, basis)])
@@ -63,7 +62,7 @@ def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], mi
             r[f"{basis}_verdict"], r[f"{basis}_verdict_why"] = decided["verdict"], decided["why"] or None
             r[f"_{basis}_floor"] = floor
             r[f"_{basis}_cmp"] = cmp
-            r[short] = None if floor is None else floor["ratio"]
+            r[prefix + "speedup"] = None if floor is None else floor["ratio"]
             r[prefix + "ci_low"] = None if floor is None else floor["low"]
             r[prefix + "ci_high"] = None if floor is None else floor["high"]
 
@@ -117,10 +116,11 @@ def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
                    f" {base['variant']}; {words}): {floor_text(floor)}. A variant is decided only where its interval"
                    " excludes 1 and stays outside the band of that ratio (both ways).")
         if floor and floor.get("drifted"):
-            out.append(f"⚠ The A/A pair differed beyond its interval: the machine drifted more than the intervals"
+            out.append("⚠ The A/A pair differed beyond its interval: the machine drifted more than the intervals"
                        " allow, so no variant is decided; run again on a quieter machine or with more --repeats.")
     else:
-        out.append("Noise floor: not measured (no A/A pair: --noise-floor off); verdicts rest on each interval alone.")
+        out.append("Noise floor: not measured (no A/A pair ran: --noise-floor off, or its copy has no summary);"
+                   " verdicts rest on each interval alone.")
     decided = [r for r in others if r[f"{basis}_verdict"] in (FASTER, SLOWER)]
     if decided:
         out.append("Decided against " + base["variant"] + ": " + "; ".join(
