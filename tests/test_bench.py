@@ -629,13 +629,14 @@ def test_matrix_rows_decide_between_runs_an_aa_pair_ties_and_a_slow_variant_is_f
     fit(tmp_path, [IterationTimer(warmup_steps=1, summary_path=str(tmp_path / "s.json"))], max_epochs=1)
     base = json.loads((tmp_path / "s.json").read_text())
 
-    def variant(name, means):
-        first, *rest = [_variant(base, name, m, epochs=[10.0]) for m in means]
+    def variant(name, means, peak=None):
+        first, *rest = [_variant(base, name, m, epochs=[10.0], peak=peak) for m in means]
         first["repeats"] = rest
         return first
 
-    rows = matrix_rows([variant("baseline", [100.0, 103.0, 98.0]), variant("baseline2", [101.0, 97.0, 102.0]),
-                        variant("slow", [110.0, 113.0, 108.0])], noise_floor="baseline2")
+    rows = matrix_rows([variant("baseline", [100.0, 103.0, 98.0], peak=500),
+                        variant("baseline2", [101.0, 97.0, 102.0], peak=490),
+                        variant("slow", [110.0, 113.0, 108.0], peak=520)], noise_floor="baseline2")
     aa, slow = rows[1], rows[2]
     assert aa["runs"] == 3 and aa["speedup_significant"] is False and aa["speedup_ci_low"] < 1.0 < aa["speedup_ci_high"]
     assert aa["noise_floor"] is True and slow["noise_floor"] is False
@@ -651,6 +652,7 @@ def test_matrix_rows_decide_between_runs_an_aa_pair_ties_and_a_slow_variant_is_f
                             " baseline; steady state") and "over 3 + 3 runs" in f for f in found), found
     assert any(f.startswith("Decided against baseline: slow 1.10x slower (0.91x, 95% CI") for f in found), found
     assert not any(f.startswith("Within noise") and "slow (" in f for f in found), found
+    assert "Least memory: baseline (500 MB" in " ".join(found), found  # the A/A copy is no choice to make
     # the baseline is decided faster than the slow variant and the A/A copy is never Best: named
     best = format_matrix(rows, best_by="steady").splitlines()[-1]
     assert best.startswith("**Best:** baseline, by steady state"), best

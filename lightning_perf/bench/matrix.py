@@ -600,7 +600,7 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
     ok = [r for r in rows if r["status"] == "completed" and r.get("speedup")]
     base = next((r for r in rows if r.get("baseline")), rows[0] if rows else None)
     out += verdict_findings(rows, best_by)
-    with_memory = [r for r in ok if r.get("peak_memory_mb")]
+    with_memory = [r for r in ok if r.get("peak_memory_mb") and not r.get("noise_floor")]  # the A/A copy: no choice
     if with_memory:
         low = min(with_memory, key=lambda r: r["peak_memory_mb"])
         out.append(f"Least memory: {low['variant']} ({fmt_mb(low['peak_memory_mb'])} peak in training).")
