@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
 from typing import Any, Dict, List, Optional, Set, Tuple, TextIO
 
+from lightning_perf.bench.rounds import DEFAULT_REPEATS
+from lightning_perf.bench.sweep_rounds import DEFAULT_ROUNDS
 from lightning_perf.measure.trial import BUILT_IN_CHANGES
 from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
@@ -204,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="untimed iterations per configuration, >= 0 (default: 10 inference, 5 train)")
     p.add_argument("--iters", type=_positive_int, default=None, metavar="N",
                    help="timed iterations per configuration, >= 1 (default: 50 inference, 20 train)")
+    p.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS, metavar="N",
+                   help="measure every configuration N times, in interleaved rounds (one CSV row each); the noise of"
+                   " the verdicts comes from the spread between rounds, and a sentence is said only where the"
+                   f" intervals separate (default: {DEFAULT_ROUNDS})")
     p.add_argument("--csv", default=DEFAULT_BENCH_CSV,
                    help=f"append rows to this CSV, header only when new (default: {DEFAULT_BENCH_CSV})")
     p.add_argument("--no-csv", action="store_true", help="write no CSV")
@@ -229,14 +236,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", help="also write the rows to this CSV (default: none)")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                    help="seconds per variant, a finite number > 0 (default: none, no limit)")
-    p.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="N",
                    help="run the variants N rounds, interleaved (A B C, C B A, ...), each run a fresh process: the"
-                   " speedups' intervals then come from the spread between runs, and a variant within that noise"
-                   " is said to be; with 1 no speedup is called significant between runs, 3 is the least that"
-                   " finds a 10%% change under 2.5%% drift (default: 1)")
+                   " speedups' intervals come from the spread between runs, and a variant is decided faster or slower"
+                   " only beyond the A/A noise floor; 1 decides nothing. 5 finds a 10%% change in ~90%% of trials"
+                   f" under 3%% drift between runs (see docs/cli.md) (default: {DEFAULT_REPEATS})")
+    p.add_argument("--budget", type=_positive_float, default=None, metavar="SECONDS",
+                   help="start a round only when it is expected to end within SECONDS of the matrix's start (the"
+                   " longest round so far); the report says how many rounds ran (default: none, every round)")
+    p.add_argument("--noise-floor", default="auto", metavar="auto|off|VARIANT",
+                   help="the A/A pair: auto runs the baseline's setup again in the same rounds (as BASELINE_aa) unless"
+                   " a variant has the baseline's overrides; VARIANT names the copy; off runs none (default: auto)")
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
                         " speed per measured iteration (default: end-to-end)")
+
+    p = add("race", "race two or more training commands in interleaved rounds, the suite attached to each run, and"
+            " compare each with the first between runs")
+    p.add_argument("--cmd", action="append", required=True, metavar="NAME=COMMAND",
+                   help="a name and its command, e.g. 'baseline=python ../old/train.py --steps 200' (split as a shell"
+                   " splits words, no shell run); the first is the baseline; give two or more")
+    p.add_argument("--out", default=os.path.join("runs", "race"),
+                   help="each run's summary in OUT/NAME/repeat_K/, the comparison in OUT/race.json (default:"
+                   " runs/race)")
+    p.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="N",
+                   help=f"rounds, each command once a round in a fresh process (default: {DEFAULT_REPEATS})")
+    p.add_argument("--budget", type=_positive_float, default=None, metavar="SECONDS",
+                   help="start a round only when it is expected to end within SECONDS (default: none)")
+    p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
+                   help="seconds per run, a finite number > 0 (default: none, no limit)")
+    p.add_argument("--noise-floor", default="auto", metavar="auto|off|NAME",
+                   help="the A/A pair: auto runs the first command again in the same rounds (as NAME_aa) unless a"
+                   " --cmd repeats it; NAME names the copy; off runs none (default: auto)")
+    p.add_argument("--callbacks", type=_callback_names, metavar="LIST",
+                   help="as for run (default: IterationTimer, SectionProfiler, VRAMMonitor, EvalNoGradGuard)")
+    p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
+                   help="a change below PCT%% is never decided (default: 2)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="(default: text)")
+    p.add_argument("--report", help="also write the text report to this file (default: none)")
 
     p = add("run", "run a training command with the suite attached to every Trainer it builds, with no change to"
             " its code (the way to measure a baseline checkout)")
@@ -544,6 +581,7 @@ def _remove_empty_folders(folders: List[str]) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from lightning_perf.bench.analysis import analysis, select_sweep, sweep_ids
     from lightning_perf.bench.sweep import BenchError, FactoryError, format_table, load_callable, run_sweep
+    from lightning_perf.bench.sweep_rounds import combine_rounds
 
     if args.sweep is not None and not args.from_csv:
         _say("lightning-perf: error: --sweep chooses among the sweeps of --from-csv CSV; a new sweep shows its own"
@@ -565,12 +603,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 _check_output(args.plot, "--plot")
                 from lightning_perf.bench.plots import plot_sweep
 
-                plot_sweep(rows, args.plot)
+                plot_sweep(combine_rounds(rows), args.plot)
                 _say(f"plot written to {args.plot}", sys.stderr)
         except (BenchError, ValueError) as err:
             _say(f"lightning-perf: error: {err}", sys.stderr)
             return EXIT_ERROR
-        _say(heading + "\n" + format_table(rows) + "\n\n" + analysis(rows))
+        shown = combine_rounds(rows)
+        _say(heading + "\n" + format_table(shown) + "\n\n" + analysis(shown))
         return EXIT_OK
     if not args.model:
         _say("lightning-perf: error: bench needs --model PKG.MODULE:FACTORY (or --from-csv CSV)", sys.stderr)
@@ -594,7 +633,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             _pyplot()  # fail before the sweep, not after it
         rows = run_sweep(factory, args.input_sizes, args.batch_sizes, mode=args.mode, device=args.device,
                          precision=args.precision, warmup=args.warmup, iters=args.iters, input_builder=builder,
-                         csv_path=args.csv, progress=not args.no_progress)
+                         csv_path=args.csv, progress=not args.no_progress, rounds=args.rounds)
     except (BenchError, ValueError) as err:  # SummaryError too: an output that cannot be written
         _remove_empty_folders(created)  # bad input writes nothing, not even the folder the check made
         text = f"--model {args.model!r}: {err}" if isinstance(err, FactoryError) else str(err)
@@ -603,13 +642,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _say("lightning-perf: interrupted; finished rows are in the CSV", sys.stderr)
         return 130
-    _say(f"sweep {rows[0]['sweep_id']}: {len(rows)} rows\n" + format_table(rows) + "\n\n" + analysis(rows))
+    shown = combine_rounds(rows)
+    rounds = f" ({len(shown)} configurations x {args.rounds} interleaved rounds)" if args.rounds > 1 else ""
+    _say(f"sweep {rows[0]['sweep_id']}: {len(rows)} rows{rounds}\n" + format_table(shown) + "\n\n" + analysis(shown))
     if args.csv:
         _say(f"rows appended to {args.csv} (sweep {rows[0]['sweep_id']})", sys.stderr)
     if args.plot:
         from lightning_perf.bench.plots import plot_sweep
 
-        plot_sweep(rows, args.plot)
+        plot_sweep(shown, args.plot)
         _say(f"plot written to {args.plot}", sys.stderr)
     failed = [r for r in rows if r["error"] and r["error"] != "OOM"]
     return 1 if failed else EXIT_OK
@@ -623,6 +664,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         matrix_rows,
         parse_variants,
         run_matrix,
+        with_noise_floor,
     )
 
     try:
@@ -642,13 +684,14 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         if path:
             _check_output(path, flag)
     try:
+        variants, copy = with_noise_floor(variants, args.noise_floor)
         check_outputs(args.out, variants)
     except ValueError as err:
         _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
-                         log=lambda m: _say(m, sys.stderr), repeats=args.repeats)
-    rows = matrix_rows(results)
+                         log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget)
+    rows = matrix_rows(results, noise_floor=copy)
     header = matrix_header(results, args.config)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)
     _say(text)
@@ -657,6 +700,36 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     if args.csv:
         _write_text(args.csv, "--csv", format_matrix(rows, "csv") + "\n")
     return EXIT_OK if all(r["status"] == "completed" for r in rows) else 1
+
+
+def _cmd_race(args: argparse.Namespace) -> int:
+    from lightning_perf.bench.race import (
+        check_out,
+        format_race,
+        parse_commands,
+        race_ok,
+        race_result,
+        run_race,
+        with_copy,
+        write_result,
+    )
+
+    try:
+        commands, copy = with_copy(parse_commands(args.cmd), args.noise_floor)
+        check_out(args.out, commands)
+    except ValueError as err:
+        raise SummaryError(str(err)) from None
+    if args.report:
+        _check_output(args.report, "--report")
+    info = run_race(commands, args.out, args.repeats, budget_s=args.budget, timeout_s=args.timeout,
+                    callbacks=args.callbacks, log=lambda m: _say(m, sys.stderr))
+    result = race_result(commands, info, copy, min_effect_pct=args.min_effect)
+    write_result(result, os.path.join(args.out, "race.json"))
+    text = format_race(result)
+    _say(json.dumps(result, indent=2, default=str) if args.format == "json" else text)
+    if args.report:
+        _write_text(args.report, "--report", text + "\n")
+    return EXIT_OK if race_ok(result) else 1
 
 
 def _cmd_bench_compare(args: argparse.Namespace) -> int:
@@ -681,7 +754,7 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"compare": _cmd_compare, "report": _cmd_report, "bench": _cmd_bench, "bench-compare": _cmd_bench_compare,
-            "matrix": _cmd_matrix, "run": _cmd_run}
+            "matrix": _cmd_matrix, "race": _cmd_race, "run": _cmd_run}
 
 
 #: Commands that only read summaries: whatever a file holds, they answer with one line, never a traceback.

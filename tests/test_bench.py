@@ -12,7 +12,7 @@ import pytest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-QUICK = ["--warmup", "1", "--iters", "2", "--no-progress"]
+QUICK = ["--warmup", "1", "--iters", "2", "--no-progress", "--rounds", "1"]  # the rounds: tests/test_bench_rounds.py
 
 
 def cli(*args, cwd=TESTS, timeout=900):
@@ -117,7 +117,8 @@ def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
                "--variant", "baseline",
                "--variant", "bs4=--data.batch_size=4",
                "--variant", "typo=--model.lr=fast",
-               "--out", str(tmp_path / "runs"), "--report", str(report), "--csv", str(out_csv), cwd=ROOT, timeout=1200)
+               "--out", str(tmp_path / "runs"), "--report", str(report), "--csv", str(out_csv), "--repeats", "1",
+               cwd=ROOT, timeout=1200)
     assert proc.returncode == 1, proc.stderr[-2000:]  # one variant crashed
     text = report.read_text()
     assert "| baseline |" in text and "| bs4 |" in text and "crashed (exit 2)" in text
@@ -138,7 +139,10 @@ def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
     assert rows["baseline"]["quality_gate"] == "True" and rows["bs4"]["quality_gate"] in ("True", "False")
     quick = float(rows["bs4"]["end_to_end_speedup"]) > 1.0 and rows["bs4"]["quality_gate"] == "True"
     best = "bs4" if quick else "baseline"
-    assert f"**Best:** {best}," in text
+    # one round: nothing decided between runs, the fastest named as measured; the A/A copy ran, never ranked
+    assert f"**Best:** not decided: one run each, so the drift between runs was not measured (--repeats 2 or more);" \
+           f" fastest measured: {best}," in text
+    assert rows["baseline_aa"]["noise_floor"] == "True" and rows["bs4"]["aa_speedup"] != ""
     assert rows["bs4"]["psnr"] != "" and rows["typo"]["status"].startswith("crashed")
     summary = json.loads((tmp_path / "runs" / "bs4" / "perf_summary.json").read_text())
     for section in ("iteration_timer", "section_profiler", "vram", "eval_no_grad_guard", "quality_gate"):
@@ -413,10 +417,12 @@ def test_matrix_findings_are_computed_from_the_numbers(tmp_path):
                for f in found), found
     assert any(f.startswith("Warm-up cost: cudnn's first epoch took 7.5x") for f in found), found
     assert "Least memory: workers" in " ".join(found)
-    assert any(f.startswith("Fastest: amp+workers") for f in found)  # cudnn is faster but its gate failed
+    assert any(f.startswith("No verdict between runs: one run each") for f in found), found
     text = format_matrix(rows)
     assert "⚠ quality gate FAILED" in text and "| Epoch 1 (s) | Epoch 2 (s) |" in text  # one unit per column
-    assert "**Best:** amp+workers" in text
+    # one run each decides nothing: the fastest is named as measured, not as Best (cudnn is faster, its gate failed)
+    assert ("**Best:** not decided: one run each, so the drift between runs was not measured (--repeats 2 or more);"
+            " fastest measured: amp+workers,") in text
     assert not any(f.startswith("Busy machine") for f in found)
 
 
@@ -502,7 +508,7 @@ def test_matrix_without_a_quality_gate_says_no_gate_ran(timer_summary):
     assert [r["quality_gate"] for r in rows] == [None, None] and [r["status"] for r in rows] == ["completed"] * 2
     text = format_matrix(rows, best_by="steady")
     best = text.splitlines()[-1]
-    assert best.startswith("**Best:** amp,") and "quality gate not failed" not in best, best
+    assert best.split("fastest measured: ")[-1].startswith("amp,") and "quality gate not failed" not in best, best
     assert best.endswith("; quality: no gate ran: the variant's run has no QualityGate."), best
     assert "| no gate ran | completed |" in text
 
@@ -534,9 +540,10 @@ def test_matrix_gates_each_variant_against_the_baseline_variant(timer_summary):
     assert cl["quality_gate_note"].startswith("not checked: l1 not checked: could not score the validation outputs")
     text = format_matrix(list(rows.values()), best_by="steady")
     best = text.splitlines()[-1]
-    assert best.startswith("**Best:** amp,") and best.endswith("; quality: " + rows["amp"]["quality_gate_note"] + ".")
+    assert best.split("fastest measured: ")[-1].startswith("amp,")
+    assert best.endswith("; quality: " + rows["amp"]["quality_gate_note"] + ".")
     assert "| FAILED | ⚠ quality gate FAILED |" in text and "| not checked | ⚠ quality gate not checked |" in text
-    assert any(f.startswith("Fastest: amp ") for f in findings(list(rows.values()), "steady"))
+    assert not any("worse_psnr" in f for f in findings(list(rows.values()), "steady") if f.startswith("Decided"))
     csv_rows = {r["variant"]: r for r in csv.DictReader(format_matrix(list(rows.values()), "csv").splitlines())}
     assert csv_rows["worse_psnr"]["quality_gate"] == "False" and "psnr 25 vs 26" in csv_rows["worse_psnr"][
         "quality_gate_note"]
@@ -581,29 +588,71 @@ def test_matrix_repeats_run_interleaved_and_each_variant_keeps_its_runs(tmp_path
     assert rows[1]["speedup_ci_low"] is not None and rows[1]["speedup_significant"] in (True, False)
 
 
+@pytest.mark.slow
+def test_matrix_cli_runs_the_aa_copy_in_the_rounds_and_a_budget_stops_them(tmp_path):
+    """The command as a user runs it, on a toy LightningCLI script: the baseline's A/A copy added and run in the same
+    interleaved rounds, its ratio and interval beside the variant; then a budget that lets one round of three run."""
+    from helpers import write_toy_cli
+
+    write_toy_cli(tmp_path / "cli_toy.py", lr=0.05, samples=64)
+    proc = cli("matrix", "--script", "cli_toy.py", "--variant", "baseline=--trainer.max_steps=40", "--variant",
+               "b=--trainer.max_steps=40 --model.lr=0.01", "--repeats", "2", "--out", "runs", "--csv", "m.csv",
+               cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    started = [line.split(":")[0].split("] ")[1] for line in proc.stderr.splitlines()
+               if line.startswith("[matrix] ") and " fit" in line and "round" not in line]
+    assert started == ["baseline", "b", "baseline_aa", "baseline_aa", "b", "baseline"], proc.stderr
+    assert (tmp_path / "runs" / "baseline_aa" / "repeat_2" / "perf_summary.json").is_file()
+    rows = {r["variant"]: r for r in read_csv(tmp_path / "m.csv")}
+    assert rows["baseline_aa"]["noise_floor"] == "True" and rows["b"]["noise_floor"] == "False"
+    assert float(rows["b"]["aa_speedup"]) == pytest.approx(float(rows["baseline_aa"]["speedup"]))
+    assert rows["b"]["steady_verdict"] in ("faster", "slower", "within noise", "no verdict")
+    assert rows["b"]["rounds_done"] == "2" and "rounds" not in rows["b"]
+    assert "Rounds: 2 of 2 interleaved rounds ran" in proc.stdout and "| A/A noise floor (95% CI) |" in proc.stdout
+    assert "Noise floor (A/A: baseline_aa, the baseline's setup again in the same rounds" in proc.stdout
+    proc = cli("matrix", "--script", "cli_toy.py", "--variant", "baseline=--trainer.max_steps=20", "--repeats", "3",
+               "--budget", "0.01", "--noise-floor", "off", "--out", "runs2", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("Rounds: 1 of 3 interleaved rounds ran" in proc.stdout and "stopped after 1 of 3 matrix: round 2 would"
+            " have passed the budget of 0.01 s" in proc.stdout and "the verdicts are from the rounds that ran" in
+            proc.stdout), proc.stdout
+    assert not (tmp_path / "runs2" / "baseline" / "repeat_2").exists()
+
+
 def test_matrix_rows_decide_between_runs_an_aa_pair_ties_and_a_slow_variant_is_found(tmp_path):
     """Repeats given to the rows: a copy of the baseline (A/A) is within noise, a variant 10% slower in every run is
     significant; the findings say which ties."""
     from helpers import fit
     from lightning_perf import IterationTimer
-    from lightning_perf.bench.matrix import findings, matrix_rows
+    from lightning_perf.bench.matrix import findings, format_matrix, matrix_rows
 
     fit(tmp_path, [IterationTimer(warmup_steps=1, summary_path=str(tmp_path / "s.json"))], max_epochs=1)
     base = json.loads((tmp_path / "s.json").read_text())
 
-    def variant(name, means):
-        first, *rest = [_variant(base, name, m, epochs=[10.0]) for m in means]
+    def variant(name, means, peak=None):
+        first, *rest = [_variant(base, name, m, epochs=[10.0], peak=peak) for m in means]
         first["repeats"] = rest
         return first
 
-    rows = matrix_rows([variant("baseline", [100.0, 103.0, 98.0]), variant("baseline2", [101.0, 97.0, 102.0]),
-                        variant("slow", [110.0, 113.0, 108.0])])
+    rows = matrix_rows([variant("baseline", [100.0, 103.0, 98.0], peak=500),
+                        variant("baseline2", [101.0, 97.0, 102.0], peak=490),
+                        variant("slow", [110.0, 113.0, 108.0], peak=520)], noise_floor="baseline2")
     aa, slow = rows[1], rows[2]
     assert aa["runs"] == 3 and aa["speedup_significant"] is False and aa["speedup_ci_low"] < 1.0 < aa["speedup_ci_high"]
+    assert aa["noise_floor"] is True and slow["noise_floor"] is False
     assert slow["speedup_significant"] is True and slow["speedup_ci_high"] < 1.0
     assert slow["speedup"] == pytest.approx(math.exp(sum(map(math.log, (100.0, 103.0, 98.0))) / 3
                                                      - sum(map(math.log, (110.0, 113.0, 108.0))) / 3))
-    found = findings(rows)
-    assert any(f.startswith("Within noise of baseline between runs: baseline2 (") and "over 3 + 3 runs" in f
-               for f in found), found
-    assert not any("slow (" in f and f.startswith("Within noise") for f in found)
+    # the A/A ratio and its interval beside the slow variant: baseline2's own figures against the baseline's
+    assert slow["aa_speedup"] == pytest.approx(aa["speedup"])
+    assert slow["aa_ci_low"] == pytest.approx(aa["speedup_ci_low"])
+    assert slow["steady_verdict"] == "slower" and aa["steady_verdict"] == "within noise"
+    found = findings(rows, best_by="steady")
+    assert any(f.startswith("Noise floor (A/A: baseline2, the baseline's setup again in the same rounds, against"
+                            " baseline; steady state") and "over 3 + 3 runs" in f for f in found), found
+    assert any(f.startswith("Decided against baseline: slow 1.10x slower (0.91x, 95% CI") for f in found), found
+    assert not any(f.startswith("Within noise") and "slow (" in f for f in found), found
+    assert "Least memory: baseline (500 MB" in " ".join(found), found  # the A/A copy is no choice to make
+    # the baseline is decided faster than the slow variant and the A/A copy is never Best: named
+    best = format_matrix(rows, best_by="steady").splitlines()[-1]
+    assert best.startswith("**Best:** baseline, by steady state"), best

@@ -12,7 +12,7 @@ from lightning_perf.bench.sweep import CSV_COLUMNS
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-QUICK = ["--warmup", "1", "--iters", "2", "--no-progress"]
+QUICK = ["--warmup", "1", "--iters", "2", "--no-progress", "--rounds", "1"]  # the rounds: tests/test_bench_rounds.py
 
 
 def cli(*args, cwd=TESTS, timeout=300):

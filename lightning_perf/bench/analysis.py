@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from lightning_perf.bench.sweep import (CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, BenchError, noisy_note,
                                         significant, spread_pct)
+from lightning_perf.bench.sweep_rounds import (DEFAULT_ROUNDS, between_rounds, combine_rounds, interval_words,
+                                               per_round_ratio, rounds_of)
 from lightning_perf.summary.fields import markdown_table
 
 _INTS = ("tile_size", "batch_size", "model_params")
@@ -243,14 +245,15 @@ def verdicts(rows: List[Dict[str, Any]]) -> List[str]:
             r, base = cells.get((size, b)), cells.get((s0, b))
             if r is None or base is None:
                 continue
-            gain = _pct(r["pixels_per_sec"], base["pixels_per_sec"])
-            if gain is not None:
-                marks.append((b, gain, _noise(r, base)))
+            found = _decide(r.get("_pixels_rounds"), base.get("_pixels_rounds"),
+                            _pct(r["pixels_per_sec"], base["pixels_per_sec"]), (r, base))
+            if found is not None:
+                marks.append((b, *found[:3]))
         if not marks:
             continue
-        signs = {_sign(g, n) for _, g, n in marks}
-        detail = ", ".join(f"{g:+.0f}% at batch {b}" + (f" (within noise, ±{n:.0f}%)" if _sign(g, n) == 0 else "")
-                           for b, g, n in marks)
+        signs = {sign for _, _, sign, _ in marks}
+        detail = ", ".join(f"{g:+.0f}% at batch {b}" + (f" (within noise, {noise})" if sign == 0 else "")
+                           for b, g, sign, noise in marks)
         if signs == {1}:
             out.append(f"- {size} is more efficient per pixel than {s0}: more pixels per second at every batch size"
                        f" both ran ({detail}).")
@@ -270,9 +273,14 @@ def verdicts(rows: List[Dict[str, Any]]) -> List[str]:
     if ran:
         gains = [cells[(s, top)]["throughput_samples_per_sec"] / cells[(s, b0)]["throughput_samples_per_sec"]
                  for s in ran]
-        steps = [(_pct(g2, g1), _noise(cells[(s1, b0)], cells[(s1, top)], cells[(s2, b0)], cells[(s2, top)]))
+        # each round's gain from batch b0 to top, per size: the rounds pair up (one round measured both batches)
+        round_gains = {s: per_round_ratio(cells[(s, top)].get("_samples_rounds") or [],
+                                          cells[(s, b0)].get("_samples_rounds") or []) for s in ran}
+        steps = [_decide(round_gains[s2], round_gains[s1], _pct(g2, g1),
+                         (cells[(s1, b0)], cells[(s1, top)], cells[(s2, b0)], cells[(s2, top)]))
                  for s1, s2, g1, g2 in zip(ran, ran[1:], gains, gains[1:])]
-        signs = {_sign(d, n) for d, n in steps}
+        steps = [step for step in steps if step is not None]
+        signs = {sign for _, sign, _, _ in steps}
         detail = f"samples/s from batch {b0} to {top}: " + ", ".join(
             f"{100 * (g - 1):+.0f}% at {s}" for s, g in zip(ran, gains))
         if signs == {-1}:
@@ -280,16 +288,36 @@ def verdicts(rows: List[Dict[str, Any]]) -> List[str]:
         elif signs == {1}:
             out.append(f"- Larger inputs benefit more from batching: {detail}.")
         elif 0 in signs:
-            noise = max(n for d, n in steps if _sign(d, n) == 0)
+            noise = max((step for step in steps if step[1] == 0), key=lambda step: step[3])[2]
             out.append(f"- Batching, {detail}; no verdict on input size: the gains differ by less than the noise"
-                       f" (±{noise:.0f}%).")
+                       f" ({noise}).")
         else:
             out.append(f"- Batching, {detail}; no verdict on input size: the gain neither falls nor rises steadily"
                        " with size.")
     noisy = [f"{label(r)} (std {spread_pct(r):.0f}% of mean)" for r in cells.values() if noisy_note(r)]
-    if out and noisy:
+    if out and noisy and rounds_of(list(cells.values())) < 2:
         out.append(f"- Noisy rows: {', '.join(noisy)}; their spread counts as noise above, so they decide less.")
+    if out and rounds_of(list(cells.values())) < 2:
+        out.append("- Noise: the spread over each configuration's iterations in one round; the drift between rounds"
+                   f" was not measured (bench --rounds 2 or more; default {DEFAULT_ROUNDS}).")
+    elif out:
+        out.append(f"- Noise: the spread between {rounds_of(list(cells.values()))} interleaved rounds of every"
+                   " configuration; a sentence is said only where the 95% intervals exclude no change.")
     return out
+
+
+def _decide(new_rounds: Optional[List[Optional[float]]], old_rounds: Optional[List[Optional[float]]],
+            change: Optional[float], rows: Tuple[Dict[str, Any], ...]) -> Optional[Tuple[float, int, str, float]]:
+    """(change %, sign, noise in words, its width in %) of one comparison: from the interval between rounds where
+    both sides ran two rounds or more, else against :func:`_noise` of ``rows`` (one round: the spread over its
+    iterations)."""
+    found = between_rounds(new_rounds or [], old_rounds or []) if len(new_rounds or []) > 1 else None
+    if found is not None:
+        return found["change_pct"], found["sign"], interval_words(found), found["high_pct"] - found["low_pct"]
+    if change is None:
+        return None
+    noise = _noise(*rows)
+    return change, _sign(change, noise), f"±{noise:.0f}%", noise
 
 
 def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -303,8 +331,8 @@ def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[
     def key(r: Dict[str, Any]) -> Tuple[Any, ...]:
         return tuple(r[k] for k in MATCH_ON)
 
-    a = {key(r): r for r in old}
-    b = {key(r): r for r in new}
+    a = {key(r): r for r in combine_rounds(old)}
+    b = {key(r): r for r in combine_rounds(new)}
     out = []
     for k in list(a) + [k for k in b if k not in a]:
         ra, rb = a.get(k), b.get(k)
@@ -328,6 +356,11 @@ def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[
                 row["within_noise"] = abs(row["speed_change_pct"]) < row["noise_pct"]
             row["note"] = "; ".join(f"{which} {noisy_note(r)}" for which, r in (("old", ra), ("new", rb))
                                     if noisy_note(r))
+            found = between_rounds(rb["_samples_rounds"], ra["_samples_rounds"])
+            if found is not None:  # both sweeps ran rounds: the noise is the spread between them
+                row["noise_pct"] = (found["high_pct"] - found["low_pct"]) / 2.0
+                row["within_noise"] = found["sign"] == 0
+                row["note"] = "; ".join(n for n in (interval_words(found), row["note"]) if n)
         out.append(row)
     return out
 

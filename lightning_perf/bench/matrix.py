@@ -16,8 +16,11 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lightning_perf._attach import read_manifest
+from lightning_perf.bench.matrix_verdicts import add_verdicts, best_words, floor_cell, verdict_cell, verdict_findings
+from lightning_perf.bench.noise_floor import MIN_EFFECT_PCT
+from lightning_perf.bench.rounds import check_repeats, run_rounds
 from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, verdict
-from lightning_perf.summary.compare import break_even_text, compare_summaries, warmup_section
+from lightning_perf.summary.compare import break_even_text, compare_summaries, run_speed, warmup_section
 from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.fields import (
     IMAGE_METRIC_DIRECTIONS,
@@ -127,7 +130,7 @@ def _callbacks_note(events: List[Dict[str, Any]]) -> Optional[str]:
     return "; ".join(dict.fromkeys(notes)) or None
 
 
-def _written_elsewhere(events: List[Dict[str, Any]], summary_path: str) -> Optional[str]:
+def written_elsewhere(events: List[Dict[str, Any]], summary_path: str) -> Optional[str]:
     """The fit summary the variant's Trainer wrote elsewhere (its callbacks name their own ``summary_path``), when
     none is at ``summary_path``."""
     if os.path.lexists(summary_path):
@@ -181,14 +184,39 @@ def check_outputs(out_dir: str, variants: List[Tuple[str, List[str]]]) -> None:
                                  " regular file; lightning_perf replaces only regular files")
 
 
+def with_noise_floor(variants: List[Tuple[str, List[str]]], how: str = "auto"
+                     ) -> Tuple[List[Tuple[str, List[str]]], Optional[str]]:
+    """The variants with the A/A pair's second baseline, and its name. ``how``: ``auto`` (a variant with the
+    baseline's overrides is that copy; else ``<baseline>_aa`` is added last, with the baseline's overrides), ``off``
+    (none), or the name of a given variant to use as the copy (e.g. ``baseline2=--seed_everything=0``)."""
+    if not variants or how == "off":
+        return list(variants), None
+    base_name, base_overrides = variants[0]
+    if how != "auto":
+        if how == base_name or how not in [name for name, _ in variants]:
+            raise ValueError(f"--noise-floor {how!r}: expected auto, off or the name of a --variant other than the"
+                             f" baseline ({base_name}); the variants are {', '.join(n for n, _ in variants)}")
+        return list(variants), how
+    same = next((name for name, overrides in variants[1:] if overrides == base_overrides), None)
+    if same is not None:
+        return list(variants), same
+    names = {name for name, _ in variants}
+    copy = next(n for n in (f"{base_name}_aa", *(f"{base_name}_aa{i}" for i in range(2, 100))) if n not in names)
+    if len(copy) > MAX_VARIANT_NAME:
+        copy = "aa_copy"
+    return list(variants) + [(copy, list(base_overrides))], copy
+
+
 def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str, config: Optional[str] = None,
                python: str = sys.executable, timeout_s: Optional[float] = None,
-               log=print, repeats: int = 1) -> List[Dict[str, Any]]:
+               log=print, repeats: int = 1, budget_s: Optional[float] = None) -> List[Dict[str, Any]]:
     """Runs each variant in its own process; returns one result per variant (summary or the reason it has none).
 
     With ``repeats`` > 1 the variants run that many rounds, interleaved (A B C, then C B A, then A B C, ...: drift
     on the machine lands on every variant alike), each run in a fresh process; the first round's runs are the
     results, the later rounds' go in each result's ``repeats`` (their files in ``<out_dir>/<name>/repeat_<k>``).
+    With ``budget_s``, a round starts only when it is expected to end within the budget (:func:`run_rounds`); each
+    result's ``rounds`` says how many ran and why the others did not.
 
     A result's ``summary_path`` is the variant's own file, ``<out_dir>/<name>/perf_summary.json``. Where the
     config's callbacks wrote their summary elsewhere, ``summary_from`` names that file and the matrix copies it to
@@ -196,17 +224,22 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
     the variant, ``summary_path`` is None (no file holds them for certain: the next variant may overwrite
     ``summary_from``) and ``summary_path_reason`` says why."""
     check_outputs(out_dir, variants)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    results = [_run_variant(script, name, overrides, variant_dir(out_dir, name), config, python, timeout_s, log)
-               for name, overrides in variants]
-    for k in range(2, repeats + 1):
-        order = list(zip(variants, results))
-        for (name, overrides), result in (order[::-1] if k % 2 == 0 else order):
-            log(f"[matrix] round {k} of {repeats}: {name}")
-            result.setdefault("repeats", []).append(_run_variant(
-                script, name, overrides, os.path.join(variant_dir(out_dir, name), f"repeat_{k}"), config, python,
-                timeout_s, log))
+    check_repeats(repeats, budget_s)
+    overrides_of = dict(variants)
+
+    def run_one(name: str, k: int) -> Dict[str, Any]:
+        run_dir = variant_dir(out_dir, name) if k == 1 else os.path.join(variant_dir(out_dir, name), f"repeat_{k}")
+        return _run_variant(script, name, overrides_of[name], run_dir, config, python, timeout_s, log)
+
+    info = run_rounds([name for name, _ in variants], repeats, run_one, budget_s=budget_s, log=log, what="matrix")
+    rounds = {key: value for key, value in info.items() if key != "results"}
+    results = []
+    for name, _ in variants:
+        first, *later = info["results"][name]
+        if repeats > 1:
+            first["repeats"] = later
+        first["rounds"] = rounds
+        results.append(first)
     return results
 
 
@@ -244,7 +277,7 @@ def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, con
     if result["measured_with"]:
         log(f"[matrix] {name}: measured with {result['measured_with']}")
     read_from = summary_path
-    elsewhere = _written_elsewhere(events, summary_path)
+    elsewhere = written_elsewhere(events, summary_path)
     if elsewhere is not None:  # each variant keeps its own copy: the next one may write the same file again
         result["summary_from"] = read_from = elsewhere
         try:
@@ -374,14 +407,19 @@ def quality_verdict(base: Optional[PerfSummary], run: PerfSummary, is_base: bool
     return None, "no gate ran: the variant's QualityGate scored no metric the baseline scored"
 
 
-def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAULT_TOLERANCE) -> List[Dict[str, Any]]:
+def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAULT_TOLERANCE,
+                noise_floor: Optional[str] = None, min_effect_pct: float = MIN_EFFECT_PCT) -> List[Dict[str, Any]]:
     """One row per variant: the end-to-end time (the whole fit, warm-up and evaluation included, at the baseline's
     length) and its speedup, total time (train + eval, what seed 002's "Time (s)" meant), train time, the warm-up
     cost, the steady-state headline speedup with its CI (none for the baseline itself), the break-even, samples/s,
     peak memory, per-epoch times (``epoch_1_s``, ...), PSNR, the quality verdict (``quality_gate``, with
     ``quality_gate_note``: see :func:`quality_verdict`; ``quality_tolerance`` relative), a status that flags a crash,
     an OOM, a timeout, a failed or unchecked quality gate, and ``flag`` for a completed variant more than 3x slower than
-    the baseline."""
+    the baseline.
+
+    With repeats (``run_matrix(repeats=...)``) both speedups are ratios of geometric means over the runs, with their
+    intervals from the spread between runs, and each row has a verdict on each basis against the A/A noise floor of
+    the variant named ``noise_floor`` (the baseline's second copy): see :mod:`lightning_perf.bench.matrix_verdicts`."""
     typed = [_typed(r) for r in results]
     # a variant's later rounds (``run_matrix(repeats=...)``): the runs behind its between-run interval
     again = [[s for s in (_typed(rep) for rep in r.get("repeats") or []) if s is not None] for r in results]
@@ -393,6 +431,8 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
     for r, s, s_again in zip(results, typed, again):
         row: Dict[str, Any] = {"variant": r["name"], "status": _status(r, s), "overrides": " ".join(r["overrides"]),
                                "wall_s": r["wall_s"], "baseline": s is not None and s is base}
+        if r.get("rounds"):  # the rounds of run_matrix: how many ran of those asked (the CSV), and why (findings)
+            row.update(_rounds=r["rounds"], rounds_done=r["rounds"]["done"], rounds_planned=r["rounds"]["planned"])
         if s is not None:
             repeated = s is not base and (base_again or s_again)
             cmp = (compare_summaries(base, s, base_repeats=base_again if repeated else (),
@@ -430,8 +470,20 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
             elif row["status"] == "completed" and note.startswith("not checked"):
                 row["status"] = "quality gate not checked"
             _add_warmup(row, base, s, base_end, cmp.get("break_even"))
+            _add_rates(row, base, [s] + s_again, cmp.get("speedup_basis"))
         rows.append(row)
+    add_verdicts(rows, noise_floor, min_effect_pct)
     return rows
+
+
+def _add_rates(row: Dict[str, Any], base: Optional[PerfSummary], runs: List[PerfSummary],
+               basis: Optional[str]) -> None:
+    """Each run's rate, for the verdicts between runs (kept out of the CSV: keys start with '_'): steady (its/s, and
+    samples/s for rows of other batch sizes) and end to end (1 / the whole fit's seconds at the baseline's length)."""
+    row["_steady_rates"] = [run_speed(run, basis or "it/s") for run in runs]
+    row["_samples_rates"] = [run_speed(run, "samples/s") for run in runs]
+    seconds = [_end_to_end(base, run)[1] if base is not None else None for run in runs]
+    row["_end_to_end_rates"] = [None if finite(t) is None or t <= 0 else 1.0 / t for t in seconds]
 
 
 def _add_warmup(row: Dict[str, Any], base: Optional[PerfSummary], run: PerfSummary, base_end: Optional[float],
@@ -479,10 +531,18 @@ def best_variant(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> Opt
     the measured iterations); samples/s (the same samples) where batch sizes differ. None when no variant has the
     figure."""
     key = _rank_key(best_by)
-    gated = any(r.get("quality_gate") is True for r in rows)
-    ok = [r for r in rows if r["status"] == "completed" and r.get(key) and (r.get("quality_gate") is True or (
-        not gated and str(r.get("quality_gate_note") or "no gate ran").startswith("no gate ran")))]
+    ok = eligible_rows(rows, best_by)
     return max(ok, key=lambda r: r[key]) if ok else None
+
+
+def eligible_rows(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[Dict[str, Any]]:
+    """The rows :func:`best_variant` chooses from (the A/A copy of the baseline never among them)."""
+    key = _rank_key(best_by)
+    gated = any(r.get("quality_gate") is True for r in rows)
+    ok = [r for r in rows if r["status"] == "completed" and r.get(key) and not r.get("noise_floor") and (
+          r.get("quality_gate") is True or (
+        not gated and str(r.get("quality_gate_note") or "no gate ran").startswith("no gate ran")))]
+    return ok
 
 
 def _length(row: Dict[str, Any]) -> str:
@@ -539,14 +599,8 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
     out: List[str] = []
     ok = [r for r in rows if r["status"] == "completed" and r.get("speedup")]
     base = next((r for r in rows if r.get("baseline")), rows[0] if rows else None)
-    best = best_variant(rows, best_by)
-    key = _rank_key(best_by)
-    if best is not None:
-        noise = (" (within noise of the baseline between runs: see below)"
-                 if best.get("runs", 1) > 1 and best.get("speedup_significant") is False else "")
-        out.append(f"Fastest: {best['variant']} ({best[key]:.2f}x {base['variant']}, {_basis_words(best, best_by)})"
-                   f"{noise}.")
-    with_memory = [r for r in ok if r.get("peak_memory_mb")]
+    out += verdict_findings(rows, best_by)
+    with_memory = [r for r in ok if r.get("peak_memory_mb") and not r.get("noise_floor")]  # the A/A copy: no choice
     if with_memory:
         low = min(with_memory, key=lambda r: r["peak_memory_mb"])
         out.append(f"Least memory: {low['variant']} ({fmt_mb(low['peak_memory_mb'])} peak in training).")
@@ -580,12 +634,6 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
             if later > 0 and epochs[0] > WARMUP_EPOCH_RATIO * later:
                 out.append(f"Warm-up cost: {r['variant']}'s first epoch took {epochs[0] / later:.1f}x its later ones"
                            " (autotuning such as cudnn.benchmark, compilation, caches), paid once per run.")
-    tied = [r for r in ok if not r.get("baseline") and r.get("runs", 1) > 1 and r.get("speedup_significant") is False]
-    if tied:
-        out.append(f"Within noise of {base['variant']} between runs: " + ", ".join(
-            f"{r['variant']} ({r['speedup']:.2f}x, 95% CI {r['speedup_ci_low']:.2f}x to {r['speedup_ci_high']:.2f}x"
-            f" over {base.get('runs', 1)} + {r['runs']} runs)" for r in tied)
-                   + ": no change the machine could not have made.")
     busy = [r for r in rows if r.get("contention")]
     if busy:
         out.append("Busy machine: " + "; ".join(f"{r['variant']} ({r['contention'].split(': ', 1)[1]})" for r in busy)
@@ -622,7 +670,7 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
                   best_by: str = "end-to-end") -> str:
     _check_best_by(best_by)
     if fmt == "csv":
-        return csv_text(rows)
+        return csv_text([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
     n_epochs = max((int(k.split("_")[1]) for r in rows for k in r if k.startswith("epoch_") and k.endswith("_s")),
                    default=0)
     compute = any(r.get("tflops_per_s") is not None for r in rows)  # columns only where a variant counted FLOPs
@@ -634,7 +682,8 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
         if r.get("baseline"):
             speed, end = "baseline", "baseline"
         else:
-            end = "-" if not r.get("end_to_end_speedup") else f"{r['end_to_end_speedup']:.2f}x"
+            end = "-" if not r.get("end_to_end_speedup") else f"{r['end_to_end_speedup']:.2f}x" + (
+                f" [{r['end_to_end_ci_low']:.2f}-{r['end_to_end_ci_high']:.2f}]" if r.get("end_to_end_ci_low") else "")
             if r.get("speedup"):
                 ci = (f" [{r['speedup_ci_low']:.2f}-{r['speedup_ci_high']:.2f}]" if r.get("speedup_ci_low") else "")
                 speed = f"{r['speedup']:.2f}x{ci}"
@@ -651,6 +700,7 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
                       _in(r.get("train_time_s"), units["train_time_s"]),
                       _in(r.get("warmup_cost_s"), units["warmup_cost_s"]),
                       fmt_num(r.get("ms_per_iter")), fmt_num(r.get("samples_per_s"), 1), speed,
+                      verdict_cell(r, best_by), floor_cell(r, best_by),
                       _break_even_cell(r, units["break_even_s"]), fmt_mb(r.get("peak_memory_mb"))]
                      + ([fmt_num(r.get("tflops_per_s"), 3), fmt_num(r.get("mfu_pct"), 1, "%")] if compute else [])
                      + [_in(r.get(f"epoch_{i}_s"), units[f"epoch_{i}_s"]) for i in range(1, n_epochs + 1)]
@@ -662,6 +712,7 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
     headers = (["Variant", f"End to end ({unit('end_to_end_s')})", "End-to-end speedup",
                 f"Total time (train + eval) ({unit('total_time_s')})", f"Train time ({unit('train_time_s')})",
                 f"Warm-up ({unit('warmup_cost_s')})", "ms/iter (mean)", "Samples/s", "Steady speedup (95% CI)",
+                f"Verdict ({'end to end' if best_by == 'end-to-end' else 'steady'})", "A/A noise floor (95% CI)",
                 "Break-even", "Peak memory"] + (["TFLOP/s", "MFU"] if compute else [])
                + [f"Epoch {i} ({unit(f'epoch_{i}_s')})" for i in range(1, n_epochs + 1)]
                + ["PSNR", "Quality gate", "Status"])
@@ -669,7 +720,9 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
     parts += ["", "End to end: the whole fit (fit start to end: warm-up and evaluation included) at the baseline's"
               " length. Warm-up: from the fit's start to the first measured iteration, beyond the steady pace."
               " Steady: mean ms/iter over the measured iterations. Break-even: when a variant's faster iterations"
-              " pay back its extra warm-up."]
+              " pay back its extra warm-up. Verdict: against the baseline between the rounds' runs; within noise"
+              " where the interval holds 1 or reaches the A/A noise floor (the baseline's setup run again in the same"
+              " rounds)."]
     found = findings(rows, best_by)
     if found:
         parts += ["", "**Findings:**"] + [f"- {f}" for f in found]
@@ -691,7 +744,9 @@ def _best_line(rows: List[Dict[str, Any]], best_by: str) -> str:
         return f"**Best:** n/a: no completed variant has the {best_by} figure{why}."
     key, other = _rank_key(best_by), "speedup" if best_by == "end-to-end" else "end_to_end_speedup"
     other_text = "n/a" if not best.get(other) else f"{best[other]:.2f}x"
-    line = (f"**Best:** {best['variant']}, by {_basis_words(best, best_by)}: {best[key]:.2f}x the baseline"
+    undecided = best_words(rows, eligible_rows(rows, best_by), best_by)
+    lead = "**Best:** " if undecided is None else f"**Best:** not decided: {undecided}; fastest measured: "
+    line = (f"{lead}{best['variant']}, by {_basis_words(best, best_by)}: {best[key]:.2f}x the baseline"
             f" ({base['variant']}); {other_text} {'steady state' if best_by == 'end-to-end' else 'end to end'}")
     if not best.get("baseline"):
         line += f"; break-even: {break_even_text(_break_even_of(best))}"

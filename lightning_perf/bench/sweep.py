@@ -12,6 +12,7 @@ import statistics
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from lightning_perf.bench.rounds import round_order
 from lightning_perf.measure.clock import now
 
 CSV_COLUMNS = [
@@ -266,8 +267,12 @@ def run_sweep(
     csv_path: Optional[str] = None,
     progress: bool = True,
     sweep_id: Optional[str] = None,
+    rounds: int = 1,
 ) -> List[Dict[str, Any]]:
-    """Runs every (input size, batch size) configuration and returns one row per configuration.
+    """Runs every (input size, batch size) configuration ``rounds`` times, in interleaved rounds (every configuration
+    once a round, the order reversed each round: a drift of the machine lands on all alike), and returns one row per
+    configuration and round, in the order run (:func:`lightning_perf.bench.sweep_rounds.combine_rounds` makes one
+    row per configuration of them, with the spread between rounds).
 
     Every row carries ``sweep_id`` (default :func:`new_sweep_id`), so that sweeps appended to one CSV stay apart.
 
@@ -293,6 +298,8 @@ def run_sweep(
     for name, value, least in (("warmup", warmup, 0), ("iters", iters, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise BenchError(f"{name} must be an integer >= {least}, got {value!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise BenchError(f"rounds must be an integer >= 1, got {rounds!r}")
     builder = input_builder or default_inputs
     sweep_id = sweep_id or new_sweep_id()
     appending = check_csv(csv_path) if csv_path else False
@@ -320,11 +327,11 @@ def run_sweep(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(configs), desc="bench", unit="config", file=sys.stderr)
+        bar = tqdm(total=len(configs) * rounds, desc="bench", unit="config", file=sys.stderr)
     try:
-        for size, batch in configs:
+        for k, (size, batch) in ((k, c) for k in range(1, rounds + 1) for c in round_order(configs, k)):
             if bar is not None:
-                bar.set_postfix_str(f"size {size} batch {batch}")
+                bar.set_postfix_str(f"size {size} batch {batch}" + (f" round {k}" if rounds > 1 else ""))
             row = run_config(factory, size, batch, mode, dev, precision, warmup, iters, builder)
             row["sweep_id"] = sweep_id
             rows.append(row)
@@ -370,6 +377,16 @@ def significant(value: float, digits: int = 3) -> str:
     return format(value, f".{decimals}f")
 
 
+def _row_note(row: Dict[str, Any]) -> str:
+    """The note of a row: noisy over its iterations, and over how many rounds its figures are, with their spread."""
+    notes = [noisy_note(row)]
+    if (row.get("rounds") or 1) > 1:
+        notes.append(f"{row['rounds']} rounds, ±{row['between_rounds_pct']:.1f}% between them")
+    if row.get("round_errors"):
+        notes.append(row["round_errors"])
+    return "; ".join(n for n in notes if n)
+
+
 def format_table(rows: List[Dict[str, Any]]) -> str:
     """The printed table, with the best throughput and the best efficiency named; where the rows come from more
     than one sweep, a first column says which."""
@@ -388,7 +405,7 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
         lines.append(f"{lead(r)}{r['tile_size']:>6} {r['batch_size']:>6} {f('avg_time_ms', '.2f'):>10}"
                      f" {f('std_time_ms', '.2f'):>8} {f('throughput_samples_per_sec', '.1f'):>11}"
                      f" {'-' if mpx is None else significant(mpx):>8} {f('memory_peak_mb', '.0f'):>9}"
-                     f" {f('efficiency_pixels_per_sec_per_mb', '.0f'):>10}  {r['error'] or noisy_note(r)}")
+                     f" {f('efficiency_pixels_per_sec_per_mb', '.0f'):>10}  {r['error'] or _row_note(r)}")
     ok = [r for r in rows if not r["error"]]
     if ok:
         best = max(ok, key=lambda r: r["throughput_samples_per_sec"])

@@ -126,7 +126,7 @@ def between_runs_note(base: PerfSummary, candidate: PerfSummary) -> Optional[str
             " candidate to see that drift")
 
 
-def _run_speed(run: PerfSummary, basis: str) -> Optional[float]:
+def run_speed(run: PerfSummary, basis: str) -> Optional[float]:
     """One run's speed on the headline's basis (it/s, or samples/s): from its mean ms/iter, None where unmeasured."""
     s = speed(run)
     if s["measured_iterations"] == 0:
@@ -146,7 +146,7 @@ def repeats_headline(bases: Sequence[PerfSummary], candidates: Sequence[PerfSumm
     two runs with a speed."""
     out: Dict[str, Any] = {"speedup": None, "ci95": None, "significant": None, "reason": None,
                            "runs": {"base": len(bases), "candidate": len(candidates)}}
-    speeds = {side: [_run_speed(run, basis) for run in runs] for side, runs in (("base", bases),
+    speeds = {side: [run_speed(run, basis) for run in runs] for side, runs in (("base", bases),
                                                                               ("candidate", candidates))}
     missing = [f"{side} repeat {i + 1} has no speed" for side, values in speeds.items()
                for i, v in enumerate(values) if v is None]

@@ -1,0 +1,159 @@
+"""The matrix's verdicts between runs: each variant's speedups against the baseline over the interleaved rounds, the
+A/A noise floor beside them, a verdict per variant (faster, slower, within noise, no verdict) and the Best named only
+where it is decided (:mod:`lightning_perf.bench.noise_floor` holds the rule)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from lightning_perf.bench.noise_floor import (
+    FASTER,
+    NO_VERDICT,
+    SLOWER,
+    WITHIN_NOISE,
+    best_or_tie,
+    decide,
+    floor_text,
+    noise_floor,
+    ratio_between,
+    ratio_text,
+)
+from lightning_perf.bench.rounds import DEFAULT_REPEATS, rounds_line
+
+#: The two bases of a verdict: (name in row keys, the speedup's key, words).
+BASES = (("steady", "speedup", "steady state, per measured iteration"),
+         ("end_to_end", "end_to_end_speedup", "end to end, the whole fit"))
+
+
+def basis_of(best_by: str) -> str:
+    return "end_to_end" if best_by == "end-to-end" else "steady"
+
+
+def _rates_key(row: Dict[str, Any], basis: str) -> str:
+    if basis == "end_to_end":
+        return "_end_to_end_rates"
+    return "_samples_rates" if row.get("speedup_basis") == "samples/s" else "_steady_rates"
+
+
+def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], min_effect_pct: float) -> None:
+    """Adds to each row but the baseline's, on each basis: the A/A pair's ratio and interval (``aa_speedup``,
+    ``aa_ci_low``, ``aa_ci_high``; ``aa_end_to_end_...``), the verdict and why (``steady_verdict``,
+    ``end_to_end_verdict``, ``..._why``); with repeats, the end-to-end speedup and its interval between runs. The A/A
+    row is marked ``noise_floor``."""
+    base = next((r for r in rows if r.get("baseline") and "_steady_rates" in r), None)
+    aa = next((r for r in rows if noise_floor_name and r["variant"] == noise_floor_name and "_steady_rates" in r),
+              None)
+    for r in rows:
+        r["noise_floor"] = aa is not None and r is aa
+    if base is None:
+        return
+    for basis, key, _ in BASES:
+        prefix = "aa_" if basis == "steady" else "aa_end_to_end_"
+        floor = None
+        if aa is not None:
+            floor = noise_floor(aa[_rates_key(aa, basis)], base[_rates_key(aa, basis)])
+        for r in rows:
+            if r is base or "_steady_rates" not in r:
+                continue
+            cmp = ratio_between(r[_rates_key(r, basis)], base[_rates_key(r, basis)])
+            if basis == "end_to_end" and cmp["low"] is not None:
+                r.update(end_to_end_speedup=cmp["ratio"], end_to_end_ci_low=cmp["low"], end_to_end_ci_high=cmp["high"])
+            decided = decide(cmp, None if r is aa else floor, min_effect_pct)
+            r[f"{basis}_verdict"], r[f"{basis}_verdict_why"] = decided["verdict"], decided["why"] or None
+            r[f"_{basis}_floor"] = floor
+            r[f"_{basis}_cmp"] = cmp
+            r[prefix + "speedup"] = None if floor is None else floor["ratio"]
+            r[prefix + "ci_low"] = None if floor is None else floor["low"]
+            r[prefix + "ci_high"] = None if floor is None else floor["high"]
+
+
+def verdict_cell(row: Dict[str, Any], best_by: str) -> str:
+    """The Verdict column: ``baseline``, ``A/A noise floor``, ``1.10x slower``, ``within noise`` or ``no verdict``."""
+    basis = basis_of(best_by)
+    if row.get("baseline"):
+        return "baseline"
+    verdict = row.get(f"{basis}_verdict")
+    if row.get("noise_floor"):
+        floor = row.get(f"_{basis}_floor") or {}
+        return "A/A noise floor" + (": ⚠ drifted" if floor.get("drifted") else "")
+    if verdict in (FASTER, SLOWER):
+        return ratio_text(row[f"_{basis}_cmp"]["ratio"])
+    return verdict or "n/a"
+
+
+def floor_cell(row: Dict[str, Any], best_by: str) -> str:
+    """The A/A noise floor beside a variant: ``1.01x [0.97-1.05]``, ``1.01x`` (one run a side) or ``-``."""
+    floor = row.get(f"_{basis_of(best_by)}_floor")
+    if row.get("baseline") or not floor or floor.get("ratio") is None:
+        return "-"
+    if floor["low"] is None:
+        return f"{floor['ratio']:.2f}x"
+    return f"{floor['ratio']:.2f}x [{floor['low']:.2f}-{floor['high']:.2f}]"
+
+
+def _interval(cmp: Dict[str, Any]) -> str:
+    runs = f"over {cmp['runs'][1]} + {cmp['runs'][0]} runs"
+    return f"{cmp['ratio']:.2f}x, 95% CI {cmp['low']:.2f}x to {cmp['high']:.2f}x {runs}"
+
+
+def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
+    """The findings of the verdicts, on ``best_by``'s basis: the rounds run, the noise floor, the variants decided
+    and those within noise."""
+    basis = basis_of(best_by)
+    words = next(w for b, _, w in BASES if b == basis)
+    base = next((r for r in rows if r.get("baseline")), None)
+    out: List[str] = []
+    rounds = rounds_line(next((r["_rounds"] for r in rows if r.get("_rounds")), None))
+    if rounds:
+        out.append("Rounds: " + rounds)
+    others = [r for r in rows if not r.get("baseline") and r.get(f"{basis}_verdict")]
+    if base is None or not others:
+        return out
+    aa = next((r for r in rows if r.get("noise_floor")), None)
+    floor = others[0].get(f"_{basis}_floor")
+    if aa is not None:
+        out.append(f"Noise floor (A/A: {aa['variant']}, the baseline's setup again in the same rounds, against"
+                   f" {base['variant']}; {words}): {floor_text(floor)}. A variant is decided only where its interval"
+                   " excludes 1 and stays outside the band of that ratio (both ways).")
+        if floor and floor.get("drifted"):
+            out.append("⚠ The A/A pair differed beyond its interval: the machine drifted more than the intervals"
+                       " allow, so no variant is decided; run again on a quieter machine or with more --repeats.")
+    else:
+        out.append("Noise floor: not measured (no A/A pair ran: --noise-floor off, or its copy has no summary);"
+                   " verdicts rest on each interval alone.")
+    decided = [r for r in others if r[f"{basis}_verdict"] in (FASTER, SLOWER)]
+    if decided:
+        out.append("Decided against " + base["variant"] + ": " + "; ".join(
+            f"{r['variant']} {ratio_text(r[f'_{basis}_cmp']['ratio'])} ({_interval(r[f'_{basis}_cmp'])})"
+            for r in decided) + ".")
+    tied = [r for r in others if r[f"{basis}_verdict"] == WITHIN_NOISE and not r.get("noise_floor")]
+    if tied:
+        out.append(f"Within noise of {base['variant']}: " + "; ".join(
+            f"{r['variant']} ({_interval(r[f'_{basis}_cmp'])}: {r[f'{basis}_verdict_why']})" for r in tied)
+            + ": no change the machine could not have made.")
+    if any(r[f"{basis}_verdict"] == NO_VERDICT and (r[f"_{basis}_cmp"]["runs"][0] or 0) < 2 for r in others):
+        out.append("No verdict between runs: one run each, so the drift between runs was not measured; run with"
+                   f" --repeats 2 or more (default {DEFAULT_REPEATS}).")
+    return out
+
+
+def best_words(rows: List[Dict[str, Any]], eligible: List[Dict[str, Any]], best_by: str) -> Optional[str]:
+    """None where the fastest of ``eligible`` (the rows Best may name, the A/A copy left out) is decided faster than
+    each of the others; else why no Best is named: which ones tie, or that one run each decides nothing."""
+    basis = basis_of(best_by)
+    pool = [r for r in eligible if not r.get("noise_floor") and "_steady_rates" in r]
+    if len(pool) < 2:
+        return None
+    if basis == "end_to_end":
+        key = "_end_to_end_rates"
+    else:
+        key = "_samples_rates" if any(r.get("speedup_basis") == "samples/s" for r in pool) else "_steady_rates"
+    if min(len([v for v in r[key] if v]) for r in pool) < 2:
+        return "one run each, so the drift between runs was not measured (--repeats 2 or more)"
+    floor = next((r.get(f"_{basis}_floor") for r in rows if r.get(f"_{basis}_floor")), None)
+    found = best_or_tie({r["variant"]: r[key] for r in pool}, floor)
+    if found["best"] is not None:
+        return None
+    if floor and floor.get("drifted"):
+        return "the A/A pair drifted beyond its interval, so nothing is decided"
+    return f"{', '.join(found['tie'])} tie: within noise of each other between runs"

@@ -1,0 +1,114 @@
+"""Verdicts between setups run several times, against the A/A noise floor: the baseline run twice in the same rounds.
+
+Each setup's runs give one rate each (iterations, samples or fits per second). A setup's ratio to the baseline is the
+ratio of the geometric means, with its 95% interval from the spread between runs
+(:func:`lightning_perf.measure.stats.between_runs_ratio_ci`). The A/A pair (the baseline against its own second copy)
+shows how far two runs of one setup land apart on this machine: its ratio ``d`` is the noise floor, the band of ratios
+from ``1/d`` to ``d``. A setup is decided faster or slower only when its interval excludes 1, its change is at least
+``min_effect_pct``, and its interval stays outside that band; where the A/A pair itself is decided different, the
+machine drifted more than the intervals allow and nothing is decided (fail closed). Pure Python: no torch.
+
+Checked on synthetic runs (``tests/test_noise_floor.py``): with 5 runs a side and 3% lognormal drift between runs,
+an A/A/A triple is decided in about 1% of trials and a 10% change in about 90%."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+from lightning_perf.measure.stats import between_runs_ratio_ci
+
+#: A change smaller than this (in %) is never decided, whatever the interval (compare's --min-effect default).
+MIN_EFFECT_PCT = 2.0
+
+#: What a verdict can be.
+FASTER, SLOWER, WITHIN_NOISE, NO_VERDICT = "faster", "slower", "within noise", "no verdict"
+
+
+def _usable(values: Sequence[Optional[float]]) -> List[float]:
+    return [v for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+
+
+def ratio_between(values: Sequence[Optional[float]], reference: Sequence[Optional[float]]) -> Dict[str, Any]:
+    """``ratio`` (geometric means, values over reference), ``low``/``high`` (95%, between runs; None with fewer than
+    two runs a side) and ``runs`` (counted runs a side). ``ratio`` None where a side has no usable run."""
+    a, b = _usable(values), _usable(reference)
+    out: Dict[str, Any] = {"ratio": None, "low": None, "high": None, "runs": (len(a), len(b))}
+    if not a or not b:
+        return out
+    out["ratio"] = math.exp(sum(map(math.log, a)) / len(a) - sum(map(math.log, b)) / len(b))
+    found = between_runs_ratio_ci(a, b)
+    if found is not None:
+        out["low"], out["high"] = found[1], found[2]
+    return out
+
+
+def noise_floor(copy_rates: Sequence[Optional[float]], base_rates: Sequence[Optional[float]]) -> Dict[str, Any]:
+    """The A/A pair: the baseline's second copy against the baseline. ``band`` is (1/d, d) with ``d`` the pair's
+    ratio or its inverse, whichever is >= 1; ``drifted`` is True where the pair's own interval excludes 1 (the same
+    setup decided different: the machine moved more than the intervals allow)."""
+    floor = ratio_between(copy_rates, base_rates)
+    if floor["ratio"] is None:
+        floor.update(band=None, drifted=None)
+        return floor
+    d = max(floor["ratio"], 1.0 / floor["ratio"])
+    floor["band"] = (1.0 / d, d)
+    floor["drifted"] = (None if floor["low"] is None else (floor["low"] > 1.0 or floor["high"] < 1.0))
+    return floor
+
+
+def decide(cmp: Dict[str, Any], floor: Optional[Dict[str, Any]], min_effect_pct: float = MIN_EFFECT_PCT
+           ) -> Dict[str, Any]:
+    """The verdict of one setup's ratio (:func:`ratio_between`) against the noise floor (:func:`noise_floor`, or None
+    where no A/A pair ran): ``verdict`` (:data:`FASTER`, :data:`SLOWER`, :data:`WITHIN_NOISE`, :data:`NO_VERDICT`)
+    and ``why`` in words."""
+    ratio, lo, hi = cmp.get("ratio"), cmp.get("low"), cmp.get("high")
+    if ratio is None:
+        return {"verdict": NO_VERDICT, "why": "no rate to compare"}
+    if lo is None:
+        return {"verdict": NO_VERDICT, "why": "one run a side: the drift between runs was not measured"}
+    if floor is not None and floor.get("drifted"):
+        return {"verdict": NO_VERDICT, "why": "the A/A pair (the baseline twice) differed beyond its interval: the"
+                                              " machine drifted more than the intervals allow"}
+    if not (lo > 1.0 or hi < 1.0):
+        return {"verdict": WITHIN_NOISE, "why": "its interval holds 1"}
+    if abs(ratio - 1.0) * 100.0 < min_effect_pct:
+        return {"verdict": WITHIN_NOISE, "why": f"a change below {min_effect_pct:g}%"}
+    band = (floor or {}).get("band")
+    if band is not None and lo <= band[1] and hi >= band[0]:
+        return {"verdict": WITHIN_NOISE, "why": f"its interval reaches the A/A noise floor ({band[0]:.3f}x to"
+                                                f" {band[1]:.3f}x)"}
+    why = "" if band is not None else "no A/A pair ran: decided on its interval alone"
+    return {"verdict": FASTER if lo > 1.0 else SLOWER, "why": why}
+
+
+def best_or_tie(rates: Dict[str, Sequence[Optional[float]]], floor: Optional[Dict[str, Any]],
+                min_effect_pct: float = MIN_EFFECT_PCT) -> Dict[str, Any]:
+    """Of setups (name -> runs' rates, higher is better), the fastest by geometric mean, and whether it is decided:
+    ``best`` (its name, only where every other setup is decided slower than it, by :func:`decide` on the ratio of
+    the two), ``top`` (the fastest measured), ``tie`` (the setups not decided apart from ``top``, ``top`` first)."""
+    means = {name: ratio_between(values, [1.0])["ratio"] for name, values in rates.items()}
+    ranked = sorted((n for n in means if means[n] is not None), key=lambda n: -means[n])
+    if not ranked:
+        return {"best": None, "top": None, "tie": []}
+    top = ranked[0]
+    tie = [top] + [other for other in ranked[1:]
+                   if decide(ratio_between(rates[top], rates[other]), floor, min_effect_pct)["verdict"] != FASTER]
+    return {"best": top if len(tie) == 1 else None, "top": top, "tie": tie}
+
+
+def ratio_text(ratio: float) -> str:
+    """``1.23x faster`` or ``1.10x slower`` (a ratio of rates)."""
+    return f"{ratio:.2f}x faster" if ratio >= 1.0 else f"{1.0 / ratio:.2f}x slower"
+
+
+def floor_text(floor: Optional[Dict[str, Any]]) -> str:
+    """``1.01x, 95% CI 0.97x to 1.05x over 5 + 5 runs`` (the A/A ratio and its interval), or why there is none."""
+    if floor is None:
+        return "not measured (no A/A pair)"
+    if floor["ratio"] is None:
+        return "n/a (the A/A pair has no rate)"
+    runs = f" over {floor['runs'][1]} + {floor['runs'][0]} runs"
+    if floor["low"] is None:
+        return f"{floor['ratio']:.3f}x{runs} (no interval: one run a side)"
+    return f"{floor['ratio']:.3f}x, 95% CI {floor['low']:.3f}x to {floor['high']:.3f}x{runs}"

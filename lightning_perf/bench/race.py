@@ -1,0 +1,259 @@
+"""``lightning-perf race``: two or more training commands (a baseline checkout and an optimised one, say) run in
+interleaved rounds, each run a fresh process with the suite attached as ``lightning-perf run`` attaches it; each run's
+summary in ``<out>/<name>/repeat_<k>/perf_summary.json``, and one comparison of every command against the first, the
+verdict from the spread between the runs and against the A/A noise floor (the first command run again in the same
+rounds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from lightning_perf._attach import DEFAULT_CALLBACKS, SUMMARY_NAME, read_manifest
+from lightning_perf.bench.matrix import written_elsewhere
+from lightning_perf.bench.noise_floor import (
+    FASTER,
+    MIN_EFFECT_PCT,
+    SLOWER,
+    best_or_tie,
+    decide,
+    floor_text,
+    noise_floor,
+    ratio_between,
+    ratio_text,
+)
+from lightning_perf.bench.rounds import run_rounds, rounds_line
+from lightning_perf.summary.compare import compare_summaries, format_text, run_speed
+from lightning_perf.summary.contention import contention, contention_line
+from lightning_perf.summary.io import load_summary, probe_folder, special_kind
+from lightning_perf.summary.model import as_summary
+from lightning_perf.summary.schema import SummaryError
+
+#: The longest command name: it names a folder under --out.
+MAX_NAME = 100
+
+
+def parse_commands(specs: Sequence[str]) -> List[Tuple[str, List[str]]]:
+    """``NAME=COMMAND`` (the command split as a shell would split it, without running a shell) -> (name, argv); the
+    first is the baseline. ValueError naming the bad ``--cmd``."""
+    commands: List[Tuple[str, List[str]]] = []
+    for spec in specs:
+        name, sep, text = spec.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--cmd {spec!r}: expected NAME=COMMAND, e.g. --cmd 'baseline=python train.py'")
+        if not all(c.isalnum() or c in "_-." for c in name) or name.startswith(".") or len(name) > MAX_NAME:
+            raise ValueError(f"--cmd {spec[:60]!r}: the name {name[:40]!r} must be 1 to {MAX_NAME} letters, digits,"
+                             " '_', '-' or '.', not starting with '.' (it names a folder under --out)")
+        try:
+            argv = shlex.split(text)
+        except ValueError as err:
+            raise ValueError(f"--cmd {spec!r}: the command cannot be split ({err})") from None
+        if not argv:
+            raise ValueError(f"--cmd {spec!r}: no command after '='")
+        if any(n == name for n, _ in commands):
+            raise ValueError(f"--cmd {name!r} is given twice; give each command its own name")
+        commands.append((name, argv))
+    if len(commands) < 2:
+        raise ValueError(f"give at least two --cmd NAME=COMMAND to race (got {len(commands)})")
+    return commands
+
+
+def with_copy(commands: List[Tuple[str, List[str]]], how: str = "auto") -> Tuple[List[Tuple[str, List[str]]],
+                                                                                  Optional[str]]:
+    """The commands with the A/A copy of the first (``auto``: ``<name>_aa`` added, unless a command is the first's
+    argv again; ``off``: none; else the name of the given command to take as the copy)."""
+    if how == "off":
+        return list(commands), None
+    base_name, base_argv = commands[0]
+    names = [name for name, _ in commands]
+    if how != "auto":
+        if how == base_name or how not in names:
+            raise ValueError(f"--noise-floor {how!r}: expected auto, off or the name of a --cmd other than the"
+                             f" first ({base_name}); the commands are {', '.join(names)}")
+        return list(commands), how
+    same = next((name for name, argv in commands[1:] if argv == base_argv), None)
+    if same is not None:
+        return list(commands), same
+    copy = next(n for n in (f"{base_name}_aa", *(f"{base_name}_aa{i}" for i in range(2, 100))) if n not in names)
+    return list(commands) + [(copy if len(copy) <= MAX_NAME else "aa_copy", list(base_argv))], copy
+
+
+def check_out(out: str, commands: List[Tuple[str, List[str]]]) -> None:
+    """Before any run: ``out`` is a folder we can write, and no command's folder is something else."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} is {special_kind(out) or 'a file'}; expected a folder")
+    try:
+        probe_folder(os.path.join(out, "race.json"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--out {out!r} cannot be written: {getattr(err, 'strerror', None) or err}") from None
+    for name, _ in commands:
+        folder = os.path.join(out, name)
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            raise ValueError(f"--cmd {name!r}: {folder!r} is {special_kind(folder) or 'a file'}; expected a folder")
+
+
+def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], timeout_s: Optional[float],
+             log: Callable[[str], None]) -> Dict[str, Any]:
+    """One run of one command in a fresh process, the suite attached, its output in ``run_dir/output.log``."""
+    from lightning_perf._attach.launch import command_env
+
+    os.makedirs(run_dir, exist_ok=True)
+    summary_path = os.path.join(run_dir, SUMMARY_NAME)
+    if os.path.isfile(summary_path):  # an earlier race's file: this run writes its own
+        os.unlink(summary_path)
+    manifest = os.path.join(run_dir, ".lightning_perf_manifest.jsonl")
+    open(manifest, "w").close()
+    # fill: a Trainer with lightning_perf callbacks of its own keeps them (and gets the others), as in the matrix
+    env = command_env(os.environ, callbacks, out=os.path.abspath(run_dir), name=name, baseline=None,
+                      manifest=manifest, fill=True)
+    log(f"[race] {name}: {' '.join(shlex.quote(a) for a in argv)}")
+    start = time.perf_counter()
+    code: Optional[int]
+    with open(os.path.join(run_dir, "output.log"), "w") as out:
+        try:
+            code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+        except OSError as err:
+            out.write(f"lightning-perf race: cannot run {argv[0]!r}: {err.strerror or err}\n")
+            code = 127
+    wall = time.perf_counter() - start
+    events = read_manifest(manifest)
+    try:
+        os.unlink(manifest)
+    except OSError:
+        pass
+    result: Dict[str, Any] = {"name": name, "exit_code": code, "wall_s": wall, "summary_path": summary_path,
+                              "summary": None, "problem": None}
+    elsewhere = written_elsewhere(events, summary_path)
+    if elsewhere is not None:  # the command's own callbacks wrote it: a copy here, before the next run overwrites it
+        try:
+            shutil.copyfile(elsewhere, summary_path)
+            log(f"[race] {name}: its own callbacks wrote the summary to {elsewhere}; copied to {summary_path}")
+        except OSError as err:
+            log(f"[race] {name}: cannot copy {elsewhere} to {summary_path} ({err.strerror or err})")
+    try:
+        result["summary"] = load_summary(summary_path)
+    except SummaryError as err:
+        unmeasured = [e.get("reason") for e in events if e.get("event") == "failed" and e.get("reason")]
+        result["problem"] = str(err) + (f" ({'; '.join(unmeasured)})" if unmeasured else "")
+    log(f"[race] {name}: exit {code}, {wall:.1f} s")
+    return result
+
+
+def run_race(commands: List[Tuple[str, List[str]]], out: str, repeats: int, budget_s: Optional[float] = None,
+             timeout_s: Optional[float] = None, callbacks: Optional[List[str]] = None,
+             log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Runs every command once a round, ``repeats`` rounds interleaved (:func:`run_rounds`); run ``k`` of command
+    ``name`` in ``<out>/<name>/repeat_<k>``."""
+    check_out(out, commands)
+    argv_of = dict(commands)
+    chosen = list(callbacks or DEFAULT_CALLBACKS)
+    return run_rounds([name for name, _ in commands], repeats,
+                      lambda name, k: run_once(name, argv_of[name], os.path.join(out, name, f"repeat_{k}"), chosen,
+                                               timeout_s, log),
+                      budget_s=budget_s, log=log, what="race")
+
+
+def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], copy: Optional[str],
+                min_effect_pct: float = MIN_EFFECT_PCT) -> Dict[str, Any]:
+    """The comparison of every command against the first (compare's result between runs, and the verdict against
+    the noise floor), the noise floor, the best or the ties, and each run's status."""
+    runs = info["results"]
+    base_name = commands[0][0]
+    typed = {name: [as_summary(r["summary"], r["summary_path"]) for r in runs[name] if r["summary"] is not None]
+             for name, _ in commands}
+    out: Dict[str, Any] = {"baseline": base_name, "noise_floor_copy": copy,
+                           "rounds": {k: v for k, v in info.items() if k != "results"},
+                           "runs": {name: [_run_record(r) for r in runs[name]] for name, _ in commands},
+                           "comparisons": {}, "noise_floor": None, "best": None, "tie": []}
+    rates: Dict[str, List[Optional[float]]] = {}
+    for name, _ in commands:
+        if name == base_name or not typed[name] or not typed[base_name]:
+            continue
+        base_runs, cand_runs = typed[base_name], typed[name]
+        cmp = compare_summaries(base_runs[0], cand_runs[0], base_name=base_name, candidate_name=name,
+                                min_effect_pct=min_effect_pct, base_repeats=base_runs[1:],
+                                candidate_repeats=cand_runs[1:])
+        basis = cmp["speedup_basis"] or "it/s"
+        rates[name] = [run_speed(r, basis) for r in cand_runs]
+        rates.setdefault(f"{base_name}@{basis}", [run_speed(r, basis) for r in base_runs])
+        out["comparisons"][name] = cmp
+    floor = None
+    if copy is not None and copy in rates:
+        basis = out["comparisons"][copy]["speedup_basis"] or "it/s"
+        floor = noise_floor(rates[copy], rates[f"{base_name}@{basis}"])
+        out["noise_floor"] = floor
+    for name, cmp in out["comparisons"].items():
+        basis = cmp["speedup_basis"] or "it/s"
+        between = ratio_between(rates[name], rates[f"{base_name}@{basis}"])
+        cmp["verdict"] = decide(between, None if name == copy else floor, min_effect_pct)
+        cmp["between_runs"] = between
+    pool = {name: [run_speed(r, "samples/s") for r in typed[name]] for name, _ in commands
+            if name != copy and typed[name]}
+    if len(pool) >= 2 and all(len([v for v in values if v]) >= 2 for values in pool.values()):
+        found = best_or_tie(pool, floor, min_effect_pct)
+        out["best"], out["tie"] = found["best"], found["tie"]
+    return out
+
+
+def _run_record(run: Dict[str, Any]) -> Dict[str, Any]:
+    record = {key: run[key] for key in ("exit_code", "wall_s", "summary_path", "problem")}
+    record["contention"] = contention_line(contention(run["summary"])) if run["summary"] is not None else None
+    return record
+
+
+def race_ok(result: Dict[str, Any]) -> bool:
+    """Every run exited 0 with a summary."""
+    return all(r["exit_code"] == 0 and r["problem"] is None for runs in result["runs"].values() for r in runs)
+
+
+def format_race(result: Dict[str, Any]) -> str:
+    """Seed 000's comparison for each command against the first, then the verdicts between runs."""
+    base = result["baseline"]
+    lines: List[str] = []
+    for name, cmp in result["comparisons"].items():
+        if name == result["noise_floor_copy"]:
+            continue
+        lines += [f"### {name} against {base}", "", format_text(cmp), ""]
+    lines += ["RACE VERDICT", "=" * 70, rounds_line(result["rounds"]) or ""]
+    for name, runs in result["runs"].items():
+        bad = [f"run {k}: " + ("timed out" if r["exit_code"] is None else f"exit {r['exit_code']}")
+               + (f" ({r['problem']})" if r["problem"] else "")
+               for k, r in enumerate(runs, start=1) if r["exit_code"] != 0 or r["problem"]]
+        busy = [k for k, r in enumerate(runs, start=1) if r["contention"]]
+        line = f"  {name}: {len(runs)} runs, {len(runs) - len(bad)} with a summary"
+        line += (f"; {'; '.join(bad)}" if bad else "") + (
+            f"; measured on a busy machine in run(s) {', '.join(map(str, busy))}" if busy else "")
+        lines.append(line)
+    copy = result["noise_floor_copy"]
+    lines.append(f"  Noise floor (A/A: {copy} against {base}): {floor_text(result['noise_floor'])}" if copy else
+                 "  Noise floor: not measured (--noise-floor off)")
+    for name, cmp in result["comparisons"].items():
+        if name == copy:
+            continue
+        between, verdict = cmp["between_runs"], cmp["verdict"]
+        if verdict["verdict"] in (FASTER, SLOWER):
+            words = f"{ratio_text(between['ratio'])}, decided"
+        else:
+            words = verdict["verdict"]
+        interval = (f" (95% CI {between['low']:.3f}x to {between['high']:.3f}x, {cmp['speedup_basis']}, over"
+                    f" {between['runs'][1]} + {between['runs'][0]} runs)" if between["low"] is not None else "")
+        lines.append(f"  {name} against {base}: {words}{interval}" + (f": {verdict['why']}" if verdict["why"] else ""))
+    if result["best"]:
+        lines.append(f"  Fastest: {result['best']}, decided against every other command (samples/s).")
+    elif len(result["tie"]) > 1:
+        lines.append(f"  Fastest: not decided: {', '.join(result['tie'])} tie within noise between runs.")
+    return "\n".join(lines)
+
+
+def write_result(result: Dict[str, Any], path: str) -> None:
+    from lightning_perf.summary.io import write_json_atomic
+
+    write_json_atomic(path, json.loads(json.dumps(result, default=str)))
