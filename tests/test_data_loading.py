@@ -106,10 +106,12 @@ def clocked_fit(tmp_path, loader, spent, **overrides):
 
 
 def assert_close_to_the_loaders_clock(data_ms, loader_ms):
-    """Within 15% or 0.1 ms. The loop's wait also holds Lightning's fetcher code around the DataLoader's ``__next__``
-    (its prefetch bookkeeping and profiler action), which slows with the machine: 89 µs a batch in a CI run with the
-    other test process on the second core, where a 0.05 ms allowance failed once in three runs."""
-    assert abs(data_ms - loader_ms) <= max(0.15 * loader_ms, 0.10), (data_ms, loader_ms)
+    """Within 15% plus 0.1 ms. The loop's wait also holds Lightning's fetcher code around the DataLoader's
+    ``__next__`` (its prefetch bookkeeping and profiler action), which slows with the machine: 89 µs a batch in a CI
+    run with the other test process on the second core, where a 0.05 ms allowance failed once in three runs, and
+    0.154 ms on a 0.98 ms ``__next__`` at a load average of 5, past "15% or 0.1 ms". The defect this guards against
+    read 0.70 ms against a 0.28 ms ``__next__``."""
+    assert abs(data_ms - loader_ms) <= 0.15 * loader_ms + 0.10, (data_ms, loader_ms)
 
 
 def assert_the_verdict_follows_the_loaders_clock(summary, loader_ms, workers):
@@ -134,7 +136,7 @@ def assert_the_verdict_follows_the_loaders_clock(summary, loader_ms, workers):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_cheap_loader_is_its_own_next_and_not_input_bound(tmp_path, workers):
     """An in-memory dataset with the progress bar on (refreshed every batch) and Lightning logging every step: the
-    loop's wait for a batch (``data_loading``) is the DataLoader's own ``__next__`` time, within 15% or 0.05 ms; the
+    loop's wait for a batch (``data_loading``) is the DataLoader's own ``__next__`` time, within 15% plus 0.1 ms; the
     progress bar, logging and the loop's bookkeeping are ``between_batches`` (before, all of it was data loading:
     0.70 ms against a 0.28 ms ``__next__`` in the finding). Without workers the verdict is not input-bound; with
     them it follows the DataLoader's own clock (as the verdict, or beside a busy machine's tail); the sections still add up to the iteration."""
@@ -285,7 +287,7 @@ with open("waits.json", "w") as fh:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_lightning_perf_run_on_a_script_with_a_progress_bar_reports_the_loaders_own_wait(tmp_path, workers):
     """``lightning-perf run`` on an unchanged script (Lightning's progress bar and a logged metric on every step, an
-    in-memory dataset): ``data_loading`` is the DataLoader's own ``__next__`` time within 15% or 0.1 ms, the run is
+    in-memory dataset): ``data_loading`` is the DataLoader's own ``__next__`` time within 15% plus 0.1 ms, the run is
     not input-bound (with workers: as the DataLoader's own clock says), and with workers their own time is in the
     summary."""
     script = tmp_path / "train.py"
