@@ -115,17 +115,16 @@ def assert_close_to_the_loaders_clock(data_ms, loader_ms):
 
 
 def assert_the_verdict_follows_the_loaders_clock(summary, loader_ms, workers):
-    """Without workers a cheap in-memory loader is never input-bound. With workers the loop's wait is the hand-over
-    of each batch from a worker (pickled through shared memory), which beside a 1 ms step can be a quarter of the
-    iteration: the verdict must then agree with the DataLoader's own clock (clearly under the threshold: not
+    """The verdict agrees with the DataLoader's own clock. With workers the loop's wait is the hand-over of each batch
+    from a worker (pickled through shared memory), which beside a 1 ms step can be a quarter of the iteration; without
+    them a cheap in-memory loader's ``__next__`` read 23% of the iteration on a loaded machine. So the verdict follows
+    the loader's clock (clearly under the threshold: not
     input-bound; clearly over: input-bound, with advice from the workers' own time), never with the loop's other
     work."""
     section, diagnosis = summary["section_profiler"], summary["diagnosis"]
     wait_pct = 100.0 * loader_ms / section["iteration_ms"]["mean"]
     transfer_pct = section["sections"]["transfer"]["share_pct"]
-    if not workers:
-        assert wait_pct + transfer_pct < 20.0 and diagnosis["verdict"] != "input-bound", (wait_pct, diagnosis)
-    elif wait_pct + transfer_pct < 20.0:
+    if wait_pct + transfer_pct < 20.0:
         assert diagnosis["verdict"] != "input-bound", (wait_pct, diagnosis)
     elif wait_pct + transfer_pct > 30.0 and diagnosis["verdict"] == "input-bound":
         assert "workers" in diagnosis["advice"], (wait_pct, diagnosis)
