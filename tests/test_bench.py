@@ -149,7 +149,7 @@ def test_matrix_on_the_demo_with_two_variants_and_a_crash(tmp_path):
         assert section in summary
 
 
-#: README's LightningCLI example (a PerfSuite entry) in a short CPU config.
+#: docs/perf_suite.md's LightningCLI example (a PerfSuite entry) in a short CPU config.
 SUITE_CONFIG = """
 trainer:
   max_steps: 12
@@ -182,7 +182,7 @@ trainer:
 
 @pytest.mark.slow
 def test_matrix_measures_with_the_configs_own_lightning_perf_callbacks(tmp_path):
-    """A config that already has the suite (README's LightningCLI example): each variant runs with one set of
+    """A config that already has the suite (the LightningCLI example of docs/perf_suite.md): each variant runs with one set of
     callbacks, the config's own, and the matrix adds only what the config lacks; its summary is where the matrix
     reads it, also when the config's callbacks write to a summary_path of their own."""
     from helpers import write_toy_cli
