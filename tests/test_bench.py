@@ -182,8 +182,8 @@ trainer:
 
 @pytest.mark.slow
 def test_matrix_measures_with_the_configs_own_lightning_perf_callbacks(tmp_path):
-    """A config that already has the suite (the LightningCLI example of docs/perf_suite.md): each variant runs with one set of
-    callbacks, the config's own, and the matrix adds only what the config lacks; its summary is where the matrix
+    """A config that already has the suite (the LightningCLI example of docs/perf_suite.md): each variant runs with
+    one set of callbacks, the config's own, and the matrix adds only what the config lacks; its summary is where the matrix
     reads it, also when the config's callbacks write to a summary_path of their own."""
     from helpers import write_toy_cli
 
