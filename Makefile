@@ -39,7 +39,8 @@ test: $(STAMP)
 # The same suite (but the slow seed scripts, the tests of benchmarks/overhead.py and own_steps.py: developer tools,
 # ~1.5 minutes of subprocesses, and LOWEST_DESELECT below) against the lowest Lightning that pyproject.toml allows,
 # installed beside the venv's newest in $(LOWEST_DIR) and put first on the path. Lightning 2.2 imports pkg_resources,
-# which new setuptools no longer ship: an older one goes in with it. Keep LOWEST_LIGHTNING in step with pyproject's floor.
+# which new setuptools no longer ship: an older one goes in with it. Keep LOWEST_LIGHTNING in step with pyproject's
+# floor.
 LOWEST_LIGHTNING := 2.2.0
 # Also left out there: the commands that run whole trainings in rounds of subprocesses (matrix, race, make demo, the
 # A/A noise floor on real fits): ~5 minutes of orchestration whose fits the in-process tests already run on 2.2.
