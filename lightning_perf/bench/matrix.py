@@ -184,25 +184,27 @@ def check_outputs(out_dir: str, variants: List[Tuple[str, List[str]]]) -> None:
                                  " regular file; lightning_perf replaces only regular files")
 
 
-def with_noise_floor(variants: List[Tuple[str, List[str]]], how: str = "auto"
+def with_noise_floor(variants: List[Tuple[str, List[str]]], how: str = "auto", flag: str = "--variant",
+                     first: str = "baseline", plural: str = "variants", max_name: int = MAX_VARIANT_NAME
                      ) -> Tuple[List[Tuple[str, List[str]]], Optional[str]]:
     """The variants with the A/A pair's second baseline, and its name. ``how``: ``auto`` (a variant with the
     baseline's overrides is that copy; else ``<baseline>_aa`` is added last, with the baseline's overrides), ``off``
-    (none), or the name of a given variant to use as the copy (e.g. ``baseline2=--seed_everything=0``)."""
+    (none), or the name of a given variant to use as the copy (e.g. ``baseline2=--seed_everything=0``). ``flag``,
+    ``first`` and ``plural`` word the error for the command that calls it (``race`` takes ``--cmd``s)."""
     if not variants or how == "off":
         return list(variants), None
     base_name, base_overrides = variants[0]
+    names = [name for name, _ in variants]
     if how != "auto":
-        if how == base_name or how not in [name for name, _ in variants]:
-            raise ValueError(f"--noise-floor {how!r}: expected auto, off or the name of a --variant other than the"
-                             f" baseline ({base_name}); the variants are {', '.join(n for n, _ in variants)}")
+        if how == base_name or how not in names:
+            raise ValueError(f"--noise-floor {how!r}: expected auto, off or the name of a {flag} other than the"
+                             f" {first} ({base_name}); the {plural} are {', '.join(names)}")
         return list(variants), how
     same = next((name for name, overrides in variants[1:] if overrides == base_overrides), None)
     if same is not None:
         return list(variants), same
-    names = {name for name, _ in variants}
     copy = next(n for n in (f"{base_name}_aa", *(f"{base_name}_aa{i}" for i in range(2, 100))) if n not in names)
-    if len(copy) > MAX_VARIANT_NAME:
+    if len(copy) > max_name:
         copy = "aa_copy"
     return list(variants) + [(copy, list(base_overrides))], copy
 

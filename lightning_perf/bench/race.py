@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from lightning_perf._attach import DEFAULT_CALLBACKS, SUMMARY_NAME, read_manifest
-from lightning_perf.bench.matrix import written_elsewhere
+from lightning_perf.bench.matrix import with_noise_floor, written_elsewhere
 from lightning_perf.bench.noise_floor import (
     FASTER,
     MIN_EFFECT_PCT,
@@ -67,21 +67,8 @@ def parse_commands(specs: Sequence[str]) -> List[Tuple[str, List[str]]]:
 def with_copy(commands: List[Tuple[str, List[str]]], how: str = "auto") -> Tuple[List[Tuple[str, List[str]]],
                                                                                   Optional[str]]:
     """The commands with the A/A copy of the first (``auto``: ``<name>_aa`` added, unless a command is the first's
-    argv again; ``off``: none; else the name of the given command to take as the copy)."""
-    if how == "off":
-        return list(commands), None
-    base_name, base_argv = commands[0]
-    names = [name for name, _ in commands]
-    if how != "auto":
-        if how == base_name or how not in names:
-            raise ValueError(f"--noise-floor {how!r}: expected auto, off or the name of a --cmd other than the"
-                             f" first ({base_name}); the commands are {', '.join(names)}")
-        return list(commands), how
-    same = next((name for name, argv in commands[1:] if argv == base_argv), None)
-    if same is not None:
-        return list(commands), same
-    copy = next(n for n in (f"{base_name}_aa", *(f"{base_name}_aa{i}" for i in range(2, 100))) if n not in names)
-    return list(commands) + [(copy if len(copy) <= MAX_NAME else "aa_copy", list(base_argv))], copy
+    argv again; ``off``: none; else the name of the given command to take as the copy): the matrix's rule."""
+    return with_noise_floor(commands, how, flag="--cmd", first="first", plural="commands", max_name=MAX_NAME)
 
 
 def check_out(out: str, commands: List[Tuple[str, List[str]]]) -> None:
