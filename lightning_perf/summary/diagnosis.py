@@ -10,6 +10,7 @@ from lightning_perf.measure.loader import wait_advice
 from lightning_perf.measure.tail import section_elsewhere
 from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.evidence import evidence_lines, first_evidence
+from lightning_perf.summary.evidence import read_field as _get
 from lightning_perf.summary.model import PerfSummary, as_summary
 
 #: input-bound: data loading + transfer above this % of iteration time (SectionProfiler).
@@ -77,15 +78,6 @@ TAIL_ADVICE = {
 #: What a contended run's diagnosis adds: its figures may be the machine's.
 CONTENTION_ADVICE = ("measure again on a quiet machine, or compare runs measured in interleaved repeats, before"
                      " acting on this run's figures")
-
-
-def _get(node: Any, key: str) -> Any:
-    """A field of a typed section or of a plain dict (fields a newer writer adds are plain dicts here)."""
-    if node is None:
-        return None
-    if isinstance(node, Mapping):
-        return node.get(key)
-    return getattr(node, key, None)
 
 
 def _number(value: Any) -> Optional[float]:

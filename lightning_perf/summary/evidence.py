@@ -8,7 +8,8 @@ from typing import Any, Dict, List, Mapping, Optional
 from lightning_perf.measure.allocator import pressure_line
 
 
-def _get(node: Any, key: str) -> Any:
+def read_field(node: Any, key: str) -> Any:
+    """A field of a typed section or of a plain dict (fields a newer writer adds are plain dicts here)."""
     if node is None:
         return None
     if isinstance(node, Mapping):
@@ -19,8 +20,8 @@ def _get(node: Any, key: str) -> Any:
 def link_traces(data: Dict[str, Any]) -> None:
     """Each of IterationTimer's kept slow iterations gets ``trace``: the capture that holds it (``covers: this``),
     else the one that started right after it (``covers: next``, a capture its slowness triggered)."""
-    tail = _get(data.get("iteration_timer"), "tail")
-    captures = _get(data.get("step_trace"), "captures")
+    tail = read_field(data.get("iteration_timer"), "tail")
+    captures = read_field(data.get("step_trace"), "captures")
     if not isinstance(tail, dict) or not captures:
         return
     for entry in tail.get("slowest") or ():
@@ -40,28 +41,28 @@ def link_traces(data: Dict[str, Any]) -> None:
 
 
 def _steps(capture: Any) -> str:
-    first, last = _get(capture, "first_step"), _get(capture, "last_step")
+    first, last = read_field(capture, "first_step"), read_field(capture, "last_step")
     return f"step {first}" if first == last else f"steps {first}-{last}"
 
 
 def trace_lines(section: Any) -> List[str]:
     """One line per capture: slow-triggered ones first."""
-    captures = [c for c in (_get(section, "captures") or []) if c is not None]
-    captures.sort(key=lambda c: _get(c, "trigger") != "slow")
+    captures = [c for c in (read_field(section, "captures") or []) if c is not None]
+    captures.sort(key=lambda c: read_field(c, "trigger") != "slow")
     out = []
     for capture in captures:
         why = ""
-        if _get(capture, "trigger") == "slow" and _get(capture, "slow_ms") is not None:
-            why = (f" after step {_get(capture, 'slow_step')} took {_get(capture, 'slow_ms'):.0f} ms"
-                   f" ({_get(capture, 'slow_ms') / max(_get(capture, 'median_ms') or 1e-9, 1e-9):.1f}x the median)")
-        out.append(f"see trace {_get(capture, 'path')} ({_steps(capture)}{why})")
+        if read_field(capture, "trigger") == "slow" and read_field(capture, "slow_ms") is not None:
+            why = (f" after step {read_field(capture, 'slow_step')} took {read_field(capture, 'slow_ms'):.0f} ms"
+                   f" ({read_field(capture, 'slow_ms') / max(read_field(capture, 'median_ms') or 1e-9, 1e-9):.1f}x the median)")
+        out.append(f"see trace {read_field(capture, 'path')} ({_steps(capture)}{why})")
     return out
 
 
 def when(dump: Any) -> str:
     """``out of memory in training step 3``, ``out of memory in validate after step 8``, ``steps 3-4``."""
-    step, phase = _get(dump, "step"), _get(dump, "phase")
-    if _get(dump, "trigger") != "oom":
+    step, phase = read_field(dump, "step"), read_field(dump, "phase")
+    if read_field(dump, "trigger") != "oom":
         return f"the steps window ending at step {step}"
     return f"out of memory in training step {step}" if phase in ("train", None) else (
         f"out of memory in {phase} after step {step}")
@@ -69,29 +70,29 @@ def when(dump: Any) -> str:
 
 def snapshot_lines(section: Any) -> List[str]:
     """One line per memory snapshot: out-of-memory ones first, with the failed request and the largest allocation."""
-    dumps = [d for d in (_get(section, "snapshots") or []) if d is not None]
-    dumps.sort(key=lambda d: _get(d, "trigger") != "oom")
+    dumps = [d for d in (read_field(section, "snapshots") or []) if d is not None]
+    dumps.sort(key=lambda d: read_field(d, "trigger") != "oom")
     out = []
     for dump in dumps:
         bits = []
-        failed = _get(dump, "failed_request")
-        if failed is not None and _get(failed, "size_mb") is not None:
-            where = _get(failed, "frame") or "an unknown frame"
-            bits.append(f"it asked for {_get(failed, 'size_mb'):.1f} MB at {where}")
-        top = (_get(dump, "top_allocations") or [None])[0]
-        if top is not None and _get(top, "size_mb") is not None:
-            bits.append(f"the largest live allocation, {_get(top, 'size_mb'):.1f} MB, from"
-                        f" {_get(top, 'frame') or 'an unknown frame'}")
-        out.append(f"see memory snapshot {_get(dump, 'path')} ({when(dump)}"
+        failed = read_field(dump, "failed_request")
+        if failed is not None and read_field(failed, "size_mb") is not None:
+            where = read_field(failed, "frame") or "an unknown frame"
+            bits.append(f"it asked for {read_field(failed, 'size_mb'):.1f} MB at {where}")
+        top = (read_field(dump, "top_allocations") or [None])[0]
+        if top is not None and read_field(top, "size_mb") is not None:
+            bits.append(f"the largest live allocation, {read_field(top, 'size_mb'):.1f} MB, from"
+                        f" {read_field(top, 'frame') or 'an unknown frame'}")
+        out.append(f"see memory snapshot {read_field(dump, 'path')} ({when(dump)}"
                    + (": " + "; ".join(bits) if bits else "") + ")")
     return out
 
 
 def pressure_lines(summary: Any) -> List[str]:
     """An allocator that retried in training (VRAMMonitor's train phase, else IterationTimer's tail), in one line."""
-    retries = _get(_get(_get(_get(summary, "vram"), "phases"), "train"), "alloc_retries")
+    retries = read_field(read_field(read_field(read_field(summary, "vram"), "phases"), "train"), "alloc_retries")
     if retries is None:
-        retries = _get(_get(_get(summary, "iteration_timer"), "tail"), "alloc_retries")
+        retries = read_field(read_field(read_field(summary, "iteration_timer"), "tail"), "alloc_retries")
     line = pressure_line(retries)
     return [line] if line else []
 
@@ -99,8 +100,8 @@ def pressure_lines(summary: Any) -> List[str]:
 def evidence_lines(summary: Any) -> List[str]:
     """The diagnosis's ``evidence``: what the run recorded that shows what ran or what held memory."""
     lines: List[str] = pressure_lines(summary)
-    lines += snapshot_lines(_get(summary, "memory_snapshot"))
-    lines += trace_lines(_get(summary, "step_trace"))
+    lines += snapshot_lines(read_field(summary, "memory_snapshot"))
+    lines += trace_lines(read_field(summary, "step_trace"))
     return lines
 
 
