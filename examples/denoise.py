@@ -5,6 +5,7 @@ Used by the demo and by the tests; nothing is downloaded at run time.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -98,7 +99,9 @@ class DenoiseNet(LightningModule):
     """A small residual CNN (DnCNN-style): predicts the noise and subtracts it."""
 
     def __init__(self, channels: int = 32, depth: int = 4, lr: float = 2e-3, channels_last: bool = False,
-                 compile: bool = False) -> None:
+                 compile: bool = False, extra_step_ms: float = 0.0) -> None:
+        """``extra_step_ms``: a known cost added to every training step (a sleep), to check that a matrix finds a
+        change of a known size (docs/bench.md)."""
         super().__init__()
         self.save_hyperparameters()
         layers: List[nn.Module] = [nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(inplace=True)]
@@ -120,6 +123,8 @@ class DenoiseNet(LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         noisy, clean = batch
+        if self.hparams.extra_step_ms > 0:
+            time.sleep(self.hparams.extra_step_ms / 1000.0)
         with profile_section("denoise_forward"):  # a user-named section, shown by SectionProfiler
             restored = self(noisy)
         loss = nn.functional.mse_loss(restored, clean)

@@ -118,6 +118,15 @@ def _positive_int(text: str) -> int:
     return _bounded(text, int, lambda v: v >= 1, "a positive integer")
 
 
+def _threads(text: str) -> Any:
+    from lightning_perf.bench.threads import parse_threads
+
+    try:
+        return parse_threads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, keep or a whole number of threads >= 1, got {text!r}")
+
+
 #: More iterations than any run makes; beyond it the time to N would overflow a float.
 MAX_ITERATIONS = 10**15
 
@@ -247,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-floor", default="auto", metavar="auto|off|VARIANT",
                    help="the A/A pair: auto runs the baseline's setup again in the same rounds (as BASELINE_aa) unless"
                    " a variant has the baseline's overrides; VARIANT names the copy; off runs none (default: auto)")
+    p.add_argument("--threads", type=_threads, default="auto", metavar="auto|keep|N",
+                   help="torch threads in every run: auto gives each run the cores other processes left free before"
+                   " the first round (torch's default where all were free, or where OMP_NUM_THREADS is set); keep"
+                   " leaves torch's default; N sets N (default: auto)")
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
                         " speed per measured iteration (default: end-to-end)")
@@ -268,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-floor", default="auto", metavar="auto|off|NAME",
                    help="the A/A pair: auto runs the first command again in the same rounds (as NAME_aa) unless a"
                    " --cmd repeats it; NAME names the copy; off runs none (default: auto)")
+    p.add_argument("--threads", type=_threads, default="auto", metavar="auto|keep|N",
+                   help="torch threads in every run: auto gives each run the cores other processes left free before"
+                   " the first round (torch's default where all were free, or where OMP_NUM_THREADS is set); keep"
+                   " leaves torch's default; N sets N (default: auto)")
     p.add_argument("--callbacks", type=_callback_names, metavar="LIST",
                    help="as for run (default: IterationTimer, SectionProfiler, VRAMMonitor, EvalNoGradGuard)")
     p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
@@ -689,8 +706,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     except ValueError as err:
         _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
+    threads = _chosen_threads(args.threads, "matrix")
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
-                         log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget)
+                         log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget,
+                         threads=threads)
     rows = matrix_rows(results, noise_floor=copy)
     header = matrix_header(results, args.config)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)
@@ -700,6 +719,15 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     if args.csv:
         _write_text(args.csv, "--csv", format_matrix(rows, "csv") + "\n")
     return EXIT_OK if all(r["status"] == "completed" for r in rows) else 1
+
+
+def _chosen_threads(how: Any, what: str) -> Dict[str, Any]:
+    """The thread count of every run (:mod:`lightning_perf.bench.threads`), said once before the first round."""
+    from lightning_perf.bench.threads import choose_threads, threads_note
+
+    choice = choose_threads(how)
+    _say(f"[{what}] {threads_note(choice)}", sys.stderr)
+    return choice
 
 
 def _cmd_race(args: argparse.Namespace) -> int:
@@ -722,7 +750,8 @@ def _cmd_race(args: argparse.Namespace) -> int:
     if args.report:
         _check_output(args.report, "--report")
     info = run_race(commands, args.out, args.repeats, budget_s=args.budget, timeout_s=args.timeout,
-                    callbacks=args.callbacks, log=lambda m: _say(m, sys.stderr))
+                    callbacks=args.callbacks, log=lambda m: _say(m, sys.stderr),
+                    threads=_chosen_threads(args.threads, "race"))
     result = race_result(commands, info, copy, min_effect_pct=args.min_effect)
     write_result(result, os.path.join(args.out, "race.json"))
     text = format_race(result)

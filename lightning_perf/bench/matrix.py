@@ -19,6 +19,7 @@ from lightning_perf._attach import read_manifest
 from lightning_perf.bench.matrix_verdicts import add_verdicts, best_words, floor_cell, verdict_cell, verdict_findings
 from lightning_perf.bench.noise_floor import MIN_EFFECT_PCT
 from lightning_perf.bench.rounds import check_repeats, run_rounds
+from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, verdict
 from lightning_perf.summary.compare import break_even_text, compare_summaries, run_speed, warmup_section
 from lightning_perf.summary.contention import contention, contention_line
@@ -98,7 +99,7 @@ def variant_command(python: str, script: str, config: Optional[str], overrides: 
     return cmd + overrides + [f"--trainer.default_root_dir={out}"]
 
 
-def variant_env(summary_path: str, manifest: str) -> Dict[str, str]:
+def variant_env(summary_path: str, manifest: str, threads: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     """The variant's environment: ``lightning-perf run``'s start-up hook in fill mode (each Trainer gets the
     callbacks of :data:`SUITE` it does not already have, from its config or the overrides; none when it has them
     all), the summary file of every callback that names none, and the manifest the Trainers report to."""
@@ -106,7 +107,7 @@ def variant_env(summary_path: str, manifest: str) -> Dict[str, str]:
 
     env = command_env(os.environ, list(SUITE), out=None, name=None, baseline=None, manifest=manifest, fill=True)
     env[SUMMARY_ENV] = summary_path
-    return env
+    return thread_env(env, threads)
 
 
 def _callbacks_note(events: List[Dict[str, Any]]) -> Optional[str]:
@@ -211,7 +212,8 @@ def with_noise_floor(variants: List[Tuple[str, List[str]]], how: str = "auto", f
 
 def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str, config: Optional[str] = None,
                python: str = sys.executable, timeout_s: Optional[float] = None,
-               log=print, repeats: int = 1, budget_s: Optional[float] = None) -> List[Dict[str, Any]]:
+               log=print, repeats: int = 1, budget_s: Optional[float] = None,
+               threads: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Runs each variant in its own process; returns one result per variant (summary or the reason it has none).
 
     With ``repeats`` > 1 the variants run that many rounds, interleaved (A B C, then C B A, then A B C, ...: drift
@@ -231,10 +233,11 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
 
     def run_one(name: str, k: int) -> Dict[str, Any]:
         run_dir = variant_dir(out_dir, name) if k == 1 else os.path.join(variant_dir(out_dir, name), f"repeat_{k}")
-        return _run_variant(script, name, overrides_of[name], run_dir, config, python, timeout_s, log)
+        return _run_variant(script, name, overrides_of[name], run_dir, config, python, timeout_s, log, threads)
 
     info = run_rounds([name for name, _ in variants], repeats, run_one, budget_s=budget_s, log=log, what="matrix")
     rounds = {key: value for key, value in info.items() if key != "results"}
+    rounds["threads"] = threads
     results = []
     for name, _ in variants:
         first, *later = info["results"][name]
@@ -246,7 +249,7 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
 
 
 def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, config: Optional[str], python: str,
-                 timeout_s: Optional[float], log) -> Dict[str, Any]:
+                 timeout_s: Optional[float], log, threads: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One run of one variant in its own process, in ``run_dir``: its result."""
     os.makedirs(run_dir, exist_ok=True)
     summary_path = os.path.join(run_dir, "perf_summary.json")
@@ -258,7 +261,7 @@ def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, con
     manifest = os.path.join(run_dir, ".lightning_perf_manifest.jsonl")
     open(manifest, "w").close()
     try:
-        env = variant_env(summary_path, manifest)
+        env = variant_env(summary_path, manifest, threads)
         start = time.perf_counter()
         with open(os.path.join(run_dir, "output.log"), "w") as out:
             try:

@@ -28,6 +28,7 @@ from lightning_perf.bench.noise_floor import (
     ratio_text,
 )
 from lightning_perf.bench.rounds import run_rounds, rounds_line
+from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.compare import compare_summaries, format_text, run_speed
 from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.io import load_summary, probe_folder, special_kind
@@ -86,7 +87,7 @@ def check_out(out: str, commands: List[Tuple[str, List[str]]]) -> None:
 
 
 def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], timeout_s: Optional[float],
-             log: Callable[[str], None]) -> Dict[str, Any]:
+             log: Callable[[str], None], threads: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One run of one command in a fresh process, the suite attached, its output in ``run_dir/output.log``."""
     from lightning_perf._attach.launch import command_env
 
@@ -99,6 +100,7 @@ def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], tim
     # fill: a Trainer with lightning_perf callbacks of its own keeps them (and gets the others), as in the matrix
     env = command_env(os.environ, callbacks, out=os.path.abspath(run_dir), name=name, baseline=None,
                       manifest=manifest, fill=True)
+    env = thread_env(env, threads)
     log(f"[race] {name}: {' '.join(shlex.quote(a) for a in argv)}")
     start = time.perf_counter()
     code: Optional[int]
@@ -136,16 +138,18 @@ def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], tim
 
 def run_race(commands: List[Tuple[str, List[str]]], out: str, repeats: int, budget_s: Optional[float] = None,
              timeout_s: Optional[float] = None, callbacks: Optional[List[str]] = None,
-             log: Callable[[str], None] = print) -> Dict[str, Any]:
+             log: Callable[[str], None] = print, threads: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Runs every command once a round, ``repeats`` rounds interleaved (:func:`run_rounds`); run ``k`` of command
-    ``name`` in ``<out>/<name>/repeat_<k>``."""
+    ``name`` in ``<out>/<name>/repeat_<k>``, with ``threads`` (:func:`lightning_perf.bench.threads.choose_threads`)."""
     check_out(out, commands)
     argv_of = dict(commands)
     chosen = list(callbacks or DEFAULT_CALLBACKS)
-    return run_rounds([name for name, _ in commands], repeats,
+    info = run_rounds([name for name, _ in commands], repeats,
                       lambda name, k: run_once(name, argv_of[name], os.path.join(out, name, f"repeat_{k}"), chosen,
-                                               timeout_s, log),
+                                               timeout_s, log, threads),
                       budget_s=budget_s, log=log, what="race")
+    info["threads"] = threads
+    return info
 
 
 def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], copy: Optional[str],

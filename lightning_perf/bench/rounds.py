@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from lightning_perf.bench.threads import threads_note
+
 #: ``--repeats``' default: 5 rounds. On synthetic runs with 3% drift between runs, 5 runs a side find a 10% change
 #: beyond the A/A noise floor in about 90% of trials (4 runs: 82%, 3 runs: 63%), and decide an A/A/A triple in about
 #: 1%; see docs/cli.md, "Repeats".
@@ -64,4 +66,5 @@ def rounds_line(info: Optional[Dict[str, Any]]) -> Optional[str]:
         line += f"; budget {info['budget_s']:g} s"
     if info.get("stopped"):
         line += f": {info['stopped']}; the verdicts are from the rounds that ran"
-    return line + "."
+    threads = threads_note(info.get("threads"))
+    return line + (f"; {threads}" if threads else "") + "."
