@@ -482,6 +482,31 @@ def test_device_time_per_section_is_per_iteration_like_host_time(tmp_path, monke
         assert sp._sections[name].device.count == sp._sections[name].host.count == 14, name
 
 
+@pytest.mark.parametrize("boundary", ["fetch", "batch_gap"])
+def test_a_slow_report_lands_in_no_section_on_the_host_or_the_device(tmp_path, monkeypatch, boundary):
+    """Every third iteration the window report costs 50 ms (a slow logger or terminal). It is lightning_perf's own
+    work: it may lie between batches, never in transfer, forward or any other timed section, on the host or on the
+    device, where it would stand between the transfer's start event and the copy (the copy then reads its cost plus
+    the report's, as a CUDA event pair times it). On the virtual clock with HostEvent: each section's host and device
+    mean is still the cost EverySection put in."""
+    clock = use_virtual_clock(monkeypatch)
+    original = SectionProfiler._report_window
+
+    def slow_report(self, trainer):
+        clock.advance(0.05)
+        original(self, trainer)
+
+    monkeypatch.setattr(SectionProfiler, "_report_window", slow_report)
+    sp = profiler(warmup_steps=2, device_timing_every_n_iterations=1, report_every_n_steps=3,
+                  data_loading_boundary=boundary)
+    fit(tmp_path, [sp, SimulatedDevice(sp)], model=EverySection(clock), max_epochs=2, enable_checkpointing=False)
+    table = find_summary(tmp_path)["section_profiler"]["sections"]
+    for name in ("transfer", "forward", "backward", "optimizer_step"):
+        host, device = table[name]["mean_ms"], table[name]["device_mean_ms"]
+        assert host == pytest.approx(1000.0 * EverySection.COSTS[name], rel=1e-6), (name, host)
+        assert device == pytest.approx(host, rel=1e-6), (name, host, device)
+
+
 class _RecordCounter:
     records = 0
 

@@ -345,15 +345,26 @@ class SectionProfiler(PerfCallback):
         ``on_train_batch_start``; in a validation or the sanity check no section is running."""
         if self._active:
             self._apply_step_events()
-            t = now()
+            start = now()
             try:
-                if self._ledger.transfer(t):
-                    self._closed(self._trainer())
-                elif self._report_waits and self._ledger.current == "transfer":
-                    self._report(self._trainer())
+                self._own_work_between_batches(self._trainer(), start)
+                self._ledger.transfer(now())
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
                 self._record_failure("batch_to_device", err)
-            self._overhead_s += now() - t
+            self._overhead_s += now() - start
+
+    def _own_work_between_batches(self, trainer: Optional[Trainer], t: float) -> None:
+        """At a transfer or a batch start: the iteration whose step ended closes at ``t`` and the report that fell due
+        is made, both before the piece this event starts. A report made after the transfer's first device mark would
+        stand in its CUDA interval ahead of the copy (on the H100 a non-blocking 64 MB copy read 1.80 ms against
+        1.24 ms for the copy alone); here it is between batches, on the host and on the device."""
+        if self._ledger.current is None:  # (a validation's or the sanity check's transfer)
+            return
+        if self._ledger.ending:
+            self._ledger.close(t)
+            self._closed(trainer)
+        elif self._report_waits:
+            self._report(trainer)
 
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
@@ -472,10 +483,8 @@ class SectionProfiler(PerfCallback):
             self._apply_step_events()
             t = now()
             try:
-                if self._ledger.batch_start(t):  # (no transfer or fetch was seen: a dataloader_iter step)
-                    self._closed(trainer)
-                elif self._report_waits:
-                    self._report(trainer)
+                self._own_work_between_batches(trainer, t)  # (no transfer or fetch closed it: a dataloader_iter step)
+                self._ledger.batch_start(now())
                 self._deferring = self._ledger.marker is None  # (on CUDA a timed piece near: each switch marks)
             except Exception as err:  # noqa: BLE001
                 self._record_failure("on_train_batch_start", err)

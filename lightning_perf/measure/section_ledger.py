@@ -153,6 +153,12 @@ class SectionLedger:
         if resume is not None:
             self.switch(resume, t)
 
+    def close(self, t: float) -> None:
+        """The iteration whose step ended (``ending``) closes at ``t``, where the next event of the loop starts: until
+        that event the next iteration is between batches. The profiler's own work at a close (a report, device
+        reads) runs there, never inside a piece the next event starts (a transfer's copy, a forward)."""
+        self._close(self.between_batches(), t)
+
     def transfer(self, t: float) -> bool:
         """Lightning's ``batch_to_device`` starts (``transfer`` until the batch start). True where an iteration closed."""
         if self.current is None:  # (a validation's or the sanity check's transfer)
