@@ -520,31 +520,33 @@ def bootstrap_median_ci(values: List[float], resamples: int = 2000, seed: int = 
 DEVICE = {"kind": "cpu", "light": False, "simulated": False}
 
 
-class SimulatedEvent:
-    """A CUDA event stand-in (``--simulated-device``): ``record`` reads the host clock, and it is always complete.
-    ``records`` counts the records of the process."""
+def _host_event() -> type:
+    """tests/helpers.py's HostEvent, from this benchmark's own checkout (it reads the measured package's clock)."""
+    import importlib.util
 
-    __slots__ = ("t",)
+    spec = importlib.util.spec_from_file_location("lightning_perf_test_helpers", os.path.join(CHECKOUT, "tests",
+                                                                                                "helpers.py"))
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    return helpers.HostEvent
+
+
+class SimulatedEvent(_host_event()):
+    """A CUDA event stand-in (``--simulated-device``): the tests' host-clock event, which also counts the records of
+    the process (``records``) and spins ``price_s`` after each (``--event-us``)."""
+
+    __slots__ = ()
     records = 0
     #: ``--event-us``: seconds each record spins first, the host's price of a real one
     price_s = 0.0
 
     def record(self, *args: Any) -> None:
         SimulatedEvent.records += 1
-        self.t = time.perf_counter()
+        super().record()  # (the measured package's ``now``: perf_counter)
         if SimulatedEvent.price_s:
             end = self.t + SimulatedEvent.price_s
             while time.perf_counter() < end:
                 pass
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, other: "SimulatedEvent") -> float:
-        return 1000.0 * (other.t - self.t)
 
 
 class SimulatedClocks(Callback):
@@ -561,7 +563,7 @@ class SimulatedClocks(Callback):
 
         for cb in self.targets:
             clock = DeviceIntervalClock(event_factory=SimulatedEvent)
-            if hasattr(cb, "_use_clock"):  # SectionProfiler: what to tape is decided with the clock
+            if hasattr(cb, "_use_clock"):  # SectionProfiler: its device marks are decided with the clock
                 cb._use_clock(clock)
                 continue
             cb._clock = clock

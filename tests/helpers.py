@@ -214,7 +214,10 @@ def use_virtual_clock(monkeypatch: Any) -> VirtualClock:
 
 class HostEvent:
     """A CUDA event stand-in on the CPU: records the suite's host clock (a test's virtual clock too), always
-    complete, so device time = host time. Only the hardware is simulated."""
+    complete, so device time = host time. Only the hardware is simulated. benchmarks/overhead.py's simulated device
+    is this class too."""
+
+    __slots__ = ("t",)
 
     def record(self, *args: Any) -> None:
         from lightning_perf.measure import clock as clock_module

@@ -263,7 +263,7 @@ def test_cuda_device_timing(tmp_path):
 
 
 def test_batch_size_inference_on_nested_batches():
-    from lightning_perf.callbacks.iteration_timer import infer_batch_size
+    from lightning_perf.measure.batch_size import infer_batch_size
 
     x = torch.zeros(6, 3)
     assert infer_batch_size(x) == 6
@@ -274,7 +274,7 @@ def test_batch_size_inference_on_nested_batches():
 
 
 def test_the_batch_size_path_is_found_once_and_followed_or_found_again():
-    from lightning_perf.callbacks.iteration_timer import batch_size_path, follow
+    from lightning_perf.measure.batch_size import batch_size_path, follow
 
     x = torch.zeros(6, 3)
     path = batch_size_path({"meta": "id", "image": [x]})
@@ -342,7 +342,7 @@ def test_the_step_path_keeps_bounded_memory_and_reads_see_every_iteration(tmp_pa
     class Watch(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             waiting = len(timer._pending_ms)
-            read = timer._host.count if batch_idx == 7 else None  # a read now and then
+            read = timer._histogram().count if batch_idx == 7 else None  # a read now and then
             seen.append((waiting, read, timer.iterations))
 
     fit(tmp_path, [timer, Watch()], max_epochs=3)

@@ -69,7 +69,7 @@ def test_the_simulated_device_runs_the_cuda_path_and_goes_to_the_other_checkout_
     other = copy_of_package(tmp_path)
     path = other / "lightning_perf" / "callbacks" / "section_profiler.py"
     source = path.read_text()
-    mark = "        end_next = self._next_owner\n"
+    mark = "        fit = ledger.fit_iterations\n"
     assert source.count(mark) == 1
     path.write_text(source.replace(mark, "        __import__('time').sleep(0.010)\n" + mark))
     proc = bench("--hooks-only", "SectionProfiler", "--simulated-device", "--against", str(other), "--steps", "10",
@@ -319,9 +319,9 @@ def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path):
     per_step = own_steps.own_time_per_step(suite, 120, str(tmp_path), clock=clock)
     assert len(per_step) == 120 and spin.batches == 120
     spun = set(range(29, 120, 10))
-    # a step: its step hooks and SectionProfiler's transfer mark (where the previous iteration closes; a close inside
-    # it is not timed twice), one tick each, and the spin where it ran
-    calls = len(own_steps.STEP_HOOKS) + 1
+    # a step: its step hooks, SectionProfiler's fetch mark (where the previous iteration closes; a report made inside
+    # it is not timed twice) and its transfer mark, one tick each, and the spin where it ran
+    calls = len(own_steps.STEP_HOOKS) + 2
     expected = [tick * calls + spin_s * (i % 10 == 9) for i in range(120)]
     assert per_step == pytest.approx(expected, abs=1e-9)
     d = own_steps.describe(per_step, every=1000)

@@ -58,28 +58,33 @@ def test_one_lightning_callback_and_hooks_only_where_defined(tmp_path):
     assert len(suite._by_hook["on_before_backward"]) == 1  # only SectionProfiler times the backward
 
 
-def test_a_step_hook_one_callback_defines_is_that_callbacks_method_on_the_suite(tmp_path):
-    """Lightning finds a hook by ``getattr`` on the suite: a step hook that one callback alone defines is that
-    callback's bound method there (no forwarding frame), where lightning_perf wrote it; the rest go through the
-    forwarder (the batch end also hands the loggers what waits), a subclass's own step hook too; a copy's point at
-    the copy's callbacks. In a fit the backward and the optimizer step are timed through them."""
+def test_every_hook_is_written_in_the_suites_class_and_forwards_to_the_callbacks_that_define_it(tmp_path):
+    """Lightning finds a hook by ``getattr`` on the suite: each hook Lightning calls with (trainer, pl_module, ...) is
+    a method written in the suite's class (none put on the instance), which forwards to the callbacks that define it,
+    a subclass's own step hook too; a copy's forward to the copy's callbacks. In a fit the backward and the optimizer
+    step are timed through them."""
+    from lightning.pytorch import Callback
+
     suite = PerfSuite(children())
     sp = suite.callbacks[1]
-    for name in ("on_before_zero_grad", "on_before_backward"):
-        method = suite.__dict__[name]
-        assert method.__self__ is sp and method.__func__ is getattr(SectionProfiler, name)
-    assert not {"on_train_batch_start", "on_after_backward", "on_before_optimizer_step",
-                "on_train_batch_end"} & set(suite.__dict__)  # two callbacks or more
+    hooks = [name for name in dir(Callback) if (name.startswith("on_") or name in ("setup", "teardown"))
+             and callable(getattr(Callback, name)) and name != "on_load_checkpoint"]
+    assert hooks and all(name in vars(PerfSuite) for name in hooks)
+    assert not set(hooks) & set(vars(suite))
+    assert [cb for _, cb in suite._by_hook["on_before_backward"]] == [sp]
     for c in (copy.deepcopy(suite), pickle.loads(pickle.dumps(suite))):
-        assert c.on_before_backward.__self__ is c.callbacks[1] and c.callbacks[1] is not sp
+        assert [cb for _, cb in c._by_hook["on_before_backward"]] == [c.callbacks[1]] and c.callbacks[1] is not sp
 
     class OwnBackward(SectionProfiler):
         def on_before_backward(self, trainer, pl_module, loss):
+            self.own_backward = True
             super().on_before_backward(trainer, pl_module, loss)
 
-    assert "on_before_backward" not in PerfSuite([OwnBackward()]).__dict__  # not lightning_perf's: forwarded
-    fit(tmp_path, [suite], max_epochs=1)
-    sections = find_summary(tmp_path)["section_profiler"]["sections"]
+    own = OwnBackward(print_reports=False)
+    fit(tmp_path / "own", [PerfSuite([own])], max_epochs=1)
+    assert own.own_backward
+    fit(tmp_path / "suite", [suite], max_epochs=1)
+    sections = find_summary(tmp_path / "suite")["section_profiler"]["sections"]
     assert (sections["backward"]["count"] == sections["forward"]["count"] == sections["optimizer_step"]["count"]
             == 7)  # 8 steps, 1 of warm-up
 

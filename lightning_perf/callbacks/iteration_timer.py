@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -16,68 +16,24 @@ from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spre
 from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import error_message
+from lightning_perf.measure.batch_size import batch_size_path, follow
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, next_device_timed, now
-from lightning_perf.measure.flops import count_step_flops, mfu_pct, precision_dtype, tflops_per_s
+from lightning_perf.measure.flops import count_step_flops, mfu_pct, peak_flops, tflops_per_s
+from lightning_perf.measure.epochs import MAX_EPOCH_RECORDS, EpochRecords
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
 from lightning_perf.measure.tail import (AFTER_VALIDATION, ALLOC_RETRY, CHECKPOINT, EPOCH_START, GC, GC_FLAG_PAUSE_S,
                                          OWN, OWN_WORK, TAIL_FACTOR, CauseBook, GcWatch, SlowestIterations, tail_block,
                                          tail_line)
 from lightning_perf.summary.projection import project_time
 
-_MAX_EPOCH_RECORDS = 10_000
+class _Window:
+    """The figures of the logging window since the last scalars: seconds, iterations, batches, samples, items, and
+    the seconds of its tail iterations."""
 
+    __slots__ = ("seconds", "iterations", "batches", "samples", "items", "tail_s")
 
-def batch_size_path(batch: Any, depth: int = 3) -> Optional[tuple]:
-    """The keys/indices that lead from ``batch`` to its first tensor with a batch dimension, or None."""
-    if isinstance(batch, torch.Tensor):
-        return () if batch.dim() > 0 else None
-    if depth == 0:
-        return None
-    items = batch.items() if isinstance(batch, Mapping) else (
-        enumerate(batch) if isinstance(batch, (list, tuple)) else ())
-    for key, item in items:
-        rest = batch_size_path(item, depth - 1)
-        if rest is not None:
-            return (key,) + rest
-    return None
-
-
-def follow(batch: Any, path: tuple) -> Optional[int]:
-    """The batch size at ``path`` (found once on the first batch), or None where this batch is shaped otherwise."""
-    try:
-        for key in path:
-            batch = batch[key]
-    except (KeyError, IndexError, TypeError):
-        return None
-    if not isinstance(batch, torch.Tensor):
-        return None
-    shape = batch.shape  # one read of the tensor (dim() besides cost as much again, right after a step)
-    return shape[0] if shape else None
-
-
-def infer_batch_size(batch: Any) -> Optional[int]:
-    """Leading dimension of the first tensor in ``batch`` (a tensor, or nested lists, tuples and dicts of them)."""
-    path = batch_size_path(batch)
-    return None if path is None else follow(batch, path)
-
-
-class _Folded:
-    """An IterationTimer attribute (histogram, block series) read only after the waiting iteration times are folded
-    in, so a reader never misses one."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        if obj is None:
-            return self
-        if obj._pending_ms:
-            obj._fold()
-        return obj.__dict__[self.name]
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        obj._fold()
-        obj.__dict__[self.name] = value
+    def __init__(self) -> None:
+        self.seconds, self.iterations, self.batches, self.samples, self.items, self.tail_s = 0.0, 0, 0, 0, 0, 0.0
 
 
 class IterationTimer(PerfCallback):
@@ -188,15 +144,22 @@ class IterationTimer(PerfCallback):
 
     # -- state ---------------------------------------------------------------------------------------------------
     # The step path appends each counted iteration's ms to a list; it goes into the histogram and the block series
-    # every FOLD_EVERY iterations and before any read (these descriptors), so memory stays bounded.
-    _host = _Folded("_host_histogram")
-    _blocks = _Folded("_block_series")
-
+    # every FOLD_EVERY iterations and before any read (``_histogram``, ``_series``), so memory stays bounded.
     def _fold(self) -> None:
         pending, self._pending_ms = self._pending_ms, []
         if pending:
-            self._host_histogram.add_many(pending)
-            self._block_series.add_many(pending)
+            self._host.add_many(pending)
+            self._blocks.add_many(pending)
+
+    def _histogram(self) -> LogHistogram:
+        """The counted iterations' ms, every one of them folded in."""
+        self._fold()
+        return self._host
+
+    def _series(self) -> BlockSeries:
+        """The counted iterations' ms in blocks (for the speed verdict's interval), every one folded in."""
+        self._fold()
+        return self._blocks
 
     def _reset(self) -> None:
         # Cumulative over the whole run (kept through checkpoints).
@@ -232,7 +195,7 @@ class IterationTimer(PerfCallback):
         self._startup_time_s: Optional[float] = 0.0  # None: an older checkpoint's fits did not record theirs
         self._validation_runs = 0
         self._fits = 0
-        self._epochs: List[Dict[str, Any]] = []
+        self._epochs = EpochRecords()
         self._resumed_at: Optional[int] = None
         self._samples_unknown: Optional[str] = None
         self._size_path: Optional[tuple] = None
@@ -260,14 +223,7 @@ class IterationTimer(PerfCallback):
         self._peak_source: Optional[str] = None
         self._peak_reason: Optional[str] = "training has not started"
         self._dtype_name: Optional[str] = None
-        self._epoch_start: Optional[float] = None
-        self._epoch_eval_start = 0.0
-        self._epoch_iter_start = 0
-        self._epoch_prior_s = 0.0  # the part of this epoch an earlier process ran (resumed mid-epoch)
-        self._open_epoch: Optional[Dict[str, Any]] = None
-        self._resumed_epoch: Optional[int] = None  # the epoch a mid-epoch resume carried on, until it starts
-        self._trainer_epoch: Optional[int] = None
-        self._window = [0.0, 0, 0, 0, 0, 0.0]  # seconds, iterations, batches, samples, items, tail seconds
+        self._window = _Window()
         self._flags = 0  # what coincided with the iteration in progress (measure.tail's bits), set by the hooks
         self._gc_pause_s = 0.0  # pauses of the flagged garbage collections in the iteration in progress
         self._own_s = 0.0  # lightning_perf's own periodic work in the iteration in progress (measure.tail.OwnWork)
@@ -333,16 +289,7 @@ class IterationTimer(PerfCallback):
         self._train_start = self._last_mark = now()
         if self._startup_time_s is not None and self._fit_start is not None:
             self._startup_time_s += self._train_start - self._fit_start
-        carried = self._open_epoch
-        if carried is not None and carried.get("epoch") == trainer.current_epoch:
-            # resumed mid-epoch: Lightning starts no new epoch, so this epoch's record goes on from the checkpoint
-            self._epoch_start = self._train_start
-            self._epoch_eval_start = self._eval_time_fit - float(carried.get("eval_time_s", 0.0))
-            self._epoch_iter_start = self.iterations - int(carried.get("iterations", 0))
-            self._epoch_prior_s = float(carried.get("time_s", 0.0))
-            self._trainer_epoch = trainer.current_epoch
-            self._resumed_epoch = trainer.current_epoch
-        self._open_epoch = None
+        self._epochs.resume(trainer.current_epoch, self._train_start, self._eval_time_fit, self.iterations)
 
     def _gc_flagged(self, pause_s: float) -> None:
         """From the garbage collector: a full collection, or one that paused long, ran in this iteration."""
@@ -357,7 +304,7 @@ class IterationTimer(PerfCallback):
         threshold = self._tail_threshold_s
         if threshold == math.inf:
             median = (statistics.median(self._pending_ms) if self._pending_ms
-                      else self.__dict__["_host_histogram"].quantile(0.5))
+                      else self._host.quantile(0.5))
             if not median:
                 return False
             threshold = TAIL_FACTOR * median / 1000.0
@@ -405,15 +352,8 @@ class IterationTimer(PerfCallback):
         # are real training time, paid again every epoch, and belong to the first iteration of the next epoch.
         if self._fit_iterations == 0:
             self._restart_device_chain()
-        resumed, self._resumed_epoch = self._resumed_epoch, None
-        if resumed == trainer.current_epoch:
-            return  # Lightning 2.2 starts the epoch a mid-epoch resume goes on with again: its record goes on
-        self._epoch_start = now()
-        self._flags |= EPOCH_START
-        self._epoch_eval_start = self._eval_time_fit
-        self._epoch_iter_start = self.iterations
-        self._epoch_prior_s = 0.0
-        self._trainer_epoch = trainer.current_epoch
+        if self._epochs.begin(trainer.current_epoch, now(), self._eval_time_fit, self.iterations):
+            self._flags |= EPOCH_START
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         # automatic optimization calls this once per optimizer step: the batch that ends here ends an iteration (a
@@ -461,34 +401,11 @@ class IterationTimer(PerfCallback):
                                   " `flops_per_batch=` (a number)")
             self._warn_once("flops", f"{self._flops_reason}. TFLOP/s and MFU are not reported.")
         self._flops_due = max(self.warmup_steps, 1) if auto and not self._manual else -1
-        self._peak_flops = self._peak_source = self._dtype_name = None
-        self._peak_reason = None
-        dtype = precision_dtype(getattr(trainer, "precision", None))
-        self._dtype_name = str(dtype).replace("torch.", "") if dtype is not None else None
-        if self.available_flops is not None:
-            self._peak_flops, self._peak_source = float(self.available_flops), "argument"
-            return
-        if self.flops_per_batch is None:
-            self._peak_reason = "no `flops_per_batch` given, so no FLOP/s to compare with the device's peak"
-            return
-        device = trainer.strategy.root_device
-        if dtype is None:
-            self._peak_reason = (f"the compute dtype of precision {getattr(trainer, 'precision', None)!r} is not"
-                                 " known here: pass `IterationTimer(available_flops=...)`, the device's peak FLOP/s")
-        elif device.type not in ("cuda", "xla"):
-            self._peak_reason = (f"the peak FLOP/s of a {device.type} device is unknown (Lightning's"
-                                 " get_available_flops knows CUDA GPUs and TPUs): pass"
-                                 " `IterationTimer(available_flops=...)`, the device's peak FLOP/s")
-        else:
-            from lightning.fabric.utilities.throughput import get_available_flops
+        from lightning.fabric.utilities.throughput import get_available_flops
 
-            peak = get_available_flops(device, dtype)
-            if peak:
-                self._peak_flops, self._peak_source = float(peak), "get_available_flops"
-            else:
-                name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-                self._peak_reason = (f"the peak FLOP/s of {name} at {self._dtype_name} is not in Lightning's"
-                                     " get_available_flops: pass `IterationTimer(available_flops=...)`")
+        self._peak_flops, self._peak_source, self._peak_reason, self._dtype_name = peak_flops(
+            self.available_flops, self.flops_per_batch, getattr(trainer, "precision", None),
+            trainer.strategy.root_device, get_available_flops)
 
     def _count_flops(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Counts the FLOPs of one training batch (training_step and backward) once, on a copy of the model, between
@@ -511,10 +428,11 @@ class IterationTimer(PerfCallback):
         finally:
             spent = now() - start
             self._flops_count_time_s += spent
-            for name in ("_last_mark", "_train_start", "_epoch_start"):  # the clocks skip the count
+            for name in ("_last_mark", "_train_start"):  # the clocks skip the count
                 mark = getattr(self, name)
                 if mark is not None:
                     setattr(self, name, mark + spent)
+            self._epochs.skip(spent)
             if self._clock is not None:
                 self._clock.break_chain()
                 self._restart_device_chain()
@@ -563,16 +481,16 @@ class IterationTimer(PerfCallback):
             if flags:
                 self._causes.add(ms, flags, gc_pause_s, own_s)
             if seconds > self._tail_threshold_s:
-                self._window[5] += seconds
+                self._window.tail_s += seconds
             self._counted_batches += self._iter_batches
             self._counted_samples += self._iter_samples
             self._counted_items += self._iter_items
-            w = self._window
-            w[0] += seconds
-            w[1] += 1
-            w[2] += self._iter_batches
-            w[3] += self._iter_samples
-            w[4] += self._iter_items
+            window = self._window
+            window.seconds += seconds
+            window.iterations += 1
+            window.batches += self._iter_batches
+            window.samples += self._iter_samples
+            window.items += self._iter_items
         else:
             self._excluded[reason] = self._excluded.get(reason, 0) + 1
             self._warmup_time_s += seconds
@@ -612,8 +530,10 @@ class IterationTimer(PerfCallback):
             return None
 
     def _log_window(self, trainer: Trainer) -> None:
-        seconds, iters, batches, samples, items, tail_s = self._window
-        self._window = [0.0, 0, 0, 0, 0, 0.0]
+        window, self._window = self._window, _Window()
+        seconds, iters, batches, samples, items = (window.seconds, window.iterations, window.batches, window.samples,
+                                                   window.items)
+        tail_s = window.tail_s
         if iters == 0 or seconds <= 0:
             return
         metrics = {
@@ -630,7 +550,7 @@ class IterationTimer(PerfCallback):
         if self._retries_seen is not None:  # retries in this window's fast iterations flag none of the next
             self._retried(trainer)
         # the next window's tail: above 2x the median so far (of the folded iterations: a read does not fold)
-        median = self.__dict__["_host_histogram"].quantile(0.5)
+        median = self._host.quantile(0.5)
         self._tail_threshold_s = TAIL_FACTOR * median / 1000.0 if median else math.inf
         if self._flops is not None:
             tflops = tflops_per_s(self._flops, batches, seconds)
@@ -703,21 +623,7 @@ class IterationTimer(PerfCallback):
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._epoch_start is None:
-            return
-        seconds = self._epoch_prior_s + now() - self._epoch_start - (self._eval_time_fit - self._epoch_eval_start)
-        iters = self.iterations - self._epoch_iter_start
-        if len(self._epochs) < _MAX_EPOCH_RECORDS:
-            self._epochs.append(
-                {
-                    "epoch": trainer.current_epoch,
-                    "time_s": seconds,
-                    "iterations": iters,
-                    "it_per_s": iters / seconds if seconds > 0 else None,
-                    "eval_time_s": self._eval_time_fit - self._epoch_eval_start,
-                }
-            )
-        self._epoch_start = None
+        self._epochs.end(trainer.current_epoch, now(), self._eval_time_fit, self.iterations)
 
     def _finish_timing(self) -> None:
         if self._train_start is not None and self._train_end is None:
@@ -733,12 +639,12 @@ class IterationTimer(PerfCallback):
         if retries is not None and self._alloc_retries_start is not None:
             self._alloc_retries = (self._alloc_retries or 0) + max(0, retries - self._alloc_retries_start)
             self._alloc_retries_start = None
-        median = self._host.quantile(0.5)
-        mean = self._host.mean
+        median = self._histogram().quantile(0.5)
+        mean = self._histogram().mean
         # One collective, reached by every rank with the same shape (in a PerfSuite, shared with its other callbacks).
         gather_floats_then(trainer, [median, mean], self._set_ranks, self)
-        s = self._host.summary()
-        tflops = tflops_per_s(self._flops, self._counted_batches, self._host.total / 1000.0)
+        s = self._histogram().summary()
+        tflops = tflops_per_s(self._flops, self._counted_batches, self._histogram().total / 1000.0)
         log_scalars(
             trainer,
             {
@@ -767,11 +673,11 @@ class IterationTimer(PerfCallback):
 
     def verdict(self) -> str:
         """One line for the console: the headline (mean), the typical iteration (median), the tail, the totals."""
-        s = self._host.summary()
+        s = self._histogram().summary()
         if s["mean"] is None:
             return f"IterationTimer: no iteration measured ({self.iterations} ran, {self.warmup_steps} warm-up per fit)"
         line = (f"IterationTimer: {s['mean']:.2f} ms/iter mean ({1000.0 / s['mean']:.2f} it/s), median {s['median']:.2f},"
-                f" p95 {s['p95']:.2f} ms, over {self._host.count} of {self.iterations} iterations;"
+                f" p95 {s['p95']:.2f} ms, over {self._histogram().count} of {self.iterations} iterations;"
                 f" train {self._train_time_s():.1f} s, eval {self._eval_time_s():.1f} s")
         section = self._summary_section()
         train, with_eval = section["projected_time_to_target_s"], section["projected_time_to_target_with_eval_s"]
@@ -790,15 +696,15 @@ class IterationTimer(PerfCallback):
 
     # -- results -------------------------------------------------------------------------------------------------
     def _summary_section(self) -> Dict[str, Any]:
-        s = self._host.summary()
-        counted_s = self._host.total / 1000.0
+        s = self._histogram().summary()
+        counted_s = self._histogram().total / 1000.0
         unavailable: Dict[str, str] = {}
         samples_per_s = None
         if self._samples_unknown is not None:
             unavailable["samples_per_s"] = self._samples_unknown
         elif counted_s > 0:
             samples_per_s = self._counted_samples / counted_s
-        if self._host.count == 0:
+        if self._histogram().count == 0:
             unavailable["ms_per_iter"] = (
                 f"no iteration was measured: {self.iterations} iterations ran and the first"
                 f" {self.warmup_steps} of each fit are warm-up"
@@ -826,7 +732,7 @@ class IterationTimer(PerfCallback):
             "iterations": self.iterations,
             "batches": self.batches,
             "samples": self.samples if self._samples_unknown is None else None,
-            "measured_iterations": self._host.count,
+            "measured_iterations": self._histogram().count,
             "warmup_steps": self.warmup_steps,
             "excluded": dict(self._excluded),
             "warmup_time_s": self._warmup_time_s,
@@ -851,10 +757,10 @@ class IterationTimer(PerfCallback):
             "validation_runs": self._validation_runs,
             "eval_time_per_validation_s": (
                 self._eval_time_s() / self._validation_runs if self._validation_runs else None),
-            "epochs": list(self._epochs),
+            "epochs": list(self._epochs.records),
             "ranks": self._ranks,
-            "histogram_ms": self._host.to_dict(),
-            "blocks_ms": self._blocks.to_dict(),
+            "histogram_ms": self._histogram().to_dict(),
+            "blocks_ms": self._series().to_dict(),
             "tail": self._tail_section(unavailable),
             "unavailable": unavailable,
         }
@@ -874,7 +780,7 @@ class IterationTimer(PerfCallback):
         if self._alloc_retries is None:
             unavailable["tail.alloc_retries"] = ("the CUDA allocator's retries are read on CUDA only"
                                                  if self._clock is None else "not read: training did not end")
-        block = tail_block(self._host, self._causes, self._slowest,
+        block = tail_block(self._histogram(), self._causes, self._slowest,
                            {"gc": gc_figures, "alloc_retries": self._alloc_retries, "dataloader": self._loader_info})
         if block["share_pct"] is None:
             unavailable["tail"] = "no iteration was measured"
@@ -885,25 +791,17 @@ class IterationTimer(PerfCallback):
         tflops = tflops_per_s(self._flops, self._counted_batches, counted_s)
         mfu = mfu_pct(tflops, self._peak_flops)
         if self._flops is None:
-            if self.flops_per_batch is None:
-                unavailable["tflops_per_s"] = "no `flops_per_batch` given: pass a number or 'auto'"
-            else:
-                unavailable["tflops_per_s"] = self._flops_reason or (
-                    "`flops_per_batch='auto'` counts after the warm-up and no iteration got there")
+            unavailable["tflops_per_s"] = (
+                "no `flops_per_batch` given: pass a number or 'auto'" if self.flops_per_batch is None else
+                self._flops_reason or "`flops_per_batch='auto'` counts after the warm-up and no iteration got there")
         elif tflops is None:
             unavailable["tflops_per_s"] = "no iteration was measured"
         if mfu is None:
             unavailable["mfu_pct"] = (self._peak_reason if self._peak_flops is None else unavailable["tflops_per_s"])
-        return {
-            "flops_per_batch": self._flops,
-            "flops_source": self._flops_source,
-            "flops_count_time_s": self._flops_count_time_s,
-            "tflops_per_s": tflops,
-            "available_flops": self._peak_flops,
-            "available_flops_source": self._peak_source,
-            "flops_dtype": self._dtype_name,
-            "mfu_pct": mfu,
-        }
+        return {"flops_per_batch": self._flops, "flops_source": self._flops_source,
+                "flops_count_time_s": self._flops_count_time_s, "tflops_per_s": tflops,
+                "available_flops": self._peak_flops, "available_flops_source": self._peak_source,
+                "flops_dtype": self._dtype_name, "mfu_pct": mfu}
 
     def _target_iterations(self) -> Optional[int]:
         """N in iterations. A target taken from ``max_steps`` counts optimizer steps: under manual optimization
@@ -942,10 +840,10 @@ class IterationTimer(PerfCallback):
             "startup_time_s": self._startup_time_s,
             "validation_runs": self._validation_runs,
             "fits": self._fits,
-            "epochs": list(self._epochs),
-            "open_epoch": self._open_epoch_record(),
-            "histogram_ms": self._host.to_dict(),
-            "blocks_ms": self._blocks.to_dict(),
+            "epochs": list(self._epochs.records),
+            "open_epoch": self._epochs.open_record(now(), self._eval_time_fit, self.iterations),
+            "histogram_ms": self._histogram().to_dict(),
+            "blocks_ms": self._series().to_dict(),
             "device_histogram_ms": self._device.to_dict(),
             "tail": {"slowest": self._slowest.to_state(), "gc_pause_s": self._causes.gc_pause_s,
                      "own_s": self._causes.own_s,
@@ -953,20 +851,12 @@ class IterationTimer(PerfCallback):
                      "alloc_retries": self._alloc_retries},
         }
 
-    def _open_epoch_record(self) -> Optional[Dict[str, Any]]:
-        """The epoch in progress when a checkpoint is saved mid-epoch: what a resume continues."""
-        if self._epoch_start is None or self._trainer_epoch is None:
-            return None
-        eval_s = self._eval_time_fit - self._epoch_eval_start
-        return {"epoch": self._trainer_epoch, "iterations": self.iterations - self._epoch_iter_start,
-                "time_s": self._epoch_prior_s + now() - self._epoch_start - eval_s, "eval_time_s": eval_s}
-
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         s = StateReader(state_dict)
         epochs = [{"epoch": e.count("epoch"), "time_s": e.number("time_s"), "iterations": e.count("iterations"),
                    "it_per_s": e.number("it_per_s", None, allow_none=True), "eval_time_s": e.number("eval_time_s")}
-                  for e in s.records("epochs")[:_MAX_EPOCH_RECORDS]]
+                  for e in s.records("epochs")[:MAX_EPOCH_RECORDS]]
         carried = s.mapping("open_epoch", allow_none=True)
         open_epoch = None if carried is None or not carried.data else {
             "epoch": carried.count("epoch"), "iterations": carried.count("iterations"),
@@ -999,10 +889,11 @@ class IterationTimer(PerfCallback):
             _excluded={**self._excluded, "warmup": s.mapping("excluded").count("warmup")},
             _warmup_time_s=s.number("warmup_time_s"), _startup_time_s=s.number("startup_time_s", None, allow_none=True),
             _validation_runs=s.count("validation_runs"),
-            _fits=s.count("fits"), _epochs=epochs, _open_epoch=open_epoch,
-            _host=s.histogram("histogram_ms", self._host), _blocks=s.series("blocks_ms", self._blocks),
+            _fits=s.count("fits"),
+            _host=s.histogram("histogram_ms", self._histogram()), _blocks=s.series("blocks_ms", self._series()),
             _device=s.histogram("device_histogram_ms", self._device), _slowest=slowest,
             _slow_floor=slowest.floor, _causes=causes, _alloc_retries=retries)
         for name, value in read.items():  # all read: nothing is assigned from a state that fails halfway
             setattr(self, name, value)
+        self._epochs.records, self._epochs.carried = epochs, open_epoch
         self._resumed_at = self.iterations

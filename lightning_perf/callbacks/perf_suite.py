@@ -21,13 +21,6 @@ from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 _HOOKS = tuple(sorted(name for name in dir(Callback) if (name.startswith("on_") or name in ("setup", "teardown"))
                       and callable(getattr(Callback, name)) and name != "on_load_checkpoint"))
 
-#: The hooks Lightning calls inside every training step that the suite forwards and does nothing else in (the batch
-#: end also hands the loggers what waits): one that a single callback of the suite defines goes to that callback's
-#: method directly (``_build_dispatch``).
-_STEP_HOOKS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backward", "on_after_backward",
-               "on_before_optimizer_step")
-
-
 #: Suites not yet set up, by the state key each holds: two suites of the same callbacks in one Trainer get distinct
 #: keys until ``setup`` (see ``PerfSuite._compute_state_key``).
 _UNSET_KEYS: "weakref.WeakValueDictionary[str, PerfSuite]" = weakref.WeakValueDictionary()
@@ -37,9 +30,8 @@ class PerfSuite(Callback):
     r"""Runs several lightning_perf callbacks behind one Lightning callback.
 
     Lightning calls every hook of every callback on every step (about 1.7 µs a call with its profiler context):
-    five separate callbacks pay that five times. Inside a ``PerfSuite`` they pay it once; each hook is forwarded
-    only to the callbacks that define it (a step hook that one of them alone defines is its method on the suite, and
-    Lightning calls it directly). The callbacks keep their arguments, summary sections, logged keys and
+    five separate callbacks pay that five times. Inside a ``PerfSuite`` they pay it once; each hook (written out
+    below, under "hooks") is forwarded only to the callbacks that define it. The callbacks keep their arguments, summary sections, logged keys and
     checkpoint state (under the suite's ``state_key``, one entry per callback by its own ``state_key``; a resume finds
     each callback's state by its own key in a checkpoint of separate callbacks or of another suite too). A check that
     is asked to fail (``QualityGate(action="fail")``, ``EvalNoGradGuard(mode="raise")``) still fails the fit, after
@@ -122,17 +114,6 @@ class PerfSuite(Callback):
                             types.MethodType(inner, cb) if inner is not None else getattr(cb, name), cb))
             if fns:
                 self._by_hook[name] = fns
-        # A step hook that one callback alone defines, where lightning_perf wrote it (it guards itself inline: see
-        # `guarded`), is that callback's bound method on this instance: Lightning finds it by `getattr(callback,
-        # hook)` and calls it with no forwarding frame between (the forwarder's frame and loop cost ~1.3 to 2 µs a
-        # call right after a step's torch work). A copy builds them again (`__setstate__`).
-        for name in _STEP_HOOKS:
-            self.__dict__.pop(name, None)
-            fns = self._by_hook.get(name)
-            if fns and len(fns) == 1:
-                method = getattr(fns[0][1], name)
-                if getattr(method, "__module__", "").startswith("lightning_perf."):
-                    self.__dict__[name] = method
         self.__dict__.pop("state_key", None)
         for cb in self.callbacks:
             cb._in_suite = True  # the suite drains the window scalars they defer, once a batch end
@@ -144,7 +125,7 @@ class PerfSuite(Callback):
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_by_hook", "state_key", *_STEP_HOOKS):
+        for name in ("_by_hook", "state_key"):
             state.pop(name, None)
         return state
 
@@ -219,92 +200,168 @@ class PerfSuite(Callback):
                 continue
             cb._restore_state(trainer, checkpoint, delivered_from=self.state_key)
 
-
-#: Hooks in which the callbacks log (phase ends): what they log goes to the loggers in one call. Not
-#: ``on_train_batch_end``: it runs only while fitting, where what the callbacks log waits in the queue of
-#: ``_scalars``, which the suite drains at the hook's end.
-_LOGGING_HOOKS = frozenset({"on_train_epoch_end", "on_validation_end", "on_validation_epoch_end", "on_train_end"})
-
-
-#: Hooks in which the callbacks gather figures across ranks: one all_gather for all of them, at the hook's end.
-_GATHERING_HOOKS = frozenset({"on_train_end"})
-
-
-def _forwarder(name: str) -> Any:
-    if name == "on_train_batch_end":
-        return _plain_forwarder(name, drains=True)
-    if name == "setup":
-        forward = _plain_forwarder(name)
-
-        def setup(self: PerfSuite, *args: Any, **kwargs: Any) -> None:
-            self._set_up = True  # the plain key from here on (see `_compute_state_key`)
-            self.__dict__.pop("state_key", None)  # a callback's key may have changed since (its summary_path)
-            self._refuse_a_twin(args[0] if args else kwargs.get("trainer"))
-            forward(self, *args, **kwargs)
-
-        setup.__name__, setup.__qualname__, setup.__doc__ = forward.__name__, forward.__qualname__, forward.__doc__
-        return setup
-    if name in _LOGGING_HOOKS:
-        gathers = name in _GATHERING_HOOKS
-        flushes = name == "on_train_end"
-
-        def logging_hook(self: PerfSuite, trainer: Any, *args: Any, **kwargs: Any) -> None:
-            if name not in self._by_hook:
-                return
-            open_log_batch(trainer)
-            if gathers:
-                open_gather_batch(trainer)
-            try:
-                plain(self, trainer, *args, **kwargs)
-            finally:
-                if gathers:  # also after a failed check: every rank must reach the one collective
-                    try:
-                        for cb, err in close_gather_batch(trainer):
-                            self._record_failure(cb, name, err)
-                    except Exception as err:  # noqa: BLE001
-                        self._record_failure(None, f"{name} (gather)", err)
-                try:
-                    close_log_batch(trainer)
-                    if WAITING.count and flushes:  # the end of training: everything still queued
-                        flush_scalars(trainer)
-                except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
-                    self._record_failure(None, f"{name} (logging)", err)
-
-        plain = _plain_forwarder(name)
-        logging_hook.__name__ = logging_hook.__qualname__ = name
-        logging_hook.__doc__ = (f"Forwards ``{name}`` to the suite's callbacks that define it; what they log goes to"
-                                " each logger in one call" + (", what they gather across ranks in one all_gather."
-                                                              if gathers else "."))
-        return logging_hook
-    return _plain_forwarder(name)
-
-
-def _plain_forwarder(name: str, drains: bool = False) -> Any:
-    """``drains``: at the end (``on_train_batch_end``, which runs only while fitting), what the callbacks queued
-    goes to the loggers, a few scalars a batch end (see ``_scalars``)."""
-
-    def hook(self: PerfSuite, *args: Any, **kwargs: Any) -> None:
+    # -- hooks: each forwards to the callbacks that define it (``_forward``) ---------------------------------------
+    def _forward(self, name: str, *args: Any) -> None:
+        """Calls ``name`` on each callback that defines it; a check asked to fail (``PerfCheckFailed``) is raised
+        after every callback has run the hook, any other failure is recorded on its callback."""
         failed: Optional[BaseException] = None
         for fn, cb in self._by_hook.get(name, ()):
             try:
-                fn(*args, **kwargs) if kwargs else fn(*args)  # Lightning passes a hook's arguments by position
+                fn(*args)
             except PerfCheckFailed as err:  # the one error a hook lets through: after every callback has run
                 failed = failed or err
             except Exception as err:  # noqa: BLE001 - a measurement must never stop training
                 cb._record_failure(name, err)
-        if drains and WAITING.count:
-            try:
-                drain_scalars(args[0], batch_end=True)
-            except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
-                self._record_failure(None, f"{name} (logging)", err)
         if failed is not None:
             raise failed
 
-    hook.__name__ = hook.__qualname__ = name
-    hook.__doc__ = f"Forwards ``{name}`` to the suite's callbacks that define it" + (
-        ", then hands the loggers what they queued." if drains else ".")
-    return hook
+    def _forward_logging(self, name: str, trainer: Any, *args: Any) -> None:
+        """``_forward`` in a phase-end hook where the callbacks log: what they log goes to each logger in one call,
+        and at ``on_train_end`` what they gather across ranks in one all_gather."""
+        if name not in self._by_hook:
+            return
+        gathers = name == "on_train_end"
+        open_log_batch(trainer)
+        if gathers:
+            open_gather_batch(trainer)
+        try:
+            self._forward(name, trainer, *args)
+        finally:
+            if gathers:  # also after a failed check: every rank must reach the one collective
+                try:
+                    for cb, err in close_gather_batch(trainer):
+                        self._record_failure(cb, name, err)
+                except Exception as err:  # noqa: BLE001
+                    self._record_failure(None, f"{name} (gather)", err)
+            try:
+                close_log_batch(trainer)
+                if WAITING.count and gathers:  # the end of training: everything still queued
+                    flush_scalars(trainer)
+            except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
+                self._record_failure(None, f"{name} (logging)", err)
 
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._set_up = True  # the plain key from here on (see `_compute_state_key`)
+        self.__dict__.pop("state_key", None)  # a callback's key may have changed since (its summary_path)
+        self._refuse_a_twin(trainer)
+        self._forward("setup", trainer, pl_module, stage)
 
-for _name in _HOOKS:
-    setattr(PerfSuite, _name, _forwarder(_name))
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Forwarded, then the loggers get what the callbacks queued (a few scalars a batch end, see ``_scalars``).
+        Not a logging hook: it runs only while fitting."""
+        try:
+            self._forward("on_train_batch_end", trainer, pl_module, outputs, batch, batch_idx)
+        finally:
+            if WAITING.count:
+                try:
+                    drain_scalars(trainer, batch_end=True)
+                except Exception as err:  # noqa: BLE001 - a logger failing must not stop training either
+                    self._record_failure(None, "on_train_batch_end (logging)", err)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward_logging("on_train_epoch_end", trainer, pl_module)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward_logging("on_validation_end", trainer, pl_module)
+
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward_logging("on_validation_epoch_end", trainer, pl_module)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward_logging("on_train_end", trainer, pl_module)
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_after_backward", trainer, pl_module)
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._forward("on_before_backward", trainer, pl_module, loss)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._forward("on_before_optimizer_step", trainer, pl_module, optimizer)
+
+    def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._forward("on_before_zero_grad", trainer, pl_module, optimizer)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: Any) -> None:
+        self._forward("on_exception", trainer, pl_module, exception)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_fit_end", trainer, pl_module)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_fit_start", trainer, pl_module)
+
+    def on_predict_batch_end(self, trainer: Any, pl_module: Any, outputs: Any,
+                             batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._forward("on_predict_batch_end", trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_predict_batch_start(self, trainer: Any, pl_module: Any,
+                               batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._forward("on_predict_batch_start", trainer, pl_module, batch, batch_idx, dataloader_idx)
+
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_predict_end", trainer, pl_module)
+
+    def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_predict_epoch_end", trainer, pl_module)
+
+    def on_predict_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_predict_epoch_start", trainer, pl_module)
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_predict_start", trainer, pl_module)
+
+    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_sanity_check_end", trainer, pl_module)
+
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_sanity_check_start", trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        self._forward("on_save_checkpoint", trainer, pl_module, checkpoint)
+
+    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any,
+                          batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._forward("on_test_batch_end", trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_test_batch_start(self, trainer: Any, pl_module: Any,
+                            batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._forward("on_test_batch_start", trainer, pl_module, batch, batch_idx, dataloader_idx)
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_test_end", trainer, pl_module)
+
+    def on_test_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_test_epoch_end", trainer, pl_module)
+
+    def on_test_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_test_epoch_start", trainer, pl_module)
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_test_start", trainer, pl_module)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._forward("on_train_batch_start", trainer, pl_module, batch, batch_idx)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_train_epoch_start", trainer, pl_module)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_train_start", trainer, pl_module)
+
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any,
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._forward("on_validation_batch_end", trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_validation_batch_start(self, trainer: Any, pl_module: Any,
+                                  batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._forward("on_validation_batch_start", trainer, pl_module, batch, batch_idx, dataloader_idx)
+
+    def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_validation_epoch_start", trainer, pl_module)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_validation_start", trainer, pl_module)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: Any) -> None:
+        self._forward("teardown", trainer, pl_module, stage)

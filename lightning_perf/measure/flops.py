@@ -147,3 +147,28 @@ def count_step_flops(
         if cuda_rng is not None:
             torch.cuda.synchronize()  # once per run: the copy's work stays out of the measured iterations
             torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def peak_flops(available_flops: Optional[float], flops_per_batch: Any, precision: Any, device: torch.device,
+               lookup: Callable[[torch.device, torch.dtype], Optional[float]]) -> tuple:
+    """The device's peak FLOP/s at the run's precision: (peak, its source, why unknown, the dtype's name).
+    ``lookup``: Lightning's ``get_available_flops`` (it knows CUDA GPUs and TPUs)."""
+    dtype = precision_dtype(precision)
+    dtype_name = str(dtype).replace("torch.", "") if dtype is not None else None
+    if available_flops is not None:
+        return float(available_flops), "argument", None, dtype_name
+    if flops_per_batch is None:
+        return None, None, "no `flops_per_batch` given, so no FLOP/s to compare with the device's peak", dtype_name
+    if dtype is None:
+        return None, None, (f"the compute dtype of precision {precision!r} is not known here: pass"
+                            " `IterationTimer(available_flops=...)`, the device's peak FLOP/s"), dtype_name
+    if device.type not in ("cuda", "xla"):
+        return None, None, (f"the peak FLOP/s of a {device.type} device is unknown (Lightning's get_available_flops"
+                            " knows CUDA GPUs and TPUs): pass `IterationTimer(available_flops=...)`, the device's"
+                            " peak FLOP/s"), dtype_name
+    peak = lookup(device, dtype)
+    if peak:
+        return float(peak), "get_available_flops", None, dtype_name
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return None, None, (f"the peak FLOP/s of {name} at {dtype_name} is not in Lightning's get_available_flops: pass"
+                        " `IterationTimer(available_flops=...)`"), dtype_name

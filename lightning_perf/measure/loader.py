@@ -15,7 +15,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 #: Worker slots (a worker's id modulo this): more than any DataLoader's num_workers in practice.
 SLOTS = 256
@@ -193,3 +193,31 @@ def wait_advice(workers: Any) -> Optional[str]:
                 " GPU)")
     return (f"the workers are busy only {each}, while the loop waits: more workers will not help; the wait is in"
             " handing batches over (large batches through shared memory, `pin_memory`) or in the main process")
+
+
+def workers_block(timer: Optional[WorkerTimer], loaders: Any, batches_per_iteration: int,
+                  iteration_ms: Optional[float], reason: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """SectionProfiler's ``workers`` block and why a figure of it is missing: what the training DataLoader's workers
+    spent making each batch (their fetch and collate, timed inside them by ``timer``), beside the main process's wait
+    (``data_loading``); ``busy_pct`` at the loop's measured pace (``iteration_ms``, counted iterations): 100% or more,
+    the workers are saturated and the loop cannot go faster than they make batches. ``reason``: one known already."""
+    workers = num_workers(loaders)
+    if workers is None:
+        return None, "no DataLoader in trainer.train_dataloader"
+    row: Dict[str, Any] = {"num_workers": workers, "batches": None, "busy_ms_per_batch": None, "busy_pct": None,
+                           "cpu_count": cpu_count()}
+    if workers == 0:
+        return row, "num_workers=0: batches are made in the main process, and its wait for them is data_loading"
+    if timer is None or reason is not None:
+        return row, reason
+    timer.stop()
+    busy, batches = timer.totals()
+    if not batches:
+        return row, ("no batch made by a worker was timed: workers started by spawn or forkserver do not inherit the"
+                     " timer (only forked workers do)" if not uses_fork(loaders) else
+                     "no batch made by a worker was timed")
+    row["batches"] = batches
+    row["busy_ms_per_batch"] = per_batch = 1000.0 * busy / batches
+    if iteration_ms:
+        row["busy_pct"] = 100.0 * per_batch * batches_per_iteration / (workers * iteration_ms)
+    return row, None

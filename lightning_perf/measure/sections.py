@@ -11,6 +11,7 @@ import threading
 from typing import Any, Callable, List, Optional, Protocol, TypeVar
 
 from lightning_perf.measure.clock import now
+from lightning_perf.measure.stats import LogHistogram
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -109,3 +110,56 @@ class profile_section:  # noqa: N801 - used like a function: `with profile_secti
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+#: Raw times a section keeps before they go into its histogram (up to 7/8 more by its phase, see ``Samples``).
+HISTOGRAM_EVERY = 512
+
+
+class Samples:
+    """Host times of one section (or of whole iterations): raw seconds, folded into the report window's sum, min and
+    max, and into the bounded histogram once ``limit`` of them wait or before any figure is read.
+
+    ``limit`` is ``HISTOGRAM_EVERY`` plus an eighth of it per ``phase`` (0 to 7: the order in which the sections were
+    made): with one limit every section that runs once an iteration went into its histogram at the same fold (1 to
+    2 ms on a 2-core CPU), one slow iteration of the profiler's own making; with eight the batches are spread."""
+
+    __slots__ = ("host", "raw", "seen", "limit", "window_s", "window_n", "window_min", "window_max")
+
+    def __init__(self, phase: int = 0) -> None:
+        self.host = LogHistogram()
+        self.raw: List[float] = []
+        self.seen = 0  # raw times already in the window's figures
+        self.limit = HISTOGRAM_EVERY + HISTOGRAM_EVERY // 8 * (phase % 8)
+        self.window_reset()
+
+    def window_reset(self) -> None:
+        self.window_s, self.window_n, self.window_min, self.window_max = 0.0, 0, float("inf"), 0.0
+
+    def fold(self, histogram: bool = True) -> None:
+        """The raw times not yet in the window's figures go there; into the histogram too where ``histogram`` is
+        true or ``limit`` of them wait."""
+        raw = self.raw
+        if len(raw) > self.seen:
+            new = raw[self.seen:]
+            self.window_s += sum(new)
+            self.window_n += len(new)
+            self.window_min = min(self.window_min, min(new))
+            self.window_max = max(self.window_max, max(new))
+            self.seen = len(raw)
+        if raw and (histogram or len(raw) >= self.limit):
+            self.host.add_many(raw, 1000.0)
+            self.raw, self.seen = [], 0
+
+
+class Section(Samples):
+    """Bounded statistics of one section: per-call host ms (histogram), device ms, calls left by exceptions."""
+
+    __slots__ = ("kind", "parent", "device", "closed_by_exception", "runs")
+
+    def __init__(self, kind: str, parent: Optional[str] = None, phase: int = 0) -> None:
+        super().__init__(phase)
+        self.kind, self.parent = kind, parent
+        self.device = LogHistogram()
+        self.closed_by_exception = 0
+        self.runs = 0  # a user section: counted iterations it ran in, this process

@@ -1,0 +1,162 @@
+"""The section ledger on its own: boundary events applied in order with their times (a virtual clock: the times are
+the test's), and every figure in closed form from those times."""
+
+import pytest
+
+from lightning_perf.measure import section_ledger as ledger_module
+from lightning_perf.measure.section_ledger import BETWEEN, SectionLedger
+
+
+def step(ledger, t, forward=0.004, backward=0.008, optimizer=0.002, clip=0.001):
+    """One automatic-optimization step from its batch start at ``t``: forward, zero_grad (0 s), backward, the
+    work after backward (``clip``), the optimizer step; returns the time of its batch end."""
+    assert not ledger.batch_start(t) or True
+    t += forward
+    ledger.step_switch("optimizer_step", t)  # zero_grad
+    ledger.step_switch("backward", t)
+    t += backward
+    ledger.step_switch("other", t)
+    t += clip
+    ledger.step_switch("optimizer_step", t)
+    t += optimizer
+    ledger.batch_end(t, ends_iteration=True)
+    return t
+
+
+def fetch_iterations(ledger, n, t, fetch=0.003, loop=0.0005, transfer=0.0002, end_work=0.0015):
+    """``n`` iterations with the fetch as data loading: fetch, the loop's work to the transfer, the transfer, the
+    step, ``end_work`` of batch-end hooks before the next fetch. Returns the time after the last batch-end work."""
+    for _ in range(n):
+        ledger.fetch_started(t)
+        t += fetch
+        ledger.fetch_returned(t)
+        t += loop
+        ledger.transfer(t)
+        t += transfer
+        t = step(ledger, t) + end_work
+    return t
+
+
+def test_an_iteration_is_its_pieces_from_its_fetch_to_the_next_fetch():
+    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    ledger.epoch_start(0.0)
+    t = fetch_iterations(ledger, 5, 0.0)
+    ledger.fetch_started(t)  # closes the fifth
+    table = ledger.table()
+    assert ledger.iterations == 5 and table["forward"]["count"] == 5
+    expected = {"data_loading": 3.0, "transfer": 0.2, "forward": 4.0, "backward": 8.0, "other": 1.0,
+                "optimizer_step": 2.0, BETWEEN: 0.5 + 1.5}
+    for name, ms in expected.items():
+        assert table[name]["mean_ms"] == pytest.approx(ms, rel=1e-6), name
+    assert ledger.iteration.host.mean == pytest.approx(sum(expected.values()), rel=1e-6)
+    assert sum(r["share_pct"] for r in table.values() if r["share_pct"]) == pytest.approx(100.0)
+
+
+def test_in_batch_gap_mode_the_wait_is_the_next_iterations_and_batch_end_work_carved_out_of_it_this_ones():
+    """The gap from a step's end to the next transfer is the next iteration's data loading; a user section and a
+    checkpoint write in the batch-end work are carved out of it and belong to the iteration whose step ended."""
+    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=True)
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    ledger.epoch_start(0.0)
+    t = 0.0
+    for i in range(4):
+        t += 0.010  # the wait for the batch
+        ledger.transfer(t)
+        t = step(ledger, t)
+        ledger.user_section("sampling", None, 0.005, False)  # in the batch-end hook
+        ledger.checkpoint(0.007)
+        t += 0.005 + 0.007 + 0.001  # the section, the write, 1 ms of other work in the gap
+    ledger.transfer(t + 0.010)
+    table = ledger.table()
+    assert ledger.iterations == 4
+    assert table["sampling"]["parent"] == "other" and table["sampling"]["mean_ms"] == pytest.approx(5.0)
+    assert table["checkpointing"]["mean_ms"] == pytest.approx(7.0)
+    # data loading: the first iteration's 10 ms; the others' 10 ms + the 1 ms of the previous gap not carved out
+    assert table["data_loading"]["total_s"] == pytest.approx(0.010 + 3 * 0.011)
+    # the four iterations: everything up to the last one's batch-end work (its last 1 ms of gap is the fifth's)
+    assert ledger.iteration.host.total / 1000.0 == pytest.approx(t - 0.001, rel=1e-9)
+
+
+def test_warm_up_iterations_are_left_out_and_a_report_falls_due_every_n_counted_closes():
+    ledger = SectionLedger(warmup_steps=2, report_every_n_steps=3, gap_mode=False)
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    due, t = [], 0.0
+    for _ in range(8):
+        t = fetch_iterations(ledger, 1, t)
+        due.append(ledger.report_due)
+    ledger.fetch_started(t)
+    due.append(ledger.report_due)
+    # closes 1..8 happen at the next iteration's fetch: the warm-up two are not counted, then every 3rd close
+    assert due == [False, False, False, True, False, False, True, False, False]
+    assert ledger.iteration.host.count == 0 and ledger.take_window()[0] == 6  # window figures before histograms
+    assert ledger.table()["forward"]["count"] == 6
+
+
+def test_pieces_wait_for_at_most_fold_every_iterations(monkeypatch):
+    monkeypatch.setattr(ledger_module, "FOLD_EVERY", 4)
+    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    t, waiting = 0.0, []
+    for _ in range(20):
+        t = fetch_iterations(ledger, 1, t)
+        waiting.append(len(ledger.unfolded))
+    assert max(waiting) == 3
+    ledger.fetch_started(t)
+    assert ledger.table()["forward"]["count"] == 20
+
+
+def test_a_checkpoint_saved_in_batch_end_work_carries_that_iteration_and_loads_back():
+    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    t = fetch_iterations(ledger, 3, 0.0, end_work=0.0)
+    ledger.fetch_started(t)
+    t += 0.003
+    ledger.fetch_returned(t)
+    ledger.transfer(t)
+    t = step(ledger, t)  # the fourth iteration's step ended: it closes after the save
+    state = ledger.state(t + 0.001)
+    assert state["iterations"] == 4 and state["sections"]["forward"]["host_ms"]["count"] == 4
+    assert ledger.iterations == 3 and ledger.table()["forward"]["count"] == 3  # the live figures are untouched
+    from lightning_perf.measure.stats import LogHistogram
+
+    resumed = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
+    sections = {name: (s["kind"], s["parent"], LogHistogram.from_dict(s["host_ms"]),
+                       LogHistogram.from_dict(s["device_ms"]), s["closed_by_exception"])
+                for name, s in state["sections"].items()}
+    resumed.load(state["iterations"], LogHistogram.from_dict(state["iteration_ms"]), sections, 0, 0.0)
+    assert resumed.iterations == 4 and resumed.table()["forward"]["count"] == 4
+    # three whole iterations (fetch, loop, transfer, step), the fourth's fetch and step, 1 ms of its batch-end work
+    assert resumed.iteration.host.total == pytest.approx(3 * (3.0 + 0.5 + 0.2 + 15.0) + 3.0 + 15.0 + 1.0, rel=1e-6)
+
+
+def test_the_work_after_the_last_iteration_is_its_own_row():
+    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    t = fetch_iterations(ledger, 2, 0.0, end_work=0.0)
+    assert ledger.train_end(t)
+    ledger.user_section("final_sampling", None, 0.011, False)
+    ledger.checkpoint(0.007)
+    ledger.fit_end(t + 0.011 + 0.007 + 0.002)
+    row = ledger.final_row
+    assert row["total_s"] == pytest.approx(0.020)
+    assert row["sections"]["other"]["total_s"] == pytest.approx(0.002)
+    assert row["sections"]["checkpointing"] == {"kind": "auto", "parent": None, "count": 1, "total_s": 0.007}
+    assert row["sections"]["final_sampling"]["count"] == 1
+    assert "final_sampling" not in ledger.table()  # it ran in no iteration
+
+
+def test_validation_is_off_the_table_and_the_marker_sees_every_change_of_section():
+    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
+    marks = []
+    ledger.marker = lambda current, section, end_next, start_next: marks.append((current, section))
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    ledger.epoch_start(0.0)
+    t = fetch_iterations(ledger, 1, 0.0, end_work=0.001)
+    ledger.validation_start(t)
+    ledger.validation_end(t + 0.5)
+    ledger.fetch_started(t + 0.5 + 0.001)
+    assert ledger.validation_runs == 1 and ledger.validation_s == pytest.approx(0.5)
+    assert ledger.iteration.host.count == 0 and ledger.table()[BETWEEN]["total_s"] == pytest.approx(0.0025)
+    assert (BETWEEN, None) in marks and (None, BETWEEN) in marks
+    assert all(a != b for a, b in marks)
