@@ -61,14 +61,14 @@ class OomSnapshots:
         if key not in self.taken:  # once a configuration: its later rounds link the same snapshot
             self.taken[key] = self._take(key, run_again)
         row["oom_snapshot"] = self.taken[key].get("path")
-        row["oom_snapshot_unavailable"] = self.taken[key].get("unavailable")
+        row["oom_snapshot_unavailable"] = self.taken[key].get("reason")
 
     def _take(self, key: Tuple[int, int], run_again: Callable[[Callable[[], None]], Dict[str, Any]]
               ) -> Dict[str, Any]:
         if self.reason:
-            return {"unavailable": self.reason}
+            return {"reason": self.reason}
         if sum(1 for t in self.taken.values() if t.get("path")) >= MAX_PER_SWEEP:
-            return {"unavailable": f"the sweep took its {MAX_PER_SWEEP} snapshots (the first configurations to run"
+            return {"reason": f"the sweep took its {MAX_PER_SWEEP} snapshots (the first configurations to run"
                                    " out of memory)"}
         base = snapshot_base(self.folder, self.sweep_id, *key)
         dumped: Dict[str, Any] = {}
@@ -91,12 +91,12 @@ class OomSnapshots:
             finally:
                 snapshots.stop_recording(backend)
         except Exception as err:  # noqa: BLE001 - never raise into the sweep for a snapshot
-            return {"unavailable": f"recording the allocator's history failed: {type(err).__name__}: {err}"}
+            return {"reason": f"recording the allocator's history failed: {type(err).__name__}: {err}"}
         if dumped.get("error") or not dumped.get("path"):
             why = (f"the snapshot could not be written: {dumped['error']}" if dumped.get("error") else
                    "run again with the allocator's history on, it did not run out of memory" if not again["error"]
                    else f"run again with the allocator's history on, it failed otherwise: {again['error']}")
-            return {"unavailable": why}
+            return {"reason": why}
         entry = {"sweep_id": self.sweep_id, "tile_size": key[0], "batch_size": key[1], **dumped,
                  "history_full": dumped["trace_entries"] >= MAX_ENTRIES, "max_entries": MAX_ENTRIES,
                  "run_again_s": now() - began}
@@ -104,7 +104,7 @@ class OomSnapshots:
             with open(base + ".json", "w", encoding="utf-8") as fh:
                 json.dump(entry, fh, indent=1, default=str)
         except OSError as err:
-            entry.setdefault("unavailable_parts", {})["json"] = f"{type(err).__name__}: {err}"
+            entry["unavailable"]["json"] = f"{type(err).__name__}: {err}"
         return entry
 
     def lines(self) -> List[str]:
