@@ -216,10 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-csv", action="store_true", help="write no CSV")
     p.add_argument("--plot", metavar="PNG", help="draw the four panels (default: no plot)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--oom-snapshot", action=argparse.BooleanOptionalAction, default=True,
+    # default None, said as "on": Python 3.10's BooleanOptionalAction appends its own "(default: True)" otherwise
+    p.add_argument("--oom-snapshot", action=argparse.BooleanOptionalAction, default=None,
                    help="on CUDA, run a configuration that ran out of memory once more with the allocator's history"
-                   " recorded, and link the snapshot from its rows (at most 5 a sweep; the timed runs never record;"
-                   " default: on)")
+                   " recorded, and link the snapshot from its rows (at most 5 a sweep; the timed runs never record)"
+                   " (default: on)")
     p.add_argument("--oom-snapshot-dir", metavar="DIR",
                    help="where the snapshots go, one folder per sweep (default: beside the CSV, runs/bench.csv ->"
                    " runs/bench_oom_snapshots; with --from-csv: where to look for them)")
@@ -643,7 +644,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rows = run_sweep(factory, args.input_sizes, args.batch_sizes, mode=args.mode, device=args.device,
                          precision=args.precision, warmup=args.warmup, iters=args.iters, input_builder=builder,
                          csv_path=args.csv, progress=not args.no_progress, rounds=args.rounds,
-                         oom_snapshot=args.oom_snapshot, oom_snapshot_dir=args.oom_snapshot_dir)
+                         oom_snapshot=args.oom_snapshot is not False, oom_snapshot_dir=args.oom_snapshot_dir)
     except (BenchError, ValueError) as err:  # SummaryError too: an output that cannot be written
         _remove_empty_folders(created)  # bad input writes nothing, not even the folder the check made
         text = f"--model {args.model!r}: {err}" if isinstance(err, FactoryError) else str(err)

@@ -107,10 +107,6 @@ class OomSnapshots:
             entry["unavailable"]["json"] = f"{type(err).__name__}: {err}"
         return entry
 
-    def lines(self) -> List[str]:
-        """One line per snapshot taken, for the end of the sweep."""
-        return [snapshot_line(entry) for entry in self.taken.values() if entry.get("path")]
-
 
 def snapshot_line(entry: Dict[str, Any]) -> str:
     """``OOM at size 384 batch 4: see memory snapshot P (HTML: ...): it asked for ...; the largest live ...``."""

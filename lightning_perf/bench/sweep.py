@@ -287,8 +287,10 @@ def run_sweep(
     keeps every finished row. With ``oom_snapshot`` on CUDA, a configuration that runs out of memory runs once more
     with the allocator's history recorded and its rows link the snapshot (``oom_snapshot``, else
     ``oom_snapshot_unavailable`` says why; :mod:`lightning_perf.bench.oom_snapshot`), written under
-    ``oom_snapshot_dir`` (default beside the CSV, :func:`~lightning_perf.bench.oom_snapshot.default_folder`). Raises BenchError for bad arguments before anything runs, and :class:`FactoryError`
-    when the factory cannot build a model, before anything is written (the CSV untouched, no progress bar drawn).
+    ``oom_snapshot_dir`` (default beside the CSV, :func:`~lightning_perf.bench.oom_snapshot.default_folder`).
+
+    Raises BenchError for bad arguments before anything runs, and :class:`FactoryError` when the factory cannot build
+    a model, before anything is written (the CSV untouched, no progress bar drawn).
     """
     import torch
 
