@@ -68,8 +68,8 @@ class OomSnapshots:
         if self.reason:
             return {"reason": self.reason}
         if sum(1 for t in self.taken.values() if t.get("path")) >= MAX_PER_SWEEP:
-            return {"reason": f"the sweep took its {MAX_PER_SWEEP} snapshots (the first configurations to run"
-                                   " out of memory)"}
+            return {"reason": f"the sweep took its {MAX_PER_SWEEP} snapshots (the first configurations to run out"
+                              " of memory)"}
         base = snapshot_base(self.folder, self.sweep_id, *key)
         dumped: Dict[str, Any] = {}
         backend = None
