@@ -225,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-csv", action="store_true", help="write no CSV")
     p.add_argument("--plot", metavar="PNG", help="draw the four panels (default: no plot)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    # default None, said as "on": Python 3.10's BooleanOptionalAction appends its own "(default: True)" otherwise
+    p.add_argument("--oom-snapshot", action=argparse.BooleanOptionalAction, default=None,
+                   help="on CUDA, run a configuration that ran out of memory once more with the allocator's history"
+                   " recorded, and link the snapshot from its rows (at most 5 a sweep; the timed runs never record)"
+                   " (default: on)")
+    p.add_argument("--oom-snapshot-dir", metavar="DIR",
+                   help="where the snapshots go, one folder per sweep (default: beside the CSV, runs/bench.csv ->"
+                   " runs/bench_oom_snapshots; with --from-csv: where to look for them)")
 
     p = add("bench-compare", "two sweeps' CSVs: speed and memory change per configuration")
     p.add_argument("old", metavar="OLD", help="the earlier sweep's CSV")
@@ -597,6 +605,7 @@ def _remove_empty_folders(folders: List[str]) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from lightning_perf.bench.analysis import analysis, select_sweep, sweep_ids
+    from lightning_perf.bench.oom_snapshot import default_folder, saved_lines, unavailable_line
     from lightning_perf.bench.sweep import BenchError, FactoryError, format_table, load_callable, run_sweep
     from lightning_perf.bench.sweep_rounds import combine_rounds
 
@@ -626,7 +635,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             _say(f"lightning-perf: error: {err}", sys.stderr)
             return EXIT_ERROR
         shown = combine_rounds(rows)
-        _say(heading + "\n" + format_table(shown) + "\n\n" + analysis(shown))
+        links = saved_lines(rows, args.oom_snapshot_dir or default_folder(args.from_csv))
+        _say(heading + "\n" + format_table(shown) + "\n\n" + analysis(shown) + "".join("\n" + t for t in links))
         return EXIT_OK
     if not args.model:
         _say("lightning-perf: error: bench needs --model PKG.MODULE:FACTORY (or --from-csv CSV)", sys.stderr)
@@ -650,7 +660,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             _pyplot()  # fail before the sweep, not after it
         rows = run_sweep(factory, args.input_sizes, args.batch_sizes, mode=args.mode, device=args.device,
                          precision=args.precision, warmup=args.warmup, iters=args.iters, input_builder=builder,
-                         csv_path=args.csv, progress=not args.no_progress, rounds=args.rounds)
+                         csv_path=args.csv, progress=not args.no_progress, rounds=args.rounds,
+                         oom_snapshot=args.oom_snapshot is not False, oom_snapshot_dir=args.oom_snapshot_dir)
     except (BenchError, ValueError) as err:  # SummaryError too: an output that cannot be written
         _remove_empty_folders(created)  # bad input writes nothing, not even the folder the check made
         text = f"--model {args.model!r}: {err}" if isinstance(err, FactoryError) else str(err)
@@ -661,7 +672,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return 130
     shown = combine_rounds(rows)
     rounds = f" ({len(shown)} configurations x {args.rounds} interleaved rounds)" if args.rounds > 1 else ""
-    _say(f"sweep {rows[0]['sweep_id']}: {len(rows)} rows{rounds}\n" + format_table(shown) + "\n\n" + analysis(shown))
+    links = saved_lines(rows, args.oom_snapshot_dir or default_folder(args.csv))
+    links += [line for line in [unavailable_line(rows)] if line]
+    _say(f"sweep {rows[0]['sweep_id']}: {len(rows)} rows{rounds}\n" + format_table(shown) + "\n\n" + analysis(shown)
+         + "".join("\n" + t for t in links))
     if args.csv:
         _say(f"rows appended to {args.csv} (sweep {rows[0]['sweep_id']})", sys.stderr)
     if args.plot:

@@ -12,6 +12,7 @@ import statistics
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from lightning_perf.bench.oom_snapshot import OomSnapshots, default_folder
 from lightning_perf.bench.rounds import round_order
 from lightning_perf.measure.clock import now
 
@@ -144,12 +145,14 @@ def _loss(output: Any) -> Any:
 
 
 def run_config(factory: Callable[[], Any], size: int, batch_size: int, mode: str, device: Any, precision: str,
-               warmup: int, iters: int, input_builder: Callable[..., Any], check_factory: bool = False
-               ) -> Dict[str, Any]:
+               warmup: int, iters: int, input_builder: Callable[..., Any], check_factory: bool = False,
+               on_oom: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     """One configuration: a fresh model, a clean allocator, warm-up, then ``iters`` timed iterations.
 
     A factory that returns no ``nn.Module`` raises :class:`FactoryError`; with ``check_factory`` (the sweep's first,
-    discarded configuration) so does a factory that raises anything but an out-of-memory error."""
+    discarded configuration) so does a factory that raises anything but an out-of-memory error. ``on_oom`` is called
+    on an out-of-memory error before anything is freed (the failing frames' tensors still live): where a snapshot of
+    the allocator is taken."""
     import torch
     from torch import nn
 
@@ -243,6 +246,8 @@ def run_config(factory: Callable[[], Any], size: int, batch_size: int, mode: str
         raise
     except Exception as err:  # noqa: BLE001 - one configuration's failure is its row, the sweep goes on
         row["error"] = "OOM" if is_oom(err) else f"{type(err).__name__}: {err}"[:300]
+        if on_oom is not None and row["error"] == "OOM":
+            on_oom()
     finally:
         if sampler is not None:
             sampler.stop()
@@ -268,6 +273,8 @@ def run_sweep(
     progress: bool = True,
     sweep_id: Optional[str] = None,
     rounds: int = 1,
+    oom_snapshot: bool = True,
+    oom_snapshot_dir: Optional[str] = None,
 ) -> List[Dict[str, Any]]:
     """Runs every (input size, batch size) configuration ``rounds`` times, in interleaved rounds (every configuration
     once a round, the order reversed each round: a drift of the machine lands on all alike), and returns one row per
@@ -277,8 +284,13 @@ def run_sweep(
     Every row carries ``sweep_id`` (default :func:`new_sweep_id`), so that sweeps appended to one CSV stay apart.
 
     Rows are appended to ``csv_path`` as each finishes (a header only when the file is new), so an interruption
-    keeps every finished row. Raises BenchError for bad arguments before anything runs, and :class:`FactoryError`
-    when the factory cannot build a model, before anything is written (the CSV untouched, no progress bar drawn).
+    keeps every finished row. With ``oom_snapshot`` on CUDA, a configuration that runs out of memory runs once more
+    with the allocator's history recorded and its rows link the snapshot (``oom_snapshot``, else
+    ``oom_snapshot_unavailable`` says why; :mod:`lightning_perf.bench.oom_snapshot`), written under
+    ``oom_snapshot_dir`` (default beside the CSV, :func:`~lightning_perf.bench.oom_snapshot.default_folder`).
+
+    Raises BenchError for bad arguments before anything runs, and :class:`FactoryError` when the factory cannot build
+    a model, before anything is written (the CSV untouched, no progress bar drawn).
     """
     import torch
 
@@ -300,8 +312,14 @@ def run_sweep(
             raise BenchError(f"{name} must be an integer >= {least}, got {value!r}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise BenchError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if not isinstance(oom_snapshot, bool):
+        raise BenchError(f"oom_snapshot must be True or False, got {oom_snapshot!r}")
+    folder = oom_snapshot_dir or default_folder(csv_path)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise BenchError(f"--oom-snapshot-dir {folder!r} is not a folder")
     builder = input_builder or default_inputs
     sweep_id = sweep_id or new_sweep_id()
+    oom_snapshots = OomSnapshots(oom_snapshot, folder, sweep_id, dev)
     appending = check_csv(csv_path) if csv_path else False
     if csv_path:
         from lightning_perf.summary.io import special_kind
@@ -336,8 +354,10 @@ def run_sweep(
             row["sweep_id"] = sweep_id
             rows.append(row)
             if writer is not None:
-                writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+                writer.writerow({k: ("" if row[k] is None else row[k]) for k in CSV_COLUMNS})
                 fh.flush()
+            oom_snapshots.link(row, lambda on_oom: run_config(factory, size, batch, mode, dev, precision, warmup,
+                                                              iters, builder, on_oom=on_oom))
             if bar is not None:
                 bar.update(1)
     finally:

@@ -74,18 +74,24 @@ def snapshot_lines(section: Any) -> List[str]:
     dumps.sort(key=lambda d: read_field(d, "trigger") != "oom")
     out = []
     for dump in dumps:
-        bits = []
-        failed = read_field(dump, "failed_request")
-        if failed is not None and read_field(failed, "size_mb") is not None:
-            where = read_field(failed, "frame") or "an unknown frame"
-            bits.append(f"it asked for {read_field(failed, 'size_mb'):.1f} MB at {where}")
-        top = (read_field(dump, "top_allocations") or [None])[0]
-        if top is not None and read_field(top, "size_mb") is not None:
-            bits.append(f"the largest live allocation, {read_field(top, 'size_mb'):.1f} MB, from"
-                        f" {read_field(top, 'frame') or 'an unknown frame'}")
+        bits = snapshot_findings(dump)
         out.append(f"see memory snapshot {read_field(dump, 'path')} ({when(dump)}"
                    + (": " + "; ".join(bits) if bits else "") + ")")
     return out
+
+
+def snapshot_findings(dump: Any) -> List[str]:
+    """What a snapshot shows first: the request that failed and the largest live allocation, each with its line."""
+    bits = []
+    failed = read_field(dump, "failed_request")
+    if failed is not None and read_field(failed, "size_mb") is not None:
+        where = read_field(failed, "frame") or "an unknown frame"
+        bits.append(f"it asked for {read_field(failed, 'size_mb'):.1f} MB at {where}")
+    top = (read_field(dump, "top_allocations") or [None])[0]
+    if top is not None and read_field(top, "size_mb") is not None:
+        bits.append(f"the largest live allocation, {read_field(top, 'size_mb'):.1f} MB, from"
+                    f" {read_field(top, 'frame') or 'an unknown frame'}")
+    return bits
 
 
 def pressure_lines(summary: Any) -> List[str]:

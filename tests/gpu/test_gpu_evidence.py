@@ -13,16 +13,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers import find_summary, fit
+from snapshot_checks import check_oom_snapshot
 from lightning_perf import MemorySnapshot, StepTrace, VRAMMonitor
 
 pytestmark = pytest.mark.gpu
-MB = 1024.0 * 1024.0
 HERE = os.path.abspath(__file__)
-
-
-def line_of(marker):
-    with open(HERE) as fh:
-        return next(i for i, text in enumerate(fh, 1) if text.rstrip().endswith(marker))
 
 
 class OutOfMemoryAtStep(LightningModule):
@@ -60,16 +55,8 @@ def test_an_oom_snapshot_names_the_failed_request_and_the_largest_tensor_with_th
     summary = find_summary(tmp_path)
     (dump,) = summary["memory_snapshot"]["snapshots"]
     assert dump["trigger"] == "oom" and dump["step"] == 3 and os.path.getsize(dump["path"]) > 0
-    top, failed = dump["top_allocations"][0], dump["failed_request"]
-    hog_mb, big_mb = model.sizes["hog"] * 4 / MB, model.sizes["too_big"] * 4 / MB
-    record("OOM snapshot: largest live allocation", top["size_mb"], hog_mb, "MB", "within 1%")
-    record("OOM snapshot: failed request", failed["size_mb"], big_mb, "MB", "within 2 MB")
-    assert abs(top["size_mb"] - hog_mb) <= 0.01 * hog_mb
-    assert top["frame"] == f"{HERE}:{line_of('# HOG')} in training_step"
-    assert abs(failed["size_mb"] - big_mb) <= 2.0
-    assert failed["frame"] == f"{HERE}:{line_of('# TOO_BIG')} in training_step"
-    for view, path in dump["html"].items():
-        assert os.path.getsize(path) > os.path.getsize(dump["path"]), view  # the pickle, base64, in the page
+    check_oom_snapshot(record, "OOM snapshot", dump, (model.sizes["hog"] * 4, HERE, "# HOG", "training_step"),
+                       (model.sizes["too_big"] * 4, HERE, "# TOO_BIG", "training_step"))
 
 
 class CudaSteps(LightningModule):
