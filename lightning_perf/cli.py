@@ -250,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
                         " speed per measured iteration (default: end-to-end)")
+    p.add_argument("--trial", choices=BUILT_IN_CHANGES, metavar="CHANGE",
+                   help="also try this change in an A/B trial inside each variant's fits (ABTrial, its defaults;"
+                        " docs/trials.md), a column of each variant's in-run speedup pooled over its runs:"
+                        f" {', '.join(BUILT_IN_CHANGES)} (default: none)")
 
     p = add("race", "race two or more training commands in interleaved rounds, the suite attached to each run, and"
             " compare each with the first between runs")
@@ -689,9 +693,13 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     except ValueError as err:
         _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
+    from lightning_perf.bench.matrix_trial import add_trial, set_trial_env
+
+    set_trial_env(args.trial)
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
                          log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget)
     rows = matrix_rows(results, noise_floor=copy)
+    add_trial(rows, results, args.trial)
     header = matrix_header(results, args.config)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)
     _say(text)
