@@ -1,7 +1,7 @@
 """An A/B trial inside one run against two separate runs, under the same load: a user change that adds ~5% to a step.
 
     PYTHONPATH=$PWD python benchmarks/trial_under_load.py [--busy 1] [--steps 330] [--repeats 1] [--threads N]
-                                                          [--work torch|spin] [--block 5] [--extra-pct 5]
+                                                          [--work torch|spin] [--block 10] [--extra-pct 5]
 
 Starts ``--busy`` spin processes (``python -c "while True: pass"``) for the whole measurement and stops them at the
 end. Then it measures how many cores are busy (``/proc/stat`` over 1 s, the spinners and everyone else's work) and
@@ -11,12 +11,13 @@ denoise example ran 67-128 ms/iter with torch's default 2 threads, 28 with 1). I
 
 The step (``--work torch``, the default) is a TinyModel step plus float32 matmuls sized at start-up to ~10 ms under
 the chosen threads; ``--work spin`` is 10 ms of host CPU time instead. The change adds ``--extra-pct`` of that step
-(a fixed amount of host CPU time). The "truth" is the ratio of the arms' process CPU time per iteration in the same
-fit (CPU time is not stretched by the load; with an equal share of a core in both arms the wall-clock ratio equals
-it; the same for the two separate runs). Per repeat: one fit with ``ABTrial`` (warm-up 10, then blocks of
-``--block`` iterations in pairs, as many as ``--steps`` holds), and two separate fits (the change off, then on) timed by IterationTimer and compared as
-``lightning-perf compare`` would (its within-run interval); and a no-op trial (the same switches, no extra). Prints
-the figures and the load average; asserts nothing.
+(a fixed amount of host CPU time). The "truth" is 1 + that CPU time / the off arm's process CPU time per iteration
+in the same fit (the off run's, for the two separate runs): CPU time is not stretched by waiting for a core, and
+with an equal share of a core in both arms the wall-clock ratio equals it; the measured CPU ratio on/off is printed
+beside it. Per repeat: one fit with ``ABTrial`` (warm-up 10, then blocks of ``--block`` iterations in pairs, as
+many as ``--steps`` holds), two separate fits (the change off, then on) timed by IterationTimer and compared as
+``lightning-perf compare`` would (its within-run interval), and a no-op trial (the same switches, no extra work).
+Prints the figures and the load average; asserts nothing.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def trial_fit(args, common, work, size, extra_s, no_op=False):
     with tempfile.TemporaryDirectory() as root:
         fit(root, [cpu, trial], model=model, **common)
         t = find_summary(root)["trial"]
-    return t, cpu.mean(True) / cpu.mean(False)
+    return t, 1 + extra_s / cpu.mean(False), cpu.mean(True) / cpu.mean(False)
 
 
 def main() -> None:
@@ -157,7 +158,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free cores)")
     parser.add_argument("--work", choices=("torch", "spin"), default="torch", help="the step's work (default torch)")
-    parser.add_argument("--block", type=int, default=5, help="iterations a trial block (default 5)")
+    parser.add_argument("--block", type=int, default=10, help="iterations a trial block (default 10, ABTrial's)")
     parser.add_argument("--extra-pct", type=float, default=5.0, help="the change's cost, %% of the step (default 5)")
     args = parser.parse_args()
 
@@ -187,10 +188,10 @@ def main() -> None:
               f" ({args.extra_pct:g}%); load average"
               f" {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
         for repeat in range(args.repeats):
-            t, truth = trial_fit(args, common, args.work, size, extra_s)
+            t, truth, cpu_ratio = trial_fit(args, common, args.work, size, extra_s)
             print(f"[{repeat}] trial inside one run: time ratio {t['time_ratio']:.4f} (95% CI"
                   f" {1 / t['speedup_high']:.4f}-{1 / t['speedup_low']:.4f}, {t['pairs']} pairs of {args.block});"
-                  f" truth {truth:.4f}", flush=True)
+                  f" truth {truth:.4f} (CPU per iteration on/off {cpu_ratio:.4f})", flush=True)
             runs = []
             for extra in (False, True):
                 m = loaded_model(args.work, size, extra_s)
@@ -201,12 +202,12 @@ def main() -> None:
                     runs.append((find_summary(root), cpu.mean(extra)))
             (off, cpu_off), (on, cpu_on) = runs
             head = headline(off, on)
-            truth2 = cpu_on / cpu_off
+            truth2 = 1 + extra_s / cpu_off
             low, high = head.get("ci95") or (None, None)
             ci = f"{1 / high:.4f}-{1 / low:.4f}" if low and high else "n/a"
             print(f"[{repeat}] two separate runs:      time ratio {1 / head['speedup']:.4f} (95% CI {ci}, within"
-                  f" each run); truth {truth2:.4f}", flush=True)
-            t, _ = trial_fit(args, common, args.work, size, extra_s, no_op=True)
+                  f" each run); truth {truth2:.4f} (CPU per iteration on/off {cpu_on / cpu_off:.4f})", flush=True)
+            t, _, _ = trial_fit(args, common, args.work, size, extra_s, no_op=True)
             print(f"[{repeat}] no-op trial:            time ratio {t['time_ratio']:.4f} (95% CI"
                   f" {1 / t['speedup_high']:.4f}-{1 / t['speedup_low']:.4f}, {t['pairs']} pairs); verdict"
                   f" {t['verdict']}", flush=True)
