@@ -403,8 +403,10 @@ class ABTrial(PerfCallback):
         if result["speedup"] is None:
             return head + f"no result ({result['unavailable']['speedup']}" + (
                 f"; {self._reason})" if self._reason else ")")
-        line = head + (f"{speed_words(result['speedup'], result['speedup_low'], result['speedup_high'])}"
-                       f" ({100 * self.confidence:g}% CI {result['speedup_low']:.2f}–{result['speedup_high']:.2f},"
+        low, high = result["speedup_low"], result["speedup_high"]
+        interval = (f"{1 / high:.2f}–{1 / low:.2f}x slower" if result["verdict"] == "slower"  # in the words' terms
+                    else f"{low:.2f}–{high:.2f}")
+        line = head + (f"{speed_words(result['speedup'], low, high)} ({100 * self.confidence:g}% CI {interval},"
                        f" paired over {result['blocks']} blocks)")
         for name, row in ((self._quality or {}).get("metrics") or {}).items():
             if row["change_pct"] is None:
