@@ -661,6 +661,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    from lightning_perf.bench.matrix_trial import add_trial, set_trial_env
     from lightning_perf.bench.matrix import (
         check_outputs,
         format_matrix,
@@ -687,20 +688,18 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     for path, flag in ((args.report, "--report"), (args.csv, "--csv")):
         if path:
             _check_output(path, flag)
+    set_trial_env(args.trial)  # the variants' environments are built from this one
     try:
         variants, copy = with_noise_floor(variants, args.noise_floor)
         check_outputs(args.out, variants)
     except ValueError as err:
         _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
-    from lightning_perf.bench.matrix_trial import add_trial, set_trial_env
-
-    set_trial_env(args.trial)
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
                          log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget)
     rows = matrix_rows(results, noise_floor=copy)
-    add_trial(rows, results, args.trial)
     header = matrix_header(results, args.config)
+    add_trial(rows, results, args.trial)  # each variant's trial, pooled over its runs (bench/matrix_trial.py)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)
     _say(text)
     if args.report:
