@@ -661,7 +661,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from lightning_perf.bench.matrix_trial import add_trial, set_trial_env
     from lightning_perf.bench.matrix import (
         check_outputs,
         format_matrix,
@@ -671,6 +670,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         run_matrix,
         with_noise_floor,
     )
+    from lightning_perf.bench.matrix_trial import add_trial, set_trial_env
 
     try:
         variants = parse_variants(args.variant)
