@@ -37,7 +37,8 @@ def test_a_variants_trial_pools_the_pairs_of_all_its_runs():
     assert "the fit ended after 50" in cut["trial_reason"] and trial_cell(cut) == "n/a"
     refused = _result([], reason="ABTrial(change='tf32') cannot be tried in this run: no CUDA")
     refused["summary"]["trial"]["status"] = "not-started"
-    assert pooled_trial("tf32", [refused])["trial_reason"] == "ABTrial(change='tf32') cannot be tried in this run: no CUDA"
+    reason = pooled_trial("tf32", [refused])["trial_reason"]
+    assert reason == "ABTrial(change='tf32') cannot be tried in this run: no CUDA"
     rows = [{"variant": "a"}]
     add_trial(rows, [{"summary": {}, "repeats": []}], "tf32")
     assert rows[0]["trial_reason"] == "no run of this variant has a trial section"
