@@ -271,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
                         " speed per measured iteration (default: end-to-end)")
+    p.add_argument("--trial", choices=BUILT_IN_CHANGES, metavar="CHANGE",
+                   help="also try this change in an A/B trial inside each variant's fits (ABTrial, its defaults;"
+                        " docs/trials.md), a column of each variant's in-run speedup pooled over its runs:"
+                        f" {', '.join(BUILT_IN_CHANGES)} (default: none)")
 
     p = add("race", "race two or more training commands in interleaved rounds, the suite attached to each run, and"
             " compare each with the first between runs")
@@ -697,6 +701,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         run_matrix,
         with_noise_floor,
     )
+    from lightning_perf.bench.matrix_trial import add_trial, set_trial_env
 
     try:
         variants = parse_variants(args.variant)
@@ -714,6 +719,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     for path, flag in ((args.report, "--report"), (args.csv, "--csv")):
         if path:
             _check_output(path, flag)
+    set_trial_env(args.trial)  # the variants' environments are built from this one
     try:
         variants, copy = with_noise_floor(variants, args.noise_floor)
         check_outputs(args.out, variants)
@@ -726,6 +732,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
                          threads=threads)
     rows = matrix_rows(results, noise_floor=copy)
     header = matrix_header(results, args.config)
+    add_trial(rows, results, args.trial)  # each variant's trial, pooled over its runs (bench/matrix_trial.py)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)
     _say(text)
     if args.report:

@@ -58,6 +58,8 @@ def test_a_change_adding_five_percent_to_the_step_is_found_at_five_percent(tmp_p
     assert section["time_ratio"] == pytest.approx(1.05, rel=1e-9)
     assert section["speedup_low"] == pytest.approx(1 / 1.05) and section["verdict"] == "slower"
     assert section["arms"]["off"]["ms_per_iter"] == pytest.approx(10.0)
+    assert section["pair_off_ms"] == pytest.approx([10.0] * 12) and section["pair_on_ms"] == pytest.approx([10.5] * 12)
+    assert "1.05x slower (95% CI 1.05–1.05x slower, paired over 24 blocks)" in section["line"]  # not 0.95–0.95
     assert section["arms"]["off"]["samples_per_s"] == pytest.approx(800.0)
     assert section["switch_ms_mean"] > 400  # half the switches are the slow ones
     counted = section["arms"]["on"]["iterations"] + section["arms"]["off"]["iterations"]

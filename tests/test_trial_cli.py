@@ -44,10 +44,16 @@ def test_run_trial_refuses_an_unknown_change(tmp_path):
     assert proc.returncode == 2 and "--trial: invalid choice: 'turbo'" in proc.stderr
 
 
-def test_run_trial_of_a_change_this_run_cannot_try_warns_and_the_script_still_runs(tmp_path):
+def test_run_trial_of_a_change_this_run_cannot_try_warns_and_the_rest_of_the_suite_measures(tmp_path):
+    """The refused trial is recorded in its section; the other attached callbacks still measure the run (under
+    `matrix --trial` a refusal would otherwise leave every variant unmeasured)."""
     script = write(tmp_path / "project" / "train.py", TRAIN.format(namespace="lightning.pytorch"))
     proc = run_cli("--out", str(tmp_path / "runs"), "--trial", "cudnn_benchmark", "--", sys.executable, str(script),
                    "6", "0", "ckpt", cwd=str(script.parent))
     assert proc.returncode == 0, proc.stderr
     assert "ABTrial(change='cudnn_benchmark') cannot be tried in this run" in proc.stderr
     assert "CUDA kernels only" in proc.stderr
+    summary = json.loads((tmp_path / "runs" / "perf_summary.json").read_text())
+    assert summary["iteration_timer"]["iterations"] == 6
+    assert summary["trial"]["status"] == "not-started" and "CUDA kernels only" in summary["trial"]["reason"]
+    assert summary["trial"]["pairs"] == 0 and summary["trial"]["speedup"] is None

@@ -65,6 +65,7 @@ def build_suite(beside: Optional[List[Any]] = None) -> "AttachedSuite":
     trial = env_text(TRIAL_ENV)
     if trial and not (beside is not None and already_there(lightning_perf.ABTrial, beside)):
         callbacks.append(lightning_perf.ABTrial(change=trial))
+        callbacks[-1].record_refusal = True  # a change this run cannot try: the other callbacks measure on
     return AttachedSuite(callbacks, out=env_text(OUT_ENV), name=env_text(NAME_ENV), fill=beside is not None)
 
 

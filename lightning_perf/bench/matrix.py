@@ -16,6 +16,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lightning_perf._attach import read_manifest
+from lightning_perf.bench.matrix_trial import add_trial_column, trial_findings
 from lightning_perf.bench.matrix_verdicts import add_verdicts, best_words, floor_cell, verdict_cell, verdict_findings
 from lightning_perf.bench.noise_floor import MIN_EFFECT_PCT
 from lightning_perf.bench.rounds import check_repeats, run_rounds
@@ -639,6 +640,7 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
             if later > 0 and epochs[0] > WARMUP_EPOCH_RATIO * later:
                 out.append(f"Warm-up cost: {r['variant']}'s first epoch took {epochs[0] / later:.1f}x its later ones"
                            " (autotuning such as cudnn.benchmark, compilation, caches), paid once per run.")
+    out += trial_findings(rows)
     busy = [r for r in rows if r.get("contention")]
     if busy:
         out.append("Busy machine: " + "; ".join(f"{r['variant']} ({r['contention'].split(': ', 1)[1]})" for r in busy)
@@ -721,6 +723,7 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
                 "Break-even", "Peak memory"] + (["TFLOP/s", "MFU"] if compute else [])
                + [f"Epoch {i} ({unit(f'epoch_{i}_s')})" for i in range(1, n_epochs + 1)]
                + ["PSNR", "Quality gate", "Status"])
+    add_trial_column(headers, table, rows)
     parts = (header or []) + ([""] if header else []) + [markdown_table(headers, table)]
     parts += ["", "End to end: the whole fit (fit start to end: warm-up and evaluation included) at the baseline's"
               " length. Warm-up: from the fit's start to the first measured iteration, beyond the steady pace."

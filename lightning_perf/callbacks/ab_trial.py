@@ -14,6 +14,7 @@ from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_
 from lightning_perf.callbacks._base import PerfCallback, guarded
 from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._summary_book import error_message
+from lightning_perf.errors import PerfConfigError
 from lightning_perf.measure import clock
 from lightning_perf.measure.trial import OFF, ON, ORDERS, BlockSchedule, TrialBlocks, paired_ratio
 from lightning_perf.measure.trial_changes import Change, Setting, UserChange, make_change
@@ -123,6 +124,9 @@ class ABTrial(PerfCallback):
         self.quality_batches = quality_batches
         self.confidence = confidence
         self.verbose = check_bool(owner, "verbose", verbose)
+        #: Set by ``lightning-perf run`` / ``matrix --trial``: a change this run cannot try is recorded in the
+        #: section (``status: not-started``, ``reason``) instead of refusing the set-up of the whole attached suite.
+        self.record_refusal = False
         self._reset()
 
     def _reset(self) -> None:
@@ -152,12 +156,21 @@ class ABTrial(PerfCallback):
         self._reset()
         self._start_run(trainer)
         setting = Setting(pl_module, trainer.strategy.root_device.type, str(trainer.precision))
-        self.change.check(setting)  # a PerfConfigError goes through: the run cannot try this change
+        try:
+            self.change.check(setting)
+        except PerfConfigError as err:  # the run cannot try this change
+            if not self.record_refusal:
+                raise
+            self._reason = str(err)  # attached by `run`/`matrix --trial`: the others measure on; the section says why
+            self._warn_once("refused", f"{err}; the fit runs without the trial")
+            return
         if isinstance(self.change, UserChange):
             self.change.trainer = trainer
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._reason is not None:  # refused at set-up (record_refusal): nothing to switch
+            return
         self._module, self._trainer = pl_module, trainer
         self._last_step = trainer.global_step
         device = trainer.strategy.root_device
@@ -370,6 +383,8 @@ class ABTrial(PerfCallback):
         pairs = self._blocks.pair_means()
         ratio = paired_ratio(pairs, self.confidence)
         out: Dict[str, Any] = {"arms": arms, "pairs": len(pairs), "blocks": 2 * len(pairs),
+                               "pair_off_ms": [1000.0 * off for off, _ in pairs],
+                               "pair_on_ms": [1000.0 * on for _, on in pairs],
                                "time_ratio": None, "speedup": None, "speedup_low": None, "speedup_high": None,
                                "verdict": None}
         if ratio is None:
@@ -388,8 +403,10 @@ class ABTrial(PerfCallback):
         if result["speedup"] is None:
             return head + f"no result ({result['unavailable']['speedup']}" + (
                 f"; {self._reason})" if self._reason else ")")
-        line = head + (f"{speed_words(result['speedup'], result['speedup_low'], result['speedup_high'])}"
-                       f" ({100 * self.confidence:g}% CI {result['speedup_low']:.2f}–{result['speedup_high']:.2f},"
+        low, high = result["speedup_low"], result["speedup_high"]
+        interval = (f"{1 / high:.2f}–{1 / low:.2f}x slower" if result["verdict"] == "slower"  # in the words' terms
+                    else f"{low:.2f}–{high:.2f}")
+        line = head + (f"{speed_words(result['speedup'], low, high)} ({100 * self.confidence:g}% CI {interval},"
                        f" paired over {result['blocks']} blocks)")
         for name, row in ((self._quality or {}).get("metrics") or {}).items():
             if row["change_pct"] is None:

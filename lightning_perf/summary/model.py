@@ -826,6 +826,9 @@ class Trial(Section):
     arms: Map(Obj(TrialArm)) = Field(None, description="`off` and `on`")
     pairs: Count = Field(None, description="complete pairs of blocks measured")
     blocks: Count = Field(None, description="blocks in those pairs")
+    pair_off_ms: Seq(Ms) = Field(None, description="each complete pair's mean ms an iteration with the change off, in"
+                                                   " block order (`lightning-perf matrix` pools them over repeats)")
+    pair_on_ms: Seq(Ms) = Field(None, description="the same pairs' mean ms an iteration with the change on")
     time_ratio: NonNegative = Field(None, description="mean time on / mean time off")
     speedup: NonNegative = Field(None, description="mean time off / mean time on: above 1, the change is faster")
     speedup_low: NonNegative = None
