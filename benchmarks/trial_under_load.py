@@ -4,8 +4,9 @@
                                                           [--work torch|spin] [--block 10] [--extra-pct 5]
 
 Starts ``--busy`` spin processes (``python -c "while True: pass"``) for the whole measurement and stops them at the
-end. Then it measures how many cores are busy (``/proc/stat`` over 1 s, the spinners and everyone else's work) and
-runs the fits with torch's intra-op threads set to the free cores (at least 1; ``--threads`` overrides): a thread
+end. Then it measures how many cores are busy (the machine's CPU counters over 1 s, as ``matrix --threads auto``
+reads them: the spinners and everyone else's work) and runs the fits with torch's intra-op threads set to the free
+cores (at least 1; ``--threads`` overrides): a thread
 more than the free cores makes every step wait for a busy core (on a 2-core machine with one core spinning, the
 denoise example ran 67-128 ms/iter with torch's default 2 threads, 28 with 1). It prints its choice.
 
@@ -30,30 +31,6 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-
-
-def busy_cores(seconds: float = 1.0) -> float:
-    """Cores busy over ``seconds`` from ``/proc/stat`` (everything but idle and iowait), the machine's whole load;
-    None where it cannot be read."""
-    def read():
-        with open("/proc/stat") as fh:
-            fields = [int(x) for x in fh.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return sum(fields[:8]), idle
-
-    try:
-        total0, idle0 = read()
-        time.sleep(seconds)
-        total1, idle1 = read()
-    except (OSError, ValueError, IndexError):
-        return None
-    span = total1 - total0
-    return (os.cpu_count() or 1) * (1.0 - (idle1 - idle0) / span) if span > 0 else None
-
-
-def free_core_threads(busy: float) -> int:
-    """Torch threads for the free cores: the cores less the busy ones, rounded, at least 1."""
-    return max(1, int(round((os.cpu_count() or 1) - busy)))
 
 
 def matmul_size(target_s: float = 0.010) -> int:
@@ -165,13 +142,14 @@ def main() -> None:
     import torch
     from helpers import find_summary, fit
     from lightning_perf import IterationTimer
+    from lightning_perf.bench.threads import choose_threads
     from lightning_perf.summary.compare import headline
 
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         time.sleep(0.5)
-        busy = busy_cores()
-        threads = args.threads or (free_core_threads(busy) if busy is not None else 1)
+        choice = choose_threads(args.threads or "auto", environ={})  # the matrix's rule: the cores left free
+        busy, threads = choice["busy_cores"], choice["threads"] or torch.get_num_threads()
         torch.set_num_threads(threads)
         size = matmul_size() if args.work == "torch" else 0
         common = dict(max_steps=args.steps, limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=50,
