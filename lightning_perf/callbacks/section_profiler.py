@@ -4,22 +4,24 @@ checkpointing, user-named sections), with shares and advice, at no device sync. 
 
 from __future__ import annotations
 
-import logging
 import os
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
-from lightning_utilities.core import rank_zero as _rank_zero
 
 from lightning_perf.callbacks import _batch_transfer as batch_transfer
+from lightning_perf.callbacks import _fetch_marks as fetch_marks
 from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks._fetch_marks import FETCH_MARKS as _FETCH_MARKS
+from lightning_perf.callbacks._fetch_marks import GAP_REASON
 from lightning_perf.callbacks._printer import PRINTER
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks._scalars import WAITING, log_scalars
+from lightning_perf.callbacks._scalars import WAITING
+from lightning_perf.callbacks._section_window import report_window
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure import loader
 from lightning_perf.measure import sections as user_sections
@@ -29,34 +31,18 @@ from lightning_perf.measure.section_report import BACKWARD_OVER_FORWARD, THRESHO
 from lightning_perf.measure.section_report import printed_rows as _printed_rows
 from lightning_perf.measure.section_report import report_table as _report_table
 from lightning_perf.measure.section_report import slowest_section
+from lightning_perf.measure.section_state import ledger_state, load_ledger
 from lightning_perf.measure.tail import OWN_WORK
 
 __all__ = ["SectionProfiler", "AUTO_SECTIONS", "MANUAL_SECTIONS", "BETWEEN", "BACKWARD_OVER_FORWARD",
            "_printed_rows", "_report_table"]
 
 ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
-#: Where Lightning's training loop tells its profiler that a fetch starts and returns (its data fetcher calls them
-#: around ``next()`` on the DataLoader's iterator): private names, the same from Lightning 2.2 to 2.6.
-_FETCH_MARKS = ("_on_before_fetch", "_on_after_fetch")
 BOUNDARIES = ("fetch", "batch_gap")
-GAP_REASON = ("Lightning's training loop announced no dataloader fetch (its `_on_before_fetch` and `_on_after_fetch`,"
-              " which tell its profiler of each fetch) in 3 iterations: data loading is now timed as the whole gap from the end of one"
-              " batch to the start of the next (data_loading_boundary='batch_gap'), so it also holds Lightning's loop,"
-              " logging, the progress bar and other callbacks' batch-end hooks: an upper bound of the wait for data.")
 SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, overlapped with it, so that time is"
                " part of `backward`; timing it apart would need a DDP communication hook installed on your model,"
                " which a measurement must not do. `ranks` shows each rank's sections: a straggler's data loading or"
                " forward is what the others wait for.")
-
-
-def _info_shown() -> bool:
-    """Whether ``rank_zero_info`` would show an INFO line now: where Lightning's INFO logging is off (a script that
-    silences it), the periodic table is not built either. The logger is read from the module each time (the
-    standalone ``pytorch_lightning`` puts its own there when imported)."""
-    try:
-        return _rank_zero.log.isEnabledFor(logging.INFO)
-    except Exception:  # noqa: BLE001 - not known: build it, rank_zero_info decides
-        return True
 
 
 class SectionProfiler(PerfCallback):
@@ -65,23 +51,15 @@ class SectionProfiler(PerfCallback):
     An iteration runs from where the previous one closed to where the next one starts (its fetch by default, with
     ``data_loading_boundary="batch_gap"`` its transfer or ``on_train_batch_start``), or to an epoch end or the end
     of training: the work at its end (later callbacks' and the module's ``on_train_batch_end``, a checkpoint saved
-    there, one saved after a validation) is its own. What the fit runs after its last iteration (the epoch-end and
-    ``on_train_end`` hooks, the last checkpoint) is the summary's ``after_last_iteration`` row, outside the table.
+    there) is its own. What the fit runs after its last iteration is the summary's ``after_last_iteration`` row.
 
-    Automatic sections, from Lightning's hooks: ``data_loading`` (the loop's wait for the iteration's batch:
-    Lightning's fetch; with ``"batch_gap"`` the gap from the end of the previous batch to this one's transfer, less
-    what is carved out of it, which is the previous iteration's batch-end work), ``between_batches`` (the host work
-    of Lightning's loop between two batches: later callbacks' and the module's batch-end hooks, the progress bar,
-    logging, the loop's bookkeeping; only with the fetch), ``transfer`` (Lightning's ``batch_to_device``: the
-    host-to-device copy, ``transfer_batch_to_device`` and ``on_after_batch_transfer``), ``forward``
-    (``training_step``), ``backward``, ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (checkpoint
-    writes and removals, timed through the strategy's ``CheckpointIO`` plugin) and ``other`` (gradient clipping,
-    epoch-end hooks: the rest). They add up to the iteration. Validation runs are timed on their own, outside the
-    table. Under manual optimization the step is one ``training_step`` section.
-    User sections (:class:`~lightning_perf.profile_section`) are carved out of the automatic section they ran in and
-    reported with it as ``parent``; nested user sections name their user parent. On CUDA each section's device time
-    comes from CUDA events read once complete; host time from ``perf_counter``. The first ``warmup_steps`` iterations
-    are not counted.
+    Automatic sections, which add up to the iteration: ``data_loading`` (the wait for the batch), ``between_batches``
+    (the loop's host work between two batches; only with the fetch), ``transfer`` (``batch_to_device``),
+    ``forward`` (``training_step``), ``backward``, ``optimizer_step``, ``checkpointing`` (writes and removals through
+    the strategy's ``CheckpointIO``) and ``other`` (the rest); under manual optimization the step is one
+    ``training_step``. User sections (:class:`~lightning_perf.profile_section`) are carved out of the section they
+    ran in, reported with it as ``parent``. Validation is timed apart. On CUDA each section also has a device time
+    from CUDA events read once complete. See docs/section_profiler.md for every boundary.
 
     Args:
         enabled: profile at all; the environment variable ``LIGHTNING_PERF_PROFILE=0|1`` overrides it.
@@ -90,28 +68,19 @@ class SectionProfiler(PerfCallback):
         device_timing: also time sections with CUDA events when training on CUDA.
         data_loading_boundary: what ``data_loading`` is. ``"fetch"``: Lightning's dataloader fetch, from its start
             to its return, seen through the marks Lightning's training loop makes for its profiler there (private
-            names; warns and falls back to ``"batch_gap"`` when no fetch is seen in 3 iterations); the rest
-            of the gap between two batches is ``between_batches``. ``"batch_gap"``: the whole gap from the end of the
-            previous batch (this profiler's ``on_train_batch_end``) to the transfer, through public hooks only; later
-            callbacks' batch-end hooks, the progress bar, logger writes and LR schedulers are inside it (an upper
-            bound of the wait), less the sections and checkpoint writes carved out of it.
+            names; warns and falls back to ``"batch_gap"`` when no fetch is seen in 3 iterations); the rest of the
+            gap between two batches is ``between_batches``. ``"batch_gap"``: the whole gap from the end of the
+            previous batch to the transfer, through public hooks only (an upper bound of the wait: later callbacks'
+            batch-end hooks, the progress bar and logger writes are inside it).
         device_timing_every_n_iterations: time sections on the device in the first n iterations after the warm-up,
-            then in one iteration of every n, and report the mean over those. Each section boundary costs a CUDA
-            event record, and each interval an event query and read: ~75 µs of CUDA calls per iteration on an H100
-            host. The other iterations record no event, so the fewer timed, the cheaper the step: one in 32 costs
-            ~2.5 µs of CUDA calls a step.
-            1 times every iteration.
+            then in one iteration of every n, and report the mean over those (1: every iteration). Each timed
+            iteration costs ~75 µs of CUDA calls on an H100 host; one in 32, ~2.5 µs a step.
         print_reports: print the periodic and the final table (rank 0); logging happens either way.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
 
-    With DataLoader workers, the summary's ``workers`` block says what they spend per batch (their fetch and collate,
-    timed inside them), beside the loop's wait.
-
     Logged metrics (every ``report_every_n_steps``, means over the window): ``time/<section>_ms`` and
-    ``time_share/<section>_pct`` for each section, e.g. ``time/forward_ms``, ``time_share/data_loading_pct``,
-    ``time/between_batches_ms``,
-    ``time/transfer_ms``,
-    ``time/ema_ms``; ``time/iteration_ms``.
+    ``time_share/<section>_pct`` for each section (``time/forward_ms``, ``time_share/data_loading_pct``,
+    ``time/ema_ms``, ...) and ``time/iteration_ms``.
 
     Raises:
         ValueError: for ``report_every_n_steps`` below 1, a negative ``warmup_steps`` or an unknown
@@ -127,7 +96,7 @@ class SectionProfiler(PerfCallback):
     """
 
     section_name = "section_profiler"
-    _transient = ("_checkpoint_io", "_strategy", "_fetch_loop", "_fetch_marks", "_previous_sink", "_clock",
+    _transient = ("_checkpoint_io", "_strategy", "_fetch_marks", "_previous_sink", "_clock",
                   "_worker_timer", "_pending_user", "_transfer")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
@@ -172,10 +141,9 @@ class SectionProfiler(PerfCallback):
         self._checkpoint_io: Any = None  # our TimedCheckpointIO around the strategy's, during a fit
         self._strategy: Any = None
         self._checkpoint_reason: Optional[str] = None
-        self._fetch_loop: Any = None  # Lightning's training epoch loop, whose fetch marks are ours during a fit
-        # (its own before and after, and whether each was an instance attribute before ours): kept across resets, for
-        # a data fetcher that still holds ours
-        self._fetch_marks: Any = getattr(self, "_fetch_marks", None)
+        # ours in front of the training loop's fetch marks during a fit: kept across resets, for a data fetcher that
+        # still holds ours and calls the loop's own through them
+        self._fetch_marks: Optional[fetch_marks.FetchMarks] = getattr(self, "_fetch_marks", None)
         self._transfer: Any = None  # our mark on the strategy's batch_to_device, during a fit
         self._worker_timer: Optional[loader.WorkerTimer] = None  # the DataLoader workers' own time, during a fit
         self._loaders: Any = None  # trainer.train_dataloader at train start
@@ -186,14 +154,6 @@ class SectionProfiler(PerfCallback):
     @property
     def _sections(self) -> Dict[str, Any]:
         return self._ledger.sections
-
-    @property
-    def _gap_mode(self) -> bool:
-        return self._ledger.gap_mode
-
-    @property
-    def _manual(self) -> bool:
-        return self._ledger.manual
 
     def _is_enabled(self) -> bool:
         value = os.environ.get(ENV_SWITCH)
@@ -228,7 +188,7 @@ class SectionProfiler(PerfCallback):
         self._report_waits = False
         if trainer is not None:
             start = now()
-            self._report_window(trainer)
+            report_window(trainer, self._ledger, self.print_reports, self._report_failed)
             OWN_WORK.add(now() - start)
 
     # -- device marks --------------------------------------------------------------------------------------------
@@ -323,11 +283,11 @@ class SectionProfiler(PerfCallback):
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
                 self._record_failure("dataloader fetch", err)
             self._overhead_s += now() - t
-        self._fetch_marks[0]()
+        self._fetch_marks.before()
 
     def _fetch_stopped(self) -> None:
         """The fetch returns (the loop's ``_on_after_fetch``)."""
-        self._fetch_marks[1]()
+        self._fetch_marks.after()
         if self._fetch_t is not None:
             self._apply_step_events()
             t = now()
@@ -392,8 +352,9 @@ class SectionProfiler(PerfCallback):
         if not self._worker_timer.install():
             self._workers_reason = self._worker_timer.reason
         self._worker_timer.start()  # (training's workers start, and prefetch, before on_train_start)
-        if not self._gap_mode:
-            self._watch_fetches(trainer)
+        if not self._ledger.gap_mode:  # (where the loop has no fetch marks: none seen, after 3 steps the gap instead)
+            marks = fetch_marks.install(trainer, self._fetch_started, self._fetch_stopped, _FETCH_MARKS)
+            self._fetch_marks = marks or self._fetch_marks
 
     def _restore(self) -> None:
         self._release_fetch_watch()
@@ -408,33 +369,10 @@ class SectionProfiler(PerfCallback):
         if user_sections.current_sink() is self:
             user_sections.set_sink(self._previous_sink)
 
-    def _watch_fetches(self, trainer: Trainer) -> None:
-        """Puts ours in front of the marks Lightning's training loop makes where a fetch starts and returns, on the
-        loop instance for the fit (its data fetcher takes them at each epoch's start, after this setup). Where they
-        are not there, no fetch is seen, and after 3 steps data loading falls back to the gap between batches."""
-        loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
-        marks = [getattr(loop, name, None) for name in _FETCH_MARKS]
-        if not all(callable(mark) for mark in marks):
-            return
-        self._fetch_loop = loop
-        self._fetch_marks = (*marks, *(name in vars(loop) for name in _FETCH_MARKS))
-        loop._on_before_fetch, loop._on_after_fetch = self._fetch_started, self._fetch_stopped
-
     def _release_fetch_watch(self) -> None:
-        """Gives the loop back its own fetch marks (or what another tool had put on the instance); a data fetcher that
-        still holds ours (until the next epoch's start) goes on calling theirs through ours."""
-        loop = self._fetch_loop
-        if loop is not None:
-            before, after, had_before, had_after = self._fetch_marks
-            own = vars(loop)
-            for name, ours, theirs, had in (("_on_before_fetch", self._fetch_started, before, had_before),
-                                            ("_on_after_fetch", self._fetch_stopped, after, had_after)):
-                if own.get(name) == ours:
-                    if had:
-                        setattr(loop, name, theirs)
-                    else:
-                        delattr(loop, name)
-            self._fetch_loop = None
+        """Gives the loop back its own fetch marks; a data fetcher that still holds ours (until the next epoch's
+        start) goes on calling the loop's own through ours (``_fetch_marks``, kept across resets)."""
+        fetch_marks.uninstall(self._fetch_marks)
         self._fetch_t = None
         self._ledger.fetch_resume = None
 
@@ -443,7 +381,7 @@ class SectionProfiler(PerfCallback):
         if not self._active:
             return
         self._stepped = False
-        self._ends_without_fetch = None if self._gap_mode else 0
+        self._ends_without_fetch = None if self._ledger.gap_mode else 0
         self._loaders = trainer.train_dataloader
         manual = not pl_module.automatic_optimization
         self._batches_per_iteration = 1 if manual else max(1, int(trainer.accumulate_grad_batches or 1))
@@ -546,7 +484,7 @@ class SectionProfiler(PerfCallback):
         t = now()
         try:
             # automatic optimization: the batch ends an iteration where an optimizer step was announced
-            ends = self._manual or self._stepped
+            ends = self._ledger.manual or self._stepped
             self._stepped = False
             if ends and self._ends_without_fetch is not None:  # (the first steps of a fit: was a fetch seen?)
                 self._apply_step_events()
@@ -566,7 +504,7 @@ class SectionProfiler(PerfCallback):
         3 steps without one (a Lightning release that renames the announcement, a loop of its own), data loading is
         the gap between batches from here on (``batch_gap``), with a warning and the reason in the summary. A fetch
         whose start is announced and not its return counts as none."""
-        if self._gap_mode or self._fetch_ends:
+        if self._ledger.gap_mode or self._fetch_ends:
             self._ends_without_fetch = None
             return
         self._ends_without_fetch += 1
@@ -574,15 +512,6 @@ class SectionProfiler(PerfCallback):
             self._ledger.gap_mode, self._ends_without_fetch = True, None
             self._warn_once("fetch", GAP_REASON)
             self._release_fetch_watch()  # (no fetch to watch for: the loop's own marks again)
-
-    def _report_window(self, trainer: Trainer) -> None:
-        iters, metrics, rows = self._ledger.take_window()
-        if not iters:
-            return
-        log_scalars(trainer, metrics)
-        if self.print_reports and trainer.is_global_zero and _info_shown():
-            PRINTER.put(_report_table, (trainer.global_step, iters, metrics["time/iteration_ms"], rows),
-                        self._report_failed)
 
     def _report_failed(self, err: BaseException) -> None:
         self._record_failure("report table", err)
@@ -658,7 +587,7 @@ class SectionProfiler(PerfCallback):
         never raised into the user's save: the checkpoint then holds no figures of this profiler."""
         try:
             self._apply_step_events()
-            return {**self._ledger.state(now()), "overhead_s": self._overhead_s}
+            return {**ledger_state(self._ledger, now()), "overhead_s": self._overhead_s}
         except Exception as err:  # noqa: BLE001
             self._record_failure("state_dict", err)
             return {}
@@ -677,7 +606,7 @@ class SectionProfiler(PerfCallback):
         iterations, iteration_ms = s.count("iterations"), s.histogram("iteration_ms")
         runs, total_s, overhead_s = validation.count("runs"), validation.number("total_s"), s.number("overhead_s")
         # all read: nothing is assigned from a state that fails halfway
-        self._ledger.load(iterations, iteration_ms, sections, runs, total_s)
+        load_ledger(self._ledger, iterations, iteration_ms, sections, runs, total_s)
         self._overhead_s = overhead_s
 
     # -- results -------------------------------------------------------------------------------------------------
@@ -705,13 +634,13 @@ class SectionProfiler(PerfCallback):
         unavailable: Dict[str, str] = {}
         if self._disabled_reason:
             unavailable["sections"] = self._disabled_reason
-        if self._manual:
+        if ledger.manual:
             unavailable["forward"] = unavailable["backward"] = unavailable["optimizer_step"] = (
                 "manual optimization: the step is one training_step section")
         if self._clock is None:
             unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
         unavailable["synchronization"] = SYNC_REASON
-        if self._gap_mode and self.data_loading_boundary == "fetch":
+        if ledger.gap_mode and self.data_loading_boundary == "fetch":
             unavailable["data_loading_fetch"] = GAP_REASON
         if self._checkpoint_reason:
             unavailable["checkpointing"] = self._checkpoint_reason
@@ -723,9 +652,9 @@ class SectionProfiler(PerfCallback):
                 "the fit did not reach its end (on_fit_end): the work after the last iteration is not complete")
         return {
             "enabled": self._active,
-            "data_loading_boundary": "batch_gap" if self._gap_mode else "fetch",
+            "data_loading_boundary": "batch_gap" if ledger.gap_mode else "fetch",
             "workers": self._workers,
-            "manual_optimization": self._manual,
+            "manual_optimization": ledger.manual,
             "warmup_steps": self.warmup_steps,
             "device_timing_every_n_iterations": self.device_timing_every_n_iterations,
             "iterations": ledger.iteration.host.count,

@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.sections import Samples, Section
-from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
+from lightning_perf.measure.stats import FOLD_EVERY
 from lightning_perf.measure.tail import OWN_WORK, SlowestPieces, median_per_iteration
 
 #: The host work of Lightning's loop between two batches (batch-end hooks after the profiler's, logging, the
@@ -400,62 +400,3 @@ class SectionLedger:
             if name in self.sections:
                 self.sections[name].device.add(ms)
         self.device_pieces = {}
-
-    # -- checkpoint state ----------------------------------------------------------------------------------------
-    def state(self, t: float) -> Dict[str, Any]:
-        """What resume needs: iterations, histograms of iterations and sections. Saved in an iteration's batch-end
-        work (ModelCheckpoint's every_n_train_steps), the iteration closes after the save: it is carried as timed so
-        far (up to ``t``), or a resume from it would miss it."""
-        self.fold()
-        iterations, iteration_ms = self.iterations, self.iteration.host.to_dict()
-        host_ms = {name: sec.host.to_dict() for name, sec in self.sections.items()}
-        closed = {name: sec.closed_by_exception for name, sec in self.sections.items()}
-        if self.ending:
-            iterations += 1
-            if self.counted:
-                self._add_open_iteration(t, iteration_ms, host_ms, closed)
-        return {"iterations": iterations, "iteration_ms": iteration_ms,
-                "sections": {name: {"kind": sec.kind, "parent": sec.parent, "host_ms": host_ms[name],
-                                    "device_ms": sec.device.to_dict(), "closed_by_exception": closed[name]}
-                             for name, sec in self.sections.items()},
-                "validation": {"runs": self.validation_runs, "total_s": self.validation_s}}
-
-    def _add_open_iteration(self, t: float, iteration_ms: Dict[str, Any], host_ms: Dict[str, Any],
-                            closed: Dict[str, int]) -> None:
-        """Adds the open iteration (its pieces up to ``t``) to the histogram states; the live figures stay as they are."""
-        pieces = dict(self.open.pieces)
-        if self.current is not None and not self.next_owner:
-            pieces[self.current] = pieces.get(self.current, 0.0) + (t - self.t0 - self.carved)
-        total = sum(pieces.values()) + self.open.user_s
-        if total <= 0:
-            return
-
-        def plus(state: Dict[str, Any], seconds: float) -> Dict[str, Any]:
-            hist = LogHistogram.from_dict(state)
-            hist.add(1000.0 * seconds)
-            return hist.to_dict()
-
-        iteration_ms.update(plus(iteration_ms, total))
-        for name, seconds in pieces.items():
-            self.section(name)
-            host_ms[name] = plus(host_ms.get(name) or LogHistogram().to_dict(), seconds)
-            closed.setdefault(name, 0)
-        for name, seconds, failed in self.open.calls:
-            host_ms[name] = plus(host_ms[name], seconds)
-            closed[name] += failed
-
-    def load(self, iterations: int, iteration_ms: Optional[LogHistogram], sections: Dict[str, tuple],
-             validation_runs: int, validation_s: float) -> None:
-        """A checkpoint's state, read and checked by the caller: ``sections`` name -> (kind, parent, host histogram,
-        device histogram, closed by exception)."""
-        self.iterations = iterations
-        if iteration_ms is not None:
-            self.iteration.host = iteration_ms
-        for name, (kind, parent, host, device, closed) in sections.items():
-            sec = self.section(name, kind, parent)
-            if host is not None:
-                sec.host = host
-            if device is not None:
-                sec.device = device
-            sec.closed_by_exception = closed
-        self.validation_runs, self.validation_s = validation_runs, validation_s
