@@ -28,9 +28,10 @@ Marker = Callable[[Optional[str], Optional[str], bool, bool], None]
 
 
 class Iteration:
-    """The iteration being timed: its automatic pieces, what was carved out of them, and its batch-end work."""
+    """The iteration being timed (then waiting for the fold): its automatic pieces, what was carved out of them, and
+    its batch-end work."""
 
-    __slots__ = ("pieces", "ahead", "user_s", "calls", "end_pieces", "end_s")
+    __slots__ = ("pieces", "ahead", "user_s", "calls", "end_pieces", "end_s", "number")
 
     def __init__(self, pieces: Optional[Dict[str, float]] = None) -> None:
         self.pieces: Dict[str, float] = pieces if pieces is not None else {}  # seconds per automatic section
@@ -39,6 +40,7 @@ class Iteration:
         self.calls: List[Tuple[str, float, bool]] = []  # (name, seconds, failed) of its user sections
         self.end_pieces: Dict[str, float] = {}  # carved out after its step (IterationTimer counts it in the next)
         self.end_s = 0.0  # their top-level time
+        self.number = -1  # 0-based in the run, set where it closes
 
 
 class SectionLedger:
@@ -66,11 +68,11 @@ class SectionLedger:
         self.next_owner = False  # the running piece belongs to the next iteration (the wait for its batch)
         self.ending = False  # the iteration's step is done; it closes where the next one starts, or at an end
         self.open = Iteration()
-        self.unfolded: List[Any] = []  # (pieces, user s, calls, iteration, batch-end (s, pieces)) not yet folded
+        self.unfolded: List[Iteration] = []  # closed, counted, not yet folded
         self.slowest = SlowestPieces(SLOWEST_KEPT)
         self.step_offset: Optional[int] = None  # global step - iteration number, this fit (automatic optimization)
-        self.prev_end: Any = None  # the last folded iteration's batch-end carved time, and its number
-        self.last_folded = -1
+        self.prev_end: Optional[Iteration] = None  # the last folded iteration, where it had batch-end work
+        self.last_folded = -1  # its number + 1
         self.iterations = 0
         self.fit_iterations = 0  # warm-up is per fit, also after a resume
         self.counted = warmup_steps == 0
@@ -279,15 +281,15 @@ class SectionLedger:
         self.switch(section, t, start_next=True)
         self.ending = False
         it, counted = self.open, self.counted
-        end = (it.end_s, it.end_pieces) if it.end_pieces else None
+        it.number = self.iterations
         if counted:
-            self.unfolded.append((it.pieces, it.user_s, it.calls, self.iterations, end))
+            self.unfolded.append(it)
             if len(self.unfolded) >= FOLD_EVERY:
                 start = now()
                 self.fold(histograms=False)
                 OWN_WORK.add(now() - start)
         elif not self.unfolded:  # a warm-up iteration's batch-end work is the first counted one's
-            self.prev_end, self.last_folded = end, self.iterations + 1
+            self.prev_end, self.last_folded = (it if it.end_pieces else None), it.number + 1
         self.open, self.next_owner, self.final_calls = Iteration(it.ahead), False, 0
         self.iterations += 1
         self.fit_iterations += 1
@@ -299,25 +301,26 @@ class SectionLedger:
         """The closed iterations' pieces into raw times, and those into the window sums and the histograms: before
         every read of a figure. ``histograms=False``: a section's raw times go to its histogram only at its limit."""
         slowest, offset = self.slowest, self.step_offset
-        for pieces, user_s, calls, before, end in self.unfolded:
-            total = sum(pieces.values()) + user_s
+        for it in self.unfolded:
+            total = sum(it.pieces.values()) + it.user_s
             if total <= 0:
                 continue
             self.iteration.raw.append(total)
             # As IterationTimer counts it: the previous iteration's batch-end carving in, this one's out
-            carried = self.prev_end if self.last_folded == before else None
-            aligned = total - (end[0] if end else 0.0) + (carried[0] if carried else 0.0)
+            carried = self.prev_end if self.last_folded == it.number else None
+            aligned = total - it.end_s + (carried.end_s if carried else 0.0)
+            number = it.number + 1  # (1-based, as the summary's slowest iterations count them)
             if aligned > slowest.floor:
-                slowest.offer(aligned, before + 1, None if offset is None else before + 1 + offset, pieces, calls,
-                              end[1] if end else None, carried[1] if carried else None)
-            self.prev_end, self.last_folded = end, before + 1
-            for name, seconds in pieces.items():
+                slowest.offer(aligned, number, None if offset is None else number + offset, it.pieces, it.calls,
+                              it.end_pieces or None, carried.end_pieces if carried else None)
+            self.prev_end, self.last_folded = (it if it.end_pieces else None), number
+            for name, seconds in it.pieces.items():
                 self.section(name).raw.append(seconds)
-            for name, seconds, failed in calls:
+            for name, seconds, failed in it.calls:
                 sec = self.sections[name]
                 sec.raw.append(seconds)
                 sec.closed_by_exception += failed
-            for name in {call[0] for call in calls}:
+            for name in {call[0] for call in it.calls}:
                 self.sections[name].runs += 1
         self.unfolded = []
         self.iteration.fold(histograms)
