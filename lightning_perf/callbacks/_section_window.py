@@ -11,6 +11,7 @@ from lightning_utilities.core import rank_zero as _rank_zero
 
 from lightning_perf.callbacks._printer import PRINTER
 from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.measure.clock import now
 from lightning_perf.measure.section_ledger import SectionLedger
 from lightning_perf.measure.section_report import report_table
 
@@ -34,3 +35,13 @@ def report_window(trainer: Trainer, ledger: SectionLedger, print_table: bool,
     log_scalars(trainer, metrics)
     if print_table and trainer.is_global_zero and info_shown():
         PRINTER.put(report_table, (trainer.global_step, iters, metrics["time/iteration_ms"], rows), on_failure)
+
+
+def flush_tables() -> float:
+    """Waits for the periodic tables still being printed, if any; the seconds it waited (lightning_perf's own time,
+    as a report is)."""
+    if not PRINTER.pending():
+        return 0.0
+    start = now()
+    PRINTER.flush()
+    return now() - start

@@ -18,15 +18,14 @@ from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._fetch_marks import FETCH_MARKS as _FETCH_MARKS
 from lightning_perf.callbacks._fetch_marks import GAP_REASON
-from lightning_perf.callbacks._printer import PRINTER
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import WAITING
-from lightning_perf.callbacks._section_window import report_window
+from lightning_perf.callbacks._section_window import flush_tables, report_window
 from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure import loader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
-from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, SectionLedger
+from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, DeviceLabel, SectionLedger
 from lightning_perf.measure.section_report import BACKWARD_OVER_FORWARD, THRESHOLDS, final_table, insights
 from lightning_perf.measure.section_report import printed_rows as _printed_rows
 from lightning_perf.measure.section_report import report_table as _report_table
@@ -130,7 +129,7 @@ class SectionProfiler(PerfCallback):
         self._step_events: List[tuple] = []  # (section, t) of a switch, (None, t, ends) of the batch end
         self._overhead_s = 0.0  # the hooks' own time
         self._clock: Optional[DeviceIntervalClock] = None
-        self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
+        self._pending_user: Deque[user_sections.UserSectionEvents] = deque()  # on CUDA
         self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
         self._fetch_t: Optional[float] = None  # where the fetch running now started
         self._fetch_ends = 0  # fetches whose return was seen (the loop's ``_on_after_fetch``)
@@ -206,7 +205,8 @@ class SectionProfiler(PerfCallback):
         fit = ledger.fit_iterations
         if current is not None and self._device_timed(fit + end_next):  # a timed piece ends here
             # labelled with the iteration the piece belongs to: device time is summed per iteration, like host
-            self._clock.mark(label=(current, ledger.iterations + end_next, fit + end_next >= self.warmup_steps))
+            counted = fit + end_next >= self.warmup_steps
+            self._clock.mark(label=DeviceLabel(current, ledger.iterations + end_next, counted))
             if section is not None and not self._device_timed(fit + start_next):
                 self._clock.break_chain()  # the next iterations are not timed: no interval spans them
         elif section is not None and self._device_timed(fit + start_next):
@@ -235,12 +235,12 @@ class SectionProfiler(PerfCallback):
         if flush:
             self._ledger.device_end()
         pending = self._pending_user
-        while pending and (flush or pending[0][2].query()):
-            name, start, end, counted = pending.popleft()
+        while pending and (flush or pending[0].end.query()):
+            events = pending.popleft()
             if flush:
-                end.synchronize()
-            if counted:
-                self._ledger.section(name, "user").device.add(float(start.elapsed_time(end)))
+                events.end.synchronize()
+            if events.counted:
+                self._ledger.section(events.name, "user").device.add(float(events.start.elapsed_time(events.end)))
 
     # -- events from outside Lightning's hooks -------------------------------------------------------------------
     def section_started(self, name: str) -> Any:
@@ -256,7 +256,8 @@ class SectionProfiler(PerfCallback):
         try:
             self._ledger.user_section(name, parent, seconds, failed)
             if token is not None and self._clock is not None:  # device time of a user section, read later
-                self._pending_user.append((name, token, self._clock.stamp(), self._ledger.counted))
+                events = user_sections.UserSectionEvents(name, token, self._clock.stamp(), self._ledger.counted)
+                self._pending_user.append(events)
         except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's section
             self._record_failure("profile_section", err)
 
@@ -339,15 +340,14 @@ class SectionProfiler(PerfCallback):
             return
         self._active = True
         self._previous_sink = user_sections.set_sink(self)
-        # Checkpoint writes are timed by a CheckpointIO plugin around the strategy's own (public plugin interface);
-        # with boundary "fetch", the fetch by marks in front of those the training loop makes for its profiler.
-        # Both are given back at teardown, or after an exception.
-        self._strategy = trainer.strategy
-        self._checkpoint_io = timed_checkpoint_io.install(trainer.strategy, self._checkpoint_written)
-        self._checkpoint_reason = (None if self._checkpoint_io is not None else
-                                   timed_checkpoint_io.OWN_WRITER_REASON.format(strategy=type(trainer.strategy).__name__))
-        self._transfer = batch_transfer.install(trainer.strategy, self._batch_transfer)
-        # the workers' own fetch and collate time: torch's fetchers wrapped before any worker of this fit forks
+        # What no hook shows, each given back at teardown or after an exception (``_restore``): checkpoint writes
+        # through a CheckpointIO plugin around the strategy's own, the transfer, the workers' time, the fetch
+        self._strategy = strategy = trainer.strategy
+        self._checkpoint_io = timed_checkpoint_io.install(strategy, self._checkpoint_written)
+        reason = timed_checkpoint_io.OWN_WRITER_REASON.format(strategy=type(strategy).__name__)
+        self._checkpoint_reason = reason if self._checkpoint_io is None else None
+        self._transfer = batch_transfer.install(strategy, self._batch_transfer)
+        # (torch's fetchers wrapped before any worker of this fit forks)
         self._worker_timer = loader.WorkerTimer()
         if not self._worker_timer.install():
             self._workers_reason = self._worker_timer.reason
@@ -405,12 +405,10 @@ class SectionProfiler(PerfCallback):
         self._flush_tables()  # the epoch's tables before what Lightning prints at its end (`Trainer.fit` stopped...)
 
     def _flush_tables(self) -> None:
-        """Waits for the periodic tables still being printed (see ``_printer``), if any: lightning_perf's own time,
-        in ``overhead_us_per_step`` and told to IterationTimer, as a report is."""
-        if PRINTER.pending():
-            start = now()
-            PRINTER.flush()
-            spent = now() - start
+        """The periodic tables still being printed: our own time, in ``overhead_us_per_step`` and told to
+        IterationTimer, as a report is."""
+        spent = flush_tables()
+        if spent:
             OWN_WORK.add(spent)
             self._overhead_s += spent
 
