@@ -125,8 +125,6 @@ class SectionProfiler(PerfCallback):
                                      gap_mode=self.data_loading_boundary == "batch_gap")
         self._stepped = False  # an optimizer step was announced since the last batch end
         self._report_waits = False  # a report fell due at a fetch's start: made at the batch's transfer or start
-        self._deferring = False  # this step's switches and end wait in ``_step_events`` (no device mark near)
-        self._step_events: List[tuple] = []  # (section, t) of a switch, (None, t, ends) of the batch end
         self._overhead_s = 0.0  # the hooks' own time
         self._clock: Optional[DeviceIntervalClock] = None
         self._pending_user: Deque[user_sections.UserSectionEvents] = deque()  # on CUDA
@@ -252,7 +250,6 @@ class SectionProfiler(PerfCallback):
     def section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
         if not self._active:
             return
-        self._apply_step_events()
         try:
             self._ledger.user_section(name, parent, seconds, failed)
             if token is not None and self._clock is not None:  # device time of a user section, read later
@@ -265,7 +262,6 @@ class SectionProfiler(PerfCallback):
         """A checkpoint write or removal, from the strategy's CheckpointIO: carved out of the running section. Called
         in the ``finally`` of the write: a failure here is recorded, never raised over the write's own outcome."""
         if self._active:
-            self._apply_step_events()
             try:
                 self._ledger.checkpoint(seconds)
             except Exception as err:  # noqa: BLE001
@@ -274,7 +270,6 @@ class SectionProfiler(PerfCallback):
     def _fetch_started(self) -> None:
         """Lightning's fetch of the next training batch starts (its loop's ``_on_before_fetch``, ours for the fit)."""
         if self._active:
-            self._apply_step_events()
             t = now()
             try:
                 self._fetches += 1
@@ -290,7 +285,6 @@ class SectionProfiler(PerfCallback):
         """The fetch returns (the loop's ``_on_after_fetch``)."""
         self._fetch_marks.after()
         if self._fetch_t is not None:
-            self._apply_step_events()
             t = now()
             try:
                 self._fetch_t = None
@@ -305,7 +299,6 @@ class SectionProfiler(PerfCallback):
         """Lightning's ``batch_to_device`` starts: in the training loop the ``transfer`` section runs from here to
         ``on_train_batch_start``; in a validation or the sanity check no section is running."""
         if self._active:
-            self._apply_step_events()
             start = now()
             try:
                 self._own_work_between_batches(self._trainer(), start)
@@ -391,13 +384,11 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         if self._active:
             self._ledger.epoch_start(now())
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         if self._active and self._ledger.epoch_end(now()):
             self._closed(trainer)
         if self._report_waits:
@@ -413,50 +404,26 @@ class SectionProfiler(PerfCallback):
             self._overhead_s += spent
 
     # The hooks of the step path: each reads the clock, records one event in the ledger and counts its own time.
-    # Not @guarded, the same inline: a failure is recorded where it came from, never raised into the step.
+    # Not @guarded, the same inline: a failure is recorded where it came from, never raised into the step. Applied
+    # at once: a list that held the step's events until the next one saved 0.8 µs a step (mean; median 1.6), under
+    # the 2 µs a trick must pay (`benchmarks/toggle_ab.py step-events --steps 50000 --reps 4` at 61500f1).
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._active:
-            self._apply_step_events()
             t = now()
             try:
                 self._own_work_between_batches(trainer, t)  # (no transfer or fetch closed it: a dataloader_iter step)
                 self._ledger.batch_start(now())
-                self._deferring = self._ledger.marker is None  # (on CUDA a timed piece near: each switch marks)
             except Exception as err:  # noqa: BLE001
                 self._record_failure("on_train_batch_start", err)
             self._overhead_s += now() - t
 
     def _step_switch(self, section: str, hook: str) -> None:
         t = now()
-        if self._deferring:
-            self._step_events.append((section, t))
-        else:
-            try:
-                self._ledger.step_switch(section, t)
-            except Exception as err:  # noqa: BLE001
-                self._record_failure(hook, err)
+        try:
+            self._ledger.step_switch(section, t)
+        except Exception as err:  # noqa: BLE001
+            self._record_failure(hook, err)
         self._overhead_s += now() - t
-
-    # The step's switches and its end wait in a list and reach the ledger in one batch at the next event (the next
-    # fetch, transfer or batch start, a section, a write, any other hook): right after torch's work each step hook
-    # only reads the clock and appends. In-hook µs a step against 4204d77's tape, loaded 2-core CPU, medians of 3
-    # rounds (`benchmarks/overhead.py --hooks-only SectionProfiler --against <4204d77> --rounds 3`): 112.7 vs 77.1
-    # applied live, 47.6 vs 43.7 with this list (each run's load differs: compare within a run only).
-    def _apply_step_events(self) -> None:
-        if not self._step_events:
-            return
-        start = now()
-        events, self._step_events = self._step_events, []
-        ledger = self._ledger
-        for event in events:
-            try:
-                if event[0] is None:
-                    ledger.batch_end(event[1], event[2])
-                else:
-                    ledger.step_switch(event[0], event[1])
-            except Exception as err:  # noqa: BLE001 - as live: one event's failure is its own, the rest go on
-                self._record_failure("on_train_batch_end" if event[0] is None else "step switch", err)
-        self._overhead_s += now() - start
 
     def on_before_zero_grad(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         if self._active:
@@ -485,12 +452,8 @@ class SectionProfiler(PerfCallback):
             ends = self._ledger.manual or self._stepped
             self._stepped = False
             if ends and self._ends_without_fetch is not None:  # (the first steps of a fit: was a fetch seen?)
-                self._apply_step_events()
                 self._fetch_seen_or_fall_back()
-            if self._deferring:
-                self._step_events.append((None, t, ends))
-            else:
-                self._ledger.batch_end(t, ends)
+            self._ledger.batch_end(t, ends)
             if WAITING.count:
                 self._drain_scalars(trainer)
         except Exception as err:  # noqa: BLE001
@@ -516,7 +479,6 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         if self._worker_timer is not None:
             self._worker_timer.stop()  # (validation's workers, the sanity check's too, may have the training's ids)
         if self._active and not trainer.sanity_checking:
@@ -524,7 +486,6 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         if self._worker_timer is not None:
             self._worker_timer.start()
         if self._active:
@@ -532,7 +493,6 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         self._flush_tables()  # the periodic tables before anything printed at the end
         if not self._active:
             gather_floats_then(trainer, [None] * len(AUTO_SECTIONS), lambda rows: None, self)  # every rank joins it
@@ -574,7 +534,6 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._apply_step_events()
         self._flush_tables()
         self._restore()  # no teardown hook follows an exception
         self._write_summary(trainer, exception)
@@ -584,7 +543,6 @@ class SectionProfiler(PerfCallback):
         """What resume needs so that one summary covers the whole run, as IterationTimer's does. A failure is recorded,
         never raised into the user's save: the checkpoint then holds no figures of this profiler."""
         try:
-            self._apply_step_events()
             return {**ledger_state(self._ledger, now()), "overhead_s": self._overhead_s}
         except Exception as err:  # noqa: BLE001
             self._record_failure("state_dict", err)
@@ -611,7 +569,6 @@ class SectionProfiler(PerfCallback):
     def table(self) -> Dict[str, Dict[str, Any]]:
         """Per section: kind, parent, count, total_s, mean/min/max/p50/p95 ms, share_pct, device_mean_ms; automatic
         sections also the ``inclusive_*`` figures, with the user sections that ran inside them put back."""
-        self._apply_step_events()
         return self._ledger.table()
 
     def insights(self, table: Optional[Dict[str, Dict[str, Any]]] = None) -> List[str]:
