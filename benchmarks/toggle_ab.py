@@ -14,7 +14,7 @@ Tricks:
 - ``suite-key``: PerfSuite's ``state_key`` held on the instance (``HeldStateKey``), which Lightning reads at every
   hook call; off: built at each read, as a property.
 - ``step-events``: a checkout whose SectionProfiler kept its step's switches in a list until the next event (up to
-  61500f1); off: applied live.
+  61500f1: ``LIGHTNING_PERF_BENCH_SOURCE=<that checkout>``, as for ``overhead.py``); off: applied live.
 
     python benchmarks/toggle_ab.py suite-guard --steps 50000 --reps 3     # ~1 minute a rep on an idle core
 """

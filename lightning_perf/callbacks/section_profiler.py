@@ -406,7 +406,8 @@ class SectionProfiler(PerfCallback):
     # The hooks of the step path: each reads the clock, records one event in the ledger and counts its own time.
     # Not @guarded, the same inline: a failure is recorded where it came from, never raised into the step. Applied
     # at once: a list that held the step's events until the next one saved 0.8 µs a step (mean; median 1.6), under
-    # the 2 µs a trick must pay (`benchmarks/toggle_ab.py step-events --steps 50000 --reps 4` at 61500f1).
+    # the 2 µs a trick must save (`LIGHTNING_PERF_BENCH_SOURCE=<checkout of 61500f1> python benchmarks/toggle_ab.py
+    # step-events --steps 50000 --reps 4`).
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._active:
             t = now()
