@@ -59,3 +59,29 @@ def uninstall(marks: Optional[FetchMarks]) -> None:
             else:
                 delattr(loop, name)
     marks.loop = None
+
+
+class FetchCount:
+    """The fetches Lightning announced (their starts and returns), and the step ends of a fit's first iterations
+    before one returned: after 3 without one (a release that renames the announcement, a loop of its own), data
+    loading falls back to the gap between batches. A fetch whose start is announced and not its return counts as
+    none."""
+
+    __slots__ = ("started", "returned", "running", "ends_without")
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.returned = 0
+        self.running = False  # a fetch started and has not returned
+        self.ends_without: Optional[int] = None  # None: nothing to check (a fetch seen, or not watching)
+
+    def falls_back(self) -> bool:
+        """At a step's end while ``ends_without`` is not None: True at the third without a fetch seen."""
+        if self.returned:
+            self.ends_without = None
+            return False
+        self.ends_without = (self.ends_without or 0) + 1
+        if self.ends_without < 3:
+            return False
+        self.ends_without = None
+        return True

@@ -17,11 +17,10 @@ from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._fetch_marks import FETCH_MARKS as _FETCH_MARKS
-from lightning_perf.callbacks._fetch_marks import GAP_REASON
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import WAITING
+from lightning_perf.callbacks._section_checkpoint import read_saved_ledger
 from lightning_perf.callbacks._section_window import flush_tables, report_window
-from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.measure import loader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
@@ -128,18 +127,14 @@ class SectionProfiler(PerfCallback):
         self._overhead_s = 0.0  # the hooks' own time
         self._clock: Optional[DeviceIntervalClock] = None
         self._pending_user: Deque[user_sections.UserSectionEvents] = deque()  # on CUDA
-        self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
-        self._fetch_t: Optional[float] = None  # where the fetch running now started
-        self._fetch_ends = 0  # fetches whose return was seen (the loop's ``_on_after_fetch``)
-        self._ends_without_fetch: Optional[int] = None  # step ends without a fetch seen (fall back after 3)
+        self._fetches = fetch_marks.FetchCount()  # announced by Lightning's loop (boundary "fetch")
         self._ranks: Optional[Dict[str, Any]] = None
         self._previous_sink: Any = None
         self._disabled_reason: Optional[str] = None
         self._checkpoint_io: Any = None  # our TimedCheckpointIO around the strategy's, during a fit
         self._strategy: Any = None
         self._checkpoint_reason: Optional[str] = None
-        # ours in front of the training loop's fetch marks during a fit: kept across resets, for a data fetcher that
-        # still holds ours and calls the loop's own through them
+        # (kept across resets: a data fetcher that still holds ours calls the loop's own marks through them)
         self._fetch_marks: Optional[fetch_marks.FetchMarks] = getattr(self, "_fetch_marks", None)
         self._transfer: Any = None  # our mark on the strategy's batch_to_device, during a fit
         self._worker_timer: Optional[loader.WorkerTimer] = None  # the DataLoader workers' own time, during a fit
@@ -272,8 +267,8 @@ class SectionProfiler(PerfCallback):
         if self._active:
             t = now()
             try:
-                self._fetches += 1
-                self._fetch_t = t
+                self._fetches.started += 1
+                self._fetches.running = True
                 if self._ledger.fetch_started(t):
                     self._closed(self._trainer(), report_later=True)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
@@ -284,11 +279,11 @@ class SectionProfiler(PerfCallback):
     def _fetch_stopped(self) -> None:
         """The fetch returns (the loop's ``_on_after_fetch``)."""
         self._fetch_marks.after()
-        if self._fetch_t is not None:
+        if self._fetches.running:
             t = now()
             try:
-                self._fetch_t = None
-                self._fetch_ends += 1
+                self._fetches.running = False
+                self._fetches.returned += 1
                 if self._active:
                     self._ledger.fetch_returned(t)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
@@ -366,7 +361,7 @@ class SectionProfiler(PerfCallback):
         """Gives the loop back its own fetch marks; a data fetcher that still holds ours (until the next epoch's
         start) goes on calling the loop's own through ours (``_fetch_marks``, kept across resets)."""
         fetch_marks.uninstall(self._fetch_marks)
-        self._fetch_t = None
+        self._fetches.running = False
         self._ledger.fetch_resume = None
 
     @guarded
@@ -374,7 +369,7 @@ class SectionProfiler(PerfCallback):
         if not self._active:
             return
         self._stepped = False
-        self._ends_without_fetch = None if self._ledger.gap_mode else 0
+        self._fetches.ends_without = None if self._ledger.gap_mode else 0
         self._loaders = trainer.train_dataloader
         manual = not pl_module.automatic_optimization
         self._batches_per_iteration = 1 if manual else max(1, int(trainer.accumulate_grad_batches or 1))
@@ -405,9 +400,7 @@ class SectionProfiler(PerfCallback):
 
     # The hooks of the step path: each reads the clock, records one event in the ledger and counts its own time.
     # Not @guarded, the same inline: a failure is recorded where it came from, never raised into the step. Applied
-    # at once: a list that held the step's events until the next one saved 0.8 µs a step (mean; median 1.6), under
-    # the 2 µs a trick must save (`LIGHTNING_PERF_BENCH_SOURCE=<checkout of 61500f1> python benchmarks/toggle_ab.py
-    # step-events --steps 50000 --reps 4`).
+    # at once: holding a step's events in a list saved 0.8 µs a step, under 2 (docs/section_profiler.md, "The ledger").
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._active:
             t = now()
@@ -452,8 +445,8 @@ class SectionProfiler(PerfCallback):
             # automatic optimization: the batch ends an iteration where an optimizer step was announced
             ends = self._ledger.manual or self._stepped
             self._stepped = False
-            if ends and self._ends_without_fetch is not None:  # (the first steps of a fit: was a fetch seen?)
-                self._fetch_seen_or_fall_back()
+            if ends and self._fetches.ends_without is not None and self._fetches.falls_back():  # (first steps)
+                self._fall_back_to_the_gap()
             self._ledger.batch_end(t, ends)
             if WAITING.count:
                 self._drain_scalars(trainer)
@@ -461,19 +454,12 @@ class SectionProfiler(PerfCallback):
             self._record_failure("on_train_batch_end", err)
         self._overhead_s += now() - t
 
-    def _fetch_seen_or_fall_back(self) -> None:
-        """At a step's end in the first iterations of a fit: once a fetch was announced, nothing more to check; after
-        3 steps without one (a Lightning release that renames the announcement, a loop of its own), data loading is
-        the gap between batches from here on (``batch_gap``), with a warning and the reason in the summary. A fetch
-        whose start is announced and not its return counts as none."""
-        if self._ledger.gap_mode or self._fetch_ends:
-            self._ends_without_fetch = None
-            return
-        self._ends_without_fetch += 1
-        if self._ends_without_fetch >= 3:
-            self._ledger.gap_mode, self._ends_without_fetch = True, None
-            self._warn_once("fetch", GAP_REASON)
-            self._release_fetch_watch()  # (no fetch to watch for: the loop's own marks again)
+    def _fall_back_to_the_gap(self) -> None:
+        """No fetch seen in a fit's first 3 iterations: data loading is the gap between batches from here on
+        (``batch_gap``), with a warning and the reason in the summary."""
+        self._ledger.gap_mode = True
+        self._warn_once("fetch", fetch_marks.GAP_REASON)
+        self._release_fetch_watch()  # (no fetch to watch for: the loop's own marks again)
 
     def _report_failed(self, err: BaseException) -> None:
         self._record_failure("report table", err)
@@ -551,20 +537,10 @@ class SectionProfiler(PerfCallback):
 
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        s = StateReader(state_dict)
-        sections = {}
-        for name, data in (s.mapping("sections", allow_none=True) or StateReader({})).data.items():
-            sec = StateReader(data, f"sections.{name}")
-            if not isinstance(name, str):
-                raise StateError(f"sections has a key {name!r}, expected section names")
-            sections[name] = (sec.text("kind", "auto", allow_none=False), sec.text("parent"), sec.histogram("host_ms"),
-                              sec.histogram("device_ms"), sec.count("closed_by_exception"))
-        validation = s.mapping("validation", allow_none=True) or StateReader({}, "validation")
-        iterations, iteration_ms = s.count("iterations"), s.histogram("iteration_ms")
-        runs, total_s, overhead_s = validation.count("runs"), validation.number("total_s"), s.number("overhead_s")
-        # all read: nothing is assigned from a state that fails halfway
-        load_ledger(self._ledger, iterations, iteration_ms, sections, runs, total_s)
-        self._overhead_s = overhead_s
+        saved = read_saved_ledger(state_dict)  # (all read and checked: nothing is assigned from a bad state)
+        load_ledger(self._ledger, saved.iterations, saved.iteration_ms, saved.sections, saved.validation_runs,
+                    saved.validation_s)
+        self._overhead_s = saved.overhead_s
 
     # -- results -------------------------------------------------------------------------------------------------
     def table(self) -> Dict[str, Dict[str, Any]]:
@@ -597,7 +573,7 @@ class SectionProfiler(PerfCallback):
             unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
         unavailable["synchronization"] = SYNC_REASON
         if ledger.gap_mode and self.data_loading_boundary == "fetch":
-            unavailable["data_loading_fetch"] = GAP_REASON
+            unavailable["data_loading_fetch"] = fetch_marks.GAP_REASON
         if self._checkpoint_reason:
             unavailable["checkpointing"] = self._checkpoint_reason
         if self._active and self._workers_reason and (self._workers is not None or ledger.iteration.host.count):
