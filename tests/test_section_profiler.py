@@ -490,15 +490,13 @@ def test_a_slow_report_lands_in_no_section_on_the_host_or_the_device(tmp_path, m
     the report's, as a CUDA event pair times it). On the virtual clock with HostEvent: each section's host and device
     mean is still the cost EverySection put in."""
     clock = use_virtual_clock(monkeypatch)
-    from lightning_perf.callbacks import section_profiler as module
+    original = SectionProfiler._report_window
 
-    original = module.report_window
-
-    def slow_report(*args):
+    def slow_report(self, trainer):
         clock.advance(0.05)
-        original(*args)
+        original(self, trainer)
 
-    monkeypatch.setattr(module, "report_window", slow_report)
+    monkeypatch.setattr(SectionProfiler, "_report_window", slow_report)
     sp = profiler(warmup_steps=2, device_timing_every_n_iterations=1, report_every_n_steps=3,
                   data_loading_boundary=boundary)
     fit(tmp_path, [sp, SimulatedDevice(sp)], model=EverySection(clock), max_epochs=2, enable_checkpointing=False)

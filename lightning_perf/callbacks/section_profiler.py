@@ -148,12 +148,11 @@ class SectionProfiler(PerfCallback):
         return self._ledger.sections
 
     def _is_enabled(self) -> bool:
-        value = os.environ.get(ENV_SWITCH)
-        if value is None or value.strip() == "":
-            return self.enabled
+        value = os.environ.get(ENV_SWITCH) or ""
         if value.strip() in ("0", "1"):
             return value.strip() == "1"
-        self._warn_once("env", f"{ENV_SWITCH}={value!r} is not 0 or 1; using enabled={self.enabled}.")
+        if value.strip():
+            self._warn_once("env", f"{ENV_SWITCH}={value!r} is not 0 or 1; using enabled={self.enabled}.")
         return self.enabled
 
     def _trainer(self) -> Optional[Trainer]:
@@ -180,8 +179,11 @@ class SectionProfiler(PerfCallback):
         self._report_waits = False
         if trainer is not None:
             start = now()
-            report_window(trainer, self._ledger, self.print_reports, self._report_failed)
+            self._report_window(trainer)
             OWN_WORK.add(now() - start)
+
+    def _report_window(self, trainer: Trainer) -> None:  # (the module's _report_table: what the tests replace)
+        report_window(trainer, self._ledger, self.print_reports, self._record_failure, _report_table)
 
     # -- device marks --------------------------------------------------------------------------------------------
     def _use_clock(self, clock: Optional[DeviceIntervalClock]) -> None:
@@ -328,8 +330,7 @@ class SectionProfiler(PerfCallback):
             return
         self._active = True
         self._previous_sink = user_sections.set_sink(self)
-        # What no hook shows, each given back at teardown or after an exception (``_restore``): checkpoint writes
-        # through a CheckpointIO plugin around the strategy's own, the transfer, the workers' time, the fetch
+        # what no hook shows, each given back by ``_restore``: checkpoint writes, the transfer, the workers, the fetch
         self._strategy = strategy = trainer.strategy
         self._checkpoint_io = timed_checkpoint_io.install(strategy, self._checkpoint_written)
         reason = timed_checkpoint_io.OWN_WRITER_REASON.format(strategy=type(strategy).__name__)
@@ -358,8 +359,7 @@ class SectionProfiler(PerfCallback):
             user_sections.set_sink(self._previous_sink)
 
     def _release_fetch_watch(self) -> None:
-        """Gives the loop back its own fetch marks; a data fetcher that still holds ours (until the next epoch's
-        start) goes on calling the loop's own through ours (``_fetch_marks``, kept across resets)."""
+        """Gives the loop back its own fetch marks (``_fetch_marks`` is kept: a data fetcher may still call ours)."""
         fetch_marks.uninstall(self._fetch_marks)
         self._fetches.running = False
         self._ledger.fetch_resume = None
@@ -391,8 +391,7 @@ class SectionProfiler(PerfCallback):
         self._flush_tables()  # the epoch's tables before what Lightning prints at its end (`Trainer.fit` stopped...)
 
     def _flush_tables(self) -> None:
-        """The periodic tables still being printed: our own time, in ``overhead_us_per_step`` and told to
-        IterationTimer, as a report is."""
+        """The periodic tables still being printed: our own time, counted and told to IterationTimer as a report is."""
         spent = flush_tables()
         if spent:
             OWN_WORK.add(spent)
@@ -460,9 +459,6 @@ class SectionProfiler(PerfCallback):
         self._ledger.gap_mode = True
         self._warn_once("fetch", fetch_marks.GAP_REASON)
         self._release_fetch_watch()  # (no fetch to watch for: the loop's own marks again)
-
-    def _report_failed(self, err: BaseException) -> None:
-        self._record_failure("report table", err)
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -544,8 +540,7 @@ class SectionProfiler(PerfCallback):
 
     # -- results -------------------------------------------------------------------------------------------------
     def table(self) -> Dict[str, Dict[str, Any]]:
-        """Per section: kind, parent, count, total_s, mean/min/max/p50/p95 ms, share_pct, device_mean_ms; automatic
-        sections also the ``inclusive_*`` figures, with the user sections that ran inside them put back."""
+        """Per section: count, total, mean, min, max, p50, p95, share, device mean (``SectionLedger.table``)."""
         return self._ledger.table()
 
     def insights(self, table: Optional[Dict[str, Dict[str, Any]]] = None) -> List[str]:
