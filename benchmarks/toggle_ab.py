@@ -9,8 +9,8 @@ blocks (``overhead.paired_overhead``). A trick that saves under 2 µs a step goe
 
 Tricks:
 
-- ``suite-guard``: PerfSuite calls a ``@guarded`` hook of its callbacks without that hook's own guard (its
-  forwarder has one); off: through it.
+- ``suite-guard``: a checkout whose PerfSuite called a ``@guarded`` hook of its callbacks without that hook's own
+  guard (its forwarder has one; up to 32bae39); off: through it.
 - ``suite-key``: PerfSuite's ``state_key`` held on the instance (``HeldStateKey``), which Lightning reads at every
   hook call; off: built at each read, as a property.
 - ``step-events``: a checkout whose SectionProfiler kept its step's switches in a list until the next event (up to
@@ -71,6 +71,8 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
     if name == "suite-guard":
         unguarded = suite._by_hook
         guarded = {hook: [(getattr(cb, hook), cb) for _, cb in fns] for hook, fns in unguarded.items()}
+        if unguarded == guarded:
+            raise SystemExit("suite-guard: this checkout calls each hook through its guard (measure one up to 32bae39)")
         return ([suite], lambda: setattr(suite, "_by_hook", unguarded), lambda: setattr(suite, "_by_hook", guarded),
                 False)
     held = perf_suite.PerfSuite.__dict__["state_key"]
