@@ -24,7 +24,7 @@ from lightning_perf.callbacks._section_window import flush_tables, report_window
 from lightning_perf.measure import loader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
-from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, DeviceLabel, SectionLedger
+from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, SectionLedger
 from lightning_perf.measure.section_report import BACKWARD_OVER_FORWARD, THRESHOLDS, final_table, insights
 from lightning_perf.measure.section_report import printed_rows as _printed_rows
 from lightning_perf.measure.section_report import report_table as _report_table
@@ -200,8 +200,7 @@ class SectionProfiler(PerfCallback):
         fit = ledger.fit_iterations
         if current is not None and self._device_timed(fit + end_next):  # a timed piece ends here
             # labelled with the iteration the piece belongs to: device time is summed per iteration, like host
-            counted = fit + end_next >= self.warmup_steps
-            self._clock.mark(label=DeviceLabel(current, ledger.iterations + end_next, counted))
+            self._clock.mark(label=(current, ledger.iterations + end_next, fit + end_next >= self.warmup_steps))
             if section is not None and not self._device_timed(fit + start_next):
                 self._clock.break_chain()  # the next iterations are not timed: no interval spans them
         elif section is not None and self._device_timed(fit + start_next):
