@@ -5,6 +5,7 @@ import pytest
 
 from lightning_perf.measure import section_ledger as ledger_module
 from lightning_perf.measure.section_ledger import BETWEEN, SectionLedger
+from lightning_perf.measure.section_state import ledger_state, load_ledger
 
 
 def step(ledger, t, forward=0.004, backward=0.008, optimizer=0.002, clip=0.001):
@@ -115,7 +116,7 @@ def test_a_checkpoint_saved_in_batch_end_work_carries_that_iteration_and_loads_b
     ledger.fetch_returned(t)
     ledger.transfer(t)
     t = step(ledger, t)  # the fourth iteration's step ended: it closes after the save
-    state = ledger.state(t + 0.001)
+    state = ledger_state(ledger, t + 0.001)
     assert state["iterations"] == 4 and state["sections"]["forward"]["host_ms"]["count"] == 4
     assert ledger.iterations == 3 and ledger.table()["forward"]["count"] == 3  # the live figures are untouched
     from lightning_perf.measure.stats import LogHistogram
@@ -124,7 +125,7 @@ def test_a_checkpoint_saved_in_batch_end_work_carries_that_iteration_and_loads_b
     sections = {name: (s["kind"], s["parent"], LogHistogram.from_dict(s["host_ms"]),
                        LogHistogram.from_dict(s["device_ms"]), s["closed_by_exception"])
                 for name, s in state["sections"].items()}
-    resumed.load(state["iterations"], LogHistogram.from_dict(state["iteration_ms"]), sections, 0, 0.0)
+    load_ledger(resumed, state["iterations"], LogHistogram.from_dict(state["iteration_ms"]), sections, 0, 0.0)
     assert resumed.iterations == 4 and resumed.table()["forward"]["count"] == 4
     # three whole iterations (fetch, loop, transfer, step), the fourth's fetch and step, 1 ms of its batch-end work
     assert resumed.iteration.host.total == pytest.approx(3 * (3.0 + 0.5 + 0.2 + 15.0) + 3.0 + 15.0 + 1.0, rel=1e-6)

@@ -622,7 +622,7 @@ def test_the_fetch_marks_see_every_fetch_and_nothing_else_and_the_loop_gets_its_
     real = module.SectionProfiler._fetch_started
 
     def counting(self):
-        seen.append(self._fetches)
+        seen.append(self._fetches.started)
         return real(self)
 
     class Counting(PassThroughProfiler):
@@ -636,7 +636,7 @@ def test_the_fetch_marks_see_every_fetch_and_nothing_else_and_the_loop_gets_its_
     finally:
         module.SectionProfiler._fetch_started = real
     fetches = [a for a in started if a.endswith("].train_dataloader_next")]
-    assert len(fetches) == 16 and len(seen) == sp._fetches == sp._fetch_ends == 16  # (8 batches an epoch)
+    assert len(fetches) == 16 and len(seen) == sp._fetches.started == sp._fetches.returned == 16  # (8 batches an epoch)
     assert not {"_on_before_fetch", "_on_after_fetch"} & set(vars(trainer.fit_loop.epoch_loop))
     assert not {"start", "stop"} & set(vars(trainer.profiler))
 

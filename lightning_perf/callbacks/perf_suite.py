@@ -3,7 +3,6 @@ once for all of them."""
 
 from __future__ import annotations
 
-import types
 import warnings
 import weakref
 from typing import Any, Dict, List, Optional
@@ -31,9 +30,10 @@ class PerfSuite(Callback):
 
     Lightning calls every hook of every callback on every step (about 1.7 µs a call with its profiler context):
     five separate callbacks pay that five times. Inside a ``PerfSuite`` they pay it once; each hook (written out
-    below, under "hooks") is forwarded only to the callbacks that define it. The callbacks keep their arguments, summary sections, logged keys and
-    checkpoint state (under the suite's ``state_key``, one entry per callback by its own ``state_key``; a resume finds
-    each callback's state by its own key in a checkpoint of separate callbacks or of another suite too). A check that
+    below, under "hooks") is forwarded only to the callbacks that define it. The callbacks keep their arguments,
+    summary sections, logged keys and checkpoint state (under the suite's ``state_key``, one entry per callback by its
+    own ``state_key``; a resume finds each callback's state by its own key in a checkpoint of separate callbacks or
+    of another suite too). A check that
     is asked to fail (``QualityGate(action="fail")``, ``EvalNoGradGuard(mode="raise")``) still fails the fit, after
     every callback has run that hook.
 
@@ -91,27 +91,21 @@ class PerfSuite(Callback):
         self._set_up = False
         self._build_dispatch()
 
-    #: Lightning formats ``f"[Callback]{callback.state_key}.{hook}"`` for its profiler on every hook call: built from
-    #: the callbacks' keys that is ~2.4 µs a call (six calls a step), so the key is held on the suite, built at its
-    #: first read after the dispatch is built and after ``setup`` begins (a callback's ``summary_path`` set since).
+    #: Lightning formats ``f"[Callback]{callback.state_key}.{hook}"`` for its profiler on every hook call, so the key
+    #: is held on the suite, built at its first read after the dispatch is built and after ``setup`` begins (a
+    #: callback's ``summary_path`` set since). Built at each read it cost 32 µs a step (3 paired fits of 40,000 steps:
+    #: `python benchmarks/toggle_ab.py suite-key --steps 40000 --reps 3`).
     state_key = HeldStateKey()
 
     def _build_dispatch(self) -> None:
-        # (hook, callback) of the callbacks that override each hook: the step path touches nothing else. A guarded
-        # hook is called without its own guard: the forwarder's does the same (records the failure on that
-        # callback, lets PerfCheckFailed through), one Python call fewer per callback and hook.
+        # (hook, callback) of the callbacks that override each hook: the step path touches nothing else. (Calling a
+        # guarded hook past its own guard saved 0.8 µs a step, under the 2 a trick must save:
+        # `LIGHTNING_PERF_BENCH_SOURCE=<checkout of 32bae39> python benchmarks/toggle_ab.py suite-guard --steps 40000`.)
         self._by_hook: Dict[str, List[Any]] = {}
         for name in _HOOKS:
             base = getattr(Callback, name)
-            fns = []
-            for cb in self.callbacks:
-                method = getattr(type(cb), name, base)
-                if method is base:
-                    continue
-                inner = getattr(method, "__guarded__", None)
-                own = cb.__dict__.get(name)  # an instance attribute wins, as it would for Lightning
-                fns.append((own if own is not None else
-                            types.MethodType(inner, cb) if inner is not None else getattr(cb, name), cb))
+            # (getattr on the instance: an instance attribute wins, as it would for Lightning)
+            fns = [(getattr(cb, name), cb) for cb in self.callbacks if getattr(type(cb), name, base) is not base]
             if fns:
                 self._by_hook[name] = fns
         self.__dict__.pop("state_key", None)

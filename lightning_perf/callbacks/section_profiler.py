@@ -4,23 +4,23 @@ checkpointing, user-named sections), with shares and advice, at no device sync. 
 
 from __future__ import annotations
 
-import logging
 import os
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
-from lightning_utilities.core import rank_zero as _rank_zero
 
 from lightning_perf.callbacks import _batch_transfer as batch_transfer
+from lightning_perf.callbacks import _fetch_marks as fetch_marks
 from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
 from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
-from lightning_perf.callbacks._printer import PRINTER
+from lightning_perf.callbacks._fetch_marks import FETCH_MARKS as _FETCH_MARKS
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks._scalars import WAITING, log_scalars
-from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.callbacks._scalars import WAITING
+from lightning_perf.callbacks._section_checkpoint import read_saved_ledger
+from lightning_perf.callbacks._section_window import flush_tables, report_window
 from lightning_perf.measure import loader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
@@ -29,34 +29,18 @@ from lightning_perf.measure.section_report import BACKWARD_OVER_FORWARD, THRESHO
 from lightning_perf.measure.section_report import printed_rows as _printed_rows
 from lightning_perf.measure.section_report import report_table as _report_table
 from lightning_perf.measure.section_report import slowest_section
+from lightning_perf.measure.section_state import ledger_state, load_ledger
 from lightning_perf.measure.tail import OWN_WORK
 
 __all__ = ["SectionProfiler", "AUTO_SECTIONS", "MANUAL_SECTIONS", "BETWEEN", "BACKWARD_OVER_FORWARD",
            "_printed_rows", "_report_table"]
 
 ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
-#: Where Lightning's training loop tells its profiler that a fetch starts and returns (its data fetcher calls them
-#: around ``next()`` on the DataLoader's iterator): private names, the same from Lightning 2.2 to 2.6.
-_FETCH_MARKS = ("_on_before_fetch", "_on_after_fetch")
 BOUNDARIES = ("fetch", "batch_gap")
-GAP_REASON = ("Lightning's training loop announced no dataloader fetch (its `_on_before_fetch` and `_on_after_fetch`,"
-              " which tell its profiler of each fetch) in 3 iterations: data loading is now timed as the whole gap from the end of one"
-              " batch to the start of the next (data_loading_boundary='batch_gap'), so it also holds Lightning's loop,"
-              " logging, the progress bar and other callbacks' batch-end hooks: an upper bound of the wait for data.")
 SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, overlapped with it, so that time is"
                " part of `backward`; timing it apart would need a DDP communication hook installed on your model,"
                " which a measurement must not do. `ranks` shows each rank's sections: a straggler's data loading or"
                " forward is what the others wait for.")
-
-
-def _info_shown() -> bool:
-    """Whether ``rank_zero_info`` would show an INFO line now: where Lightning's INFO logging is off (a script that
-    silences it), the periodic table is not built either. The logger is read from the module each time (the
-    standalone ``pytorch_lightning`` puts its own there when imported)."""
-    try:
-        return _rank_zero.log.isEnabledFor(logging.INFO)
-    except Exception:  # noqa: BLE001 - not known: build it, rank_zero_info decides
-        return True
 
 
 class SectionProfiler(PerfCallback):
@@ -65,23 +49,15 @@ class SectionProfiler(PerfCallback):
     An iteration runs from where the previous one closed to where the next one starts (its fetch by default, with
     ``data_loading_boundary="batch_gap"`` its transfer or ``on_train_batch_start``), or to an epoch end or the end
     of training: the work at its end (later callbacks' and the module's ``on_train_batch_end``, a checkpoint saved
-    there, one saved after a validation) is its own. What the fit runs after its last iteration (the epoch-end and
-    ``on_train_end`` hooks, the last checkpoint) is the summary's ``after_last_iteration`` row, outside the table.
+    there) is its own. What the fit runs after its last iteration is the summary's ``after_last_iteration`` row.
 
-    Automatic sections, from Lightning's hooks: ``data_loading`` (the loop's wait for the iteration's batch:
-    Lightning's fetch; with ``"batch_gap"`` the gap from the end of the previous batch to this one's transfer, less
-    what is carved out of it, which is the previous iteration's batch-end work), ``between_batches`` (the host work
-    of Lightning's loop between two batches: later callbacks' and the module's batch-end hooks, the progress bar,
-    logging, the loop's bookkeeping; only with the fetch), ``transfer`` (Lightning's ``batch_to_device``: the
-    host-to-device copy, ``transfer_batch_to_device`` and ``on_after_batch_transfer``), ``forward``
-    (``training_step``), ``backward``, ``optimizer_step`` (zero_grad and the step), ``checkpointing`` (checkpoint
-    writes and removals, timed through the strategy's ``CheckpointIO`` plugin) and ``other`` (gradient clipping,
-    epoch-end hooks: the rest). They add up to the iteration. Validation runs are timed on their own, outside the
-    table. Under manual optimization the step is one ``training_step`` section.
-    User sections (:class:`~lightning_perf.profile_section`) are carved out of the automatic section they ran in and
-    reported with it as ``parent``; nested user sections name their user parent. On CUDA each section's device time
-    comes from CUDA events read once complete; host time from ``perf_counter``. The first ``warmup_steps`` iterations
-    are not counted.
+    Automatic sections, which add up to the iteration: ``data_loading`` (the wait for the batch), ``between_batches``
+    (the loop's host work between two batches; only with the fetch), ``transfer`` (``batch_to_device``),
+    ``forward`` (``training_step``), ``backward``, ``optimizer_step``, ``checkpointing`` (writes and removals through
+    the strategy's ``CheckpointIO``) and ``other`` (the rest); under manual optimization the step is one
+    ``training_step``. User sections (:class:`~lightning_perf.profile_section`) are carved out of the section they
+    ran in, reported with it as ``parent``. Validation is timed apart. On CUDA each section also has a device time
+    from CUDA events read once complete. See docs/section_profiler.md for every boundary.
 
     Args:
         enabled: profile at all; the environment variable ``LIGHTNING_PERF_PROFILE=0|1`` overrides it.
@@ -90,28 +66,19 @@ class SectionProfiler(PerfCallback):
         device_timing: also time sections with CUDA events when training on CUDA.
         data_loading_boundary: what ``data_loading`` is. ``"fetch"``: Lightning's dataloader fetch, from its start
             to its return, seen through the marks Lightning's training loop makes for its profiler there (private
-            names; warns and falls back to ``"batch_gap"`` when no fetch is seen in 3 iterations); the rest
-            of the gap between two batches is ``between_batches``. ``"batch_gap"``: the whole gap from the end of the
-            previous batch (this profiler's ``on_train_batch_end``) to the transfer, through public hooks only; later
-            callbacks' batch-end hooks, the progress bar, logger writes and LR schedulers are inside it (an upper
-            bound of the wait), less the sections and checkpoint writes carved out of it.
+            names; warns and falls back to ``"batch_gap"`` when no fetch is seen in 3 iterations); the rest of the
+            gap between two batches is ``between_batches``. ``"batch_gap"``: the whole gap from the end of the
+            previous batch to the transfer, through public hooks only (an upper bound of the wait: later callbacks'
+            batch-end hooks, the progress bar and logger writes are inside it).
         device_timing_every_n_iterations: time sections on the device in the first n iterations after the warm-up,
-            then in one iteration of every n, and report the mean over those. Each section boundary costs a CUDA
-            event record, and each interval an event query and read: ~75 µs of CUDA calls per iteration on an H100
-            host. The other iterations record no event, so the fewer timed, the cheaper the step: one in 32 costs
-            ~2.5 µs of CUDA calls a step.
-            1 times every iteration.
+            then in one iteration of every n, and report the mean over those (1: every iteration). Each timed
+            iteration costs ~75 µs of CUDA calls on an H100 host; one in 32, ~2.5 µs a step.
         print_reports: print the periodic and the final table (rank 0); logging happens either way.
         summary_path: where the run's summary goes; default ``<trainer.log_dir>/perf_summary.json``.
 
-    With DataLoader workers, the summary's ``workers`` block says what they spend per batch (their fetch and collate,
-    timed inside them), beside the loop's wait.
-
     Logged metrics (every ``report_every_n_steps``, means over the window): ``time/<section>_ms`` and
-    ``time_share/<section>_pct`` for each section, e.g. ``time/forward_ms``, ``time_share/data_loading_pct``,
-    ``time/between_batches_ms``,
-    ``time/transfer_ms``,
-    ``time/ema_ms``; ``time/iteration_ms``.
+    ``time_share/<section>_pct`` for each section (``time/forward_ms``, ``time_share/data_loading_pct``,
+    ``time/ema_ms``, ...) and ``time/iteration_ms``.
 
     Raises:
         ValueError: for ``report_every_n_steps`` below 1, a negative ``warmup_steps`` or an unknown
@@ -127,7 +94,7 @@ class SectionProfiler(PerfCallback):
     """
 
     section_name = "section_profiler"
-    _transient = ("_checkpoint_io", "_strategy", "_fetch_loop", "_fetch_marks", "_previous_sink", "_clock",
+    _transient = ("_checkpoint_io", "_strategy", "_fetch_marks", "_previous_sink", "_clock",
                   "_worker_timer", "_pending_user", "_transfer")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
@@ -157,25 +124,18 @@ class SectionProfiler(PerfCallback):
                                      gap_mode=self.data_loading_boundary == "batch_gap")
         self._stepped = False  # an optimizer step was announced since the last batch end
         self._report_waits = False  # a report fell due at a fetch's start: made at the batch's transfer or start
-        self._deferring = False  # this step's switches and end wait in ``_step_events`` (no device mark near)
-        self._step_events: List[tuple] = []  # (section, t) of a switch, (None, t, ends) of the batch end
         self._overhead_s = 0.0  # the hooks' own time
         self._clock: Optional[DeviceIntervalClock] = None
-        self._pending_user: Deque[Any] = deque()  # (name, start event, end event, counted) on CUDA
-        self._fetches = 0  # dataloader fetches Lightning announced through its profiler (boundary "fetch")
-        self._fetch_t: Optional[float] = None  # where the fetch running now started
-        self._fetch_ends = 0  # fetches whose return was seen (the loop's ``_on_after_fetch``)
-        self._ends_without_fetch: Optional[int] = None  # step ends without a fetch seen (fall back after 3)
+        self._pending_user: Deque[user_sections.UserSectionEvents] = deque()  # on CUDA
+        self._fetches = fetch_marks.FetchCount()  # announced by Lightning's loop (boundary "fetch")
         self._ranks: Optional[Dict[str, Any]] = None
         self._previous_sink: Any = None
         self._disabled_reason: Optional[str] = None
         self._checkpoint_io: Any = None  # our TimedCheckpointIO around the strategy's, during a fit
         self._strategy: Any = None
         self._checkpoint_reason: Optional[str] = None
-        self._fetch_loop: Any = None  # Lightning's training epoch loop, whose fetch marks are ours during a fit
-        # (its own before and after, and whether each was an instance attribute before ours): kept across resets, for
-        # a data fetcher that still holds ours
-        self._fetch_marks: Any = getattr(self, "_fetch_marks", None)
+        # (kept across resets: a data fetcher that still holds ours calls the loop's own marks through them)
+        self._fetch_marks: Optional[fetch_marks.FetchMarks] = getattr(self, "_fetch_marks", None)
         self._transfer: Any = None  # our mark on the strategy's batch_to_device, during a fit
         self._worker_timer: Optional[loader.WorkerTimer] = None  # the DataLoader workers' own time, during a fit
         self._loaders: Any = None  # trainer.train_dataloader at train start
@@ -187,21 +147,12 @@ class SectionProfiler(PerfCallback):
     def _sections(self) -> Dict[str, Any]:
         return self._ledger.sections
 
-    @property
-    def _gap_mode(self) -> bool:
-        return self._ledger.gap_mode
-
-    @property
-    def _manual(self) -> bool:
-        return self._ledger.manual
-
     def _is_enabled(self) -> bool:
-        value = os.environ.get(ENV_SWITCH)
-        if value is None or value.strip() == "":
-            return self.enabled
+        value = os.environ.get(ENV_SWITCH) or ""
         if value.strip() in ("0", "1"):
             return value.strip() == "1"
-        self._warn_once("env", f"{ENV_SWITCH}={value!r} is not 0 or 1; using enabled={self.enabled}.")
+        if value.strip():
+            self._warn_once("env", f"{ENV_SWITCH}={value!r} is not 0 or 1; using enabled={self.enabled}.")
         return self.enabled
 
     def _trainer(self) -> Optional[Trainer]:
@@ -230,6 +181,9 @@ class SectionProfiler(PerfCallback):
             start = now()
             self._report_window(trainer)
             OWN_WORK.add(now() - start)
+
+    def _report_window(self, trainer: Trainer) -> None:  # (the module's _report_table: what the tests replace)
+        report_window(trainer, self._ledger, self.print_reports, self._record_failure, _report_table)
 
     # -- device marks --------------------------------------------------------------------------------------------
     def _use_clock(self, clock: Optional[DeviceIntervalClock]) -> None:
@@ -275,12 +229,12 @@ class SectionProfiler(PerfCallback):
         if flush:
             self._ledger.device_end()
         pending = self._pending_user
-        while pending and (flush or pending[0][2].query()):
-            name, start, end, counted = pending.popleft()
+        while pending and (flush or pending[0].end.query()):
+            events = pending.popleft()
             if flush:
-                end.synchronize()
-            if counted:
-                self._ledger.section(name, "user").device.add(float(start.elapsed_time(end)))
+                events.end.synchronize()
+            if events.counted:
+                self._ledger.section(events.name, "user").device.add(float(events.start.elapsed_time(events.end)))
 
     # -- events from outside Lightning's hooks -------------------------------------------------------------------
     def section_started(self, name: str) -> Any:
@@ -292,11 +246,11 @@ class SectionProfiler(PerfCallback):
     def section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
         if not self._active:
             return
-        self._apply_step_events()
         try:
             self._ledger.user_section(name, parent, seconds, failed)
             if token is not None and self._clock is not None:  # device time of a user section, read later
-                self._pending_user.append((name, token, self._clock.stamp(), self._ledger.counted))
+                events = user_sections.UserSectionEvents(name, token, self._clock.stamp(), self._ledger.counted)
+                self._pending_user.append(events)
         except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's section
             self._record_failure("profile_section", err)
 
@@ -304,7 +258,6 @@ class SectionProfiler(PerfCallback):
         """A checkpoint write or removal, from the strategy's CheckpointIO: carved out of the running section. Called
         in the ``finally`` of the write: a failure here is recorded, never raised over the write's own outcome."""
         if self._active:
-            self._apply_step_events()
             try:
                 self._ledger.checkpoint(seconds)
             except Exception as err:  # noqa: BLE001
@@ -313,27 +266,25 @@ class SectionProfiler(PerfCallback):
     def _fetch_started(self) -> None:
         """Lightning's fetch of the next training batch starts (its loop's ``_on_before_fetch``, ours for the fit)."""
         if self._active:
-            self._apply_step_events()
             t = now()
             try:
-                self._fetches += 1
-                self._fetch_t = t
+                self._fetches.started += 1
+                self._fetches.running = True
                 if self._ledger.fetch_started(t):
                     self._closed(self._trainer(), report_later=True)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
                 self._record_failure("dataloader fetch", err)
             self._overhead_s += now() - t
-        self._fetch_marks[0]()
+        self._fetch_marks.before()
 
     def _fetch_stopped(self) -> None:
         """The fetch returns (the loop's ``_on_after_fetch``)."""
-        self._fetch_marks[1]()
-        if self._fetch_t is not None:
-            self._apply_step_events()
+        self._fetch_marks.after()
+        if self._fetches.running:
             t = now()
             try:
-                self._fetch_t = None
-                self._fetch_ends += 1
+                self._fetches.running = False
+                self._fetches.returned += 1
                 if self._active:
                     self._ledger.fetch_returned(t)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
@@ -344,7 +295,6 @@ class SectionProfiler(PerfCallback):
         """Lightning's ``batch_to_device`` starts: in the training loop the ``transfer`` section runs from here to
         ``on_train_batch_start``; in a validation or the sanity check no section is running."""
         if self._active:
-            self._apply_step_events()
             start = now()
             try:
                 self._own_work_between_batches(self._trainer(), start)
@@ -379,21 +329,20 @@ class SectionProfiler(PerfCallback):
             return
         self._active = True
         self._previous_sink = user_sections.set_sink(self)
-        # Checkpoint writes are timed by a CheckpointIO plugin around the strategy's own (public plugin interface);
-        # with boundary "fetch", the fetch by marks in front of those the training loop makes for its profiler.
-        # Both are given back at teardown, or after an exception.
-        self._strategy = trainer.strategy
-        self._checkpoint_io = timed_checkpoint_io.install(trainer.strategy, self._checkpoint_written)
-        self._checkpoint_reason = (None if self._checkpoint_io is not None else
-                                   timed_checkpoint_io.OWN_WRITER_REASON.format(strategy=type(trainer.strategy).__name__))
-        self._transfer = batch_transfer.install(trainer.strategy, self._batch_transfer)
-        # the workers' own fetch and collate time: torch's fetchers wrapped before any worker of this fit forks
+        # what no hook shows, each given back by ``_restore``: checkpoint writes, the transfer, the workers, the fetch
+        self._strategy = strategy = trainer.strategy
+        self._checkpoint_io = timed_checkpoint_io.install(strategy, self._checkpoint_written)
+        reason = timed_checkpoint_io.OWN_WRITER_REASON.format(strategy=type(strategy).__name__)
+        self._checkpoint_reason = reason if self._checkpoint_io is None else None
+        self._transfer = batch_transfer.install(strategy, self._batch_transfer)
+        # (torch's fetchers wrapped before any worker of this fit forks)
         self._worker_timer = loader.WorkerTimer()
         if not self._worker_timer.install():
             self._workers_reason = self._worker_timer.reason
         self._worker_timer.start()  # (training's workers start, and prefetch, before on_train_start)
-        if not self._gap_mode:
-            self._watch_fetches(trainer)
+        if not self._ledger.gap_mode:  # (where the loop has no fetch marks: none seen, after 3 steps the gap instead)
+            marks = fetch_marks.install(trainer, self._fetch_started, self._fetch_stopped, _FETCH_MARKS)
+            self._fetch_marks = marks or self._fetch_marks
 
     def _restore(self) -> None:
         self._release_fetch_watch()
@@ -408,34 +357,10 @@ class SectionProfiler(PerfCallback):
         if user_sections.current_sink() is self:
             user_sections.set_sink(self._previous_sink)
 
-    def _watch_fetches(self, trainer: Trainer) -> None:
-        """Puts ours in front of the marks Lightning's training loop makes where a fetch starts and returns, on the
-        loop instance for the fit (its data fetcher takes them at each epoch's start, after this setup). Where they
-        are not there, no fetch is seen, and after 3 steps data loading falls back to the gap between batches."""
-        loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
-        marks = [getattr(loop, name, None) for name in _FETCH_MARKS]
-        if not all(callable(mark) for mark in marks):
-            return
-        self._fetch_loop = loop
-        self._fetch_marks = (*marks, *(name in vars(loop) for name in _FETCH_MARKS))
-        loop._on_before_fetch, loop._on_after_fetch = self._fetch_started, self._fetch_stopped
-
     def _release_fetch_watch(self) -> None:
-        """Gives the loop back its own fetch marks (or what another tool had put on the instance); a data fetcher that
-        still holds ours (until the next epoch's start) goes on calling theirs through ours."""
-        loop = self._fetch_loop
-        if loop is not None:
-            before, after, had_before, had_after = self._fetch_marks
-            own = vars(loop)
-            for name, ours, theirs, had in (("_on_before_fetch", self._fetch_started, before, had_before),
-                                            ("_on_after_fetch", self._fetch_stopped, after, had_after)):
-                if own.get(name) == ours:
-                    if had:
-                        setattr(loop, name, theirs)
-                    else:
-                        delattr(loop, name)
-            self._fetch_loop = None
-        self._fetch_t = None
+        """Gives the loop back its own fetch marks (``_fetch_marks`` is kept: a data fetcher may still call ours)."""
+        fetch_marks.uninstall(self._fetch_marks)
+        self._fetches.running = False
         self._ledger.fetch_resume = None
 
     @guarded
@@ -443,7 +368,7 @@ class SectionProfiler(PerfCallback):
         if not self._active:
             return
         self._stepped = False
-        self._ends_without_fetch = None if self._gap_mode else 0
+        self._fetches.ends_without = None if self._ledger.gap_mode else 0
         self._loaders = trainer.train_dataloader
         manual = not pl_module.automatic_optimization
         self._batches_per_iteration = 1 if manual else max(1, int(trainer.accumulate_grad_batches or 1))
@@ -453,13 +378,11 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         if self._active:
             self._ledger.epoch_start(now())
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         if self._active and self._ledger.epoch_end(now()):
             self._closed(trainer)
         if self._report_waits:
@@ -467,60 +390,32 @@ class SectionProfiler(PerfCallback):
         self._flush_tables()  # the epoch's tables before what Lightning prints at its end (`Trainer.fit` stopped...)
 
     def _flush_tables(self) -> None:
-        """Waits for the periodic tables still being printed (see ``_printer``), if any: lightning_perf's own time,
-        in ``overhead_us_per_step`` and told to IterationTimer, as a report is."""
-        if PRINTER.pending():
-            start = now()
-            PRINTER.flush()
-            spent = now() - start
+        """The periodic tables still being printed: our own time, counted and told to IterationTimer as a report is."""
+        spent = flush_tables()
+        if spent:
             OWN_WORK.add(spent)
             self._overhead_s += spent
 
     # The hooks of the step path: each reads the clock, records one event in the ledger and counts its own time.
-    # Not @guarded, the same inline: a failure is recorded where it came from, never raised into the step.
+    # Not @guarded, the same inline: a failure is recorded where it came from, never raised into the step. Applied
+    # at once: holding a step's events in a list saved 0.8 µs a step, under 2 (docs/section_profiler.md, "The ledger").
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._active:
-            self._apply_step_events()
             t = now()
             try:
                 self._own_work_between_batches(trainer, t)  # (no transfer or fetch closed it: a dataloader_iter step)
                 self._ledger.batch_start(now())
-                self._deferring = self._ledger.marker is None  # (on CUDA a timed piece near: each switch marks)
             except Exception as err:  # noqa: BLE001
                 self._record_failure("on_train_batch_start", err)
             self._overhead_s += now() - t
 
     def _step_switch(self, section: str, hook: str) -> None:
         t = now()
-        if self._deferring:
-            self._step_events.append((section, t))
-        else:
-            try:
-                self._ledger.step_switch(section, t)
-            except Exception as err:  # noqa: BLE001
-                self._record_failure(hook, err)
+        try:
+            self._ledger.step_switch(section, t)
+        except Exception as err:  # noqa: BLE001
+            self._record_failure(hook, err)
         self._overhead_s += now() - t
-
-    # The step's switches and its end wait in a list and reach the ledger in one batch at the next event (the next
-    # fetch, transfer or batch start, a section, a write, any other hook): right after torch's work each step hook
-    # only reads the clock and appends. In-hook µs a step against 4204d77's tape, loaded 2-core CPU, medians of 3
-    # rounds (`benchmarks/overhead.py --hooks-only SectionProfiler --against <4204d77> --rounds 3`): 112.7 vs 77.1
-    # applied live, 47.6 vs 43.7 with this list (each run's load differs: compare within a run only).
-    def _apply_step_events(self) -> None:
-        if not self._step_events:
-            return
-        start = now()
-        events, self._step_events = self._step_events, []
-        ledger = self._ledger
-        for event in events:
-            try:
-                if event[0] is None:
-                    ledger.batch_end(event[1], event[2])
-                else:
-                    ledger.step_switch(event[0], event[1])
-            except Exception as err:  # noqa: BLE001 - as live: one event's failure is its own, the rest go on
-                self._record_failure("on_train_batch_end" if event[0] is None else "step switch", err)
-        self._overhead_s += now() - start
 
     def on_before_zero_grad(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         if self._active:
@@ -546,50 +441,26 @@ class SectionProfiler(PerfCallback):
         t = now()
         try:
             # automatic optimization: the batch ends an iteration where an optimizer step was announced
-            ends = self._manual or self._stepped
+            ends = self._ledger.manual or self._stepped
             self._stepped = False
-            if ends and self._ends_without_fetch is not None:  # (the first steps of a fit: was a fetch seen?)
-                self._apply_step_events()
-                self._fetch_seen_or_fall_back()
-            if self._deferring:
-                self._step_events.append((None, t, ends))
-            else:
-                self._ledger.batch_end(t, ends)
+            if ends and self._fetches.ends_without is not None and self._fetches.falls_back():  # (first steps)
+                self._fall_back_to_the_gap()
+            self._ledger.batch_end(t, ends)
             if WAITING.count:
                 self._drain_scalars(trainer)
         except Exception as err:  # noqa: BLE001
             self._record_failure("on_train_batch_end", err)
         self._overhead_s += now() - t
 
-    def _fetch_seen_or_fall_back(self) -> None:
-        """At a step's end in the first iterations of a fit: once a fetch was announced, nothing more to check; after
-        3 steps without one (a Lightning release that renames the announcement, a loop of its own), data loading is
-        the gap between batches from here on (``batch_gap``), with a warning and the reason in the summary. A fetch
-        whose start is announced and not its return counts as none."""
-        if self._gap_mode or self._fetch_ends:
-            self._ends_without_fetch = None
-            return
-        self._ends_without_fetch += 1
-        if self._ends_without_fetch >= 3:
-            self._ledger.gap_mode, self._ends_without_fetch = True, None
-            self._warn_once("fetch", GAP_REASON)
-            self._release_fetch_watch()  # (no fetch to watch for: the loop's own marks again)
-
-    def _report_window(self, trainer: Trainer) -> None:
-        iters, metrics, rows = self._ledger.take_window()
-        if not iters:
-            return
-        log_scalars(trainer, metrics)
-        if self.print_reports and trainer.is_global_zero and _info_shown():
-            PRINTER.put(_report_table, (trainer.global_step, iters, metrics["time/iteration_ms"], rows),
-                        self._report_failed)
-
-    def _report_failed(self, err: BaseException) -> None:
-        self._record_failure("report table", err)
+    def _fall_back_to_the_gap(self) -> None:
+        """No fetch seen in a fit's first 3 iterations: data loading is the gap between batches from here on
+        (``batch_gap``), with a warning and the reason in the summary."""
+        self._ledger.gap_mode = True
+        self._warn_once("fetch", fetch_marks.GAP_REASON)
+        self._release_fetch_watch()  # (no fetch to watch for: the loop's own marks again)
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         if self._worker_timer is not None:
             self._worker_timer.stop()  # (validation's workers, the sanity check's too, may have the training's ids)
         if self._active and not trainer.sanity_checking:
@@ -597,7 +468,6 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         if self._worker_timer is not None:
             self._worker_timer.start()
         if self._active:
@@ -605,7 +475,6 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._apply_step_events()
         self._flush_tables()  # the periodic tables before anything printed at the end
         if not self._active:
             gather_floats_then(trainer, [None] * len(AUTO_SECTIONS), lambda rows: None, self)  # every rank joins it
@@ -647,7 +516,6 @@ class SectionProfiler(PerfCallback):
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._apply_step_events()
         self._flush_tables()
         self._restore()  # no teardown hook follows an exception
         self._write_summary(trainer, exception)
@@ -657,34 +525,21 @@ class SectionProfiler(PerfCallback):
         """What resume needs so that one summary covers the whole run, as IterationTimer's does. A failure is recorded,
         never raised into the user's save: the checkpoint then holds no figures of this profiler."""
         try:
-            self._apply_step_events()
-            return {**self._ledger.state(now()), "overhead_s": self._overhead_s}
+            return {**ledger_state(self._ledger, now()), "overhead_s": self._overhead_s}
         except Exception as err:  # noqa: BLE001
             self._record_failure("state_dict", err)
             return {}
 
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        s = StateReader(state_dict)
-        sections = {}
-        for name, data in (s.mapping("sections", allow_none=True) or StateReader({})).data.items():
-            sec = StateReader(data, f"sections.{name}")
-            if not isinstance(name, str):
-                raise StateError(f"sections has a key {name!r}, expected section names")
-            sections[name] = (sec.text("kind", "auto", allow_none=False), sec.text("parent"), sec.histogram("host_ms"),
-                              sec.histogram("device_ms"), sec.count("closed_by_exception"))
-        validation = s.mapping("validation", allow_none=True) or StateReader({}, "validation")
-        iterations, iteration_ms = s.count("iterations"), s.histogram("iteration_ms")
-        runs, total_s, overhead_s = validation.count("runs"), validation.number("total_s"), s.number("overhead_s")
-        # all read: nothing is assigned from a state that fails halfway
-        self._ledger.load(iterations, iteration_ms, sections, runs, total_s)
-        self._overhead_s = overhead_s
+        saved = read_saved_ledger(state_dict)  # (all read and checked: nothing is assigned from a bad state)
+        load_ledger(self._ledger, saved.iterations, saved.iteration_ms, saved.sections, saved.validation_runs,
+                    saved.validation_s)
+        self._overhead_s = saved.overhead_s
 
     # -- results -------------------------------------------------------------------------------------------------
     def table(self) -> Dict[str, Dict[str, Any]]:
-        """Per section: kind, parent, count, total_s, mean/min/max/p50/p95 ms, share_pct, device_mean_ms; automatic
-        sections also the ``inclusive_*`` figures, with the user sections that ran inside them put back."""
-        self._apply_step_events()
+        """Per section: count, total, mean, min, max, p50, p95, share, device mean (``SectionLedger.table``)."""
         return self._ledger.table()
 
     def insights(self, table: Optional[Dict[str, Dict[str, Any]]] = None) -> List[str]:
@@ -705,14 +560,14 @@ class SectionProfiler(PerfCallback):
         unavailable: Dict[str, str] = {}
         if self._disabled_reason:
             unavailable["sections"] = self._disabled_reason
-        if self._manual:
+        if ledger.manual:
             unavailable["forward"] = unavailable["backward"] = unavailable["optimizer_step"] = (
                 "manual optimization: the step is one training_step section")
         if self._clock is None:
             unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
         unavailable["synchronization"] = SYNC_REASON
-        if self._gap_mode and self.data_loading_boundary == "fetch":
-            unavailable["data_loading_fetch"] = GAP_REASON
+        if ledger.gap_mode and self.data_loading_boundary == "fetch":
+            unavailable["data_loading_fetch"] = fetch_marks.GAP_REASON
         if self._checkpoint_reason:
             unavailable["checkpointing"] = self._checkpoint_reason
         if self._active and self._workers_reason and (self._workers is not None or ledger.iteration.host.count):
@@ -723,9 +578,9 @@ class SectionProfiler(PerfCallback):
                 "the fit did not reach its end (on_fit_end): the work after the last iteration is not complete")
         return {
             "enabled": self._active,
-            "data_loading_boundary": "batch_gap" if self._gap_mode else "fetch",
+            "data_loading_boundary": "batch_gap" if ledger.gap_mode else "fetch",
             "workers": self._workers,
-            "manual_optimization": self._manual,
+            "manual_optimization": ledger.manual,
             "warmup_steps": self.warmup_steps,
             "device_timing_every_n_iterations": self.device_timing_every_n_iterations,
             "iterations": ledger.iteration.host.count,

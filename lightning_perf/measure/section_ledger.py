@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.sections import Samples, Section
-from lightning_perf.measure.stats import FOLD_EVERY, LogHistogram
+from lightning_perf.measure.stats import FOLD_EVERY
 from lightning_perf.measure.tail import OWN_WORK, SlowestPieces, median_per_iteration
 
 #: The host work of Lightning's loop between two batches (batch-end hooks after the profiler's, logging, the
@@ -22,15 +22,20 @@ MAX_CALLS_PER_ITERATION = 10_000
 #: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
 #: IterationTimer's default ``keep_slowest`` (10), so that its kept iterations are found here too.
 SLOWEST_KEPT = 20
+
+#: What a device interval belongs to: (section, iteration 0-based in the run, counted). A plain tuple: a NamedTuple
+#: cost ~0.5 µs more to build (timeit), ~4 µs a step at device_timing_every_n_iterations=1 (about 8 marks a step).
+DeviceLabel = Tuple[str, int, bool]
 #: A device mark, called on each switch that changes the section: (section ending, section starting, whether the
 #: ending piece belongs to the next iteration, whether the starting one does).
 Marker = Callable[[Optional[str], Optional[str], bool, bool], None]
 
 
 class Iteration:
-    """The iteration being timed: its automatic pieces, what was carved out of them, and its batch-end work."""
+    """The iteration being timed (then waiting for the fold): its automatic pieces, what was carved out of them, and
+    its batch-end work."""
 
-    __slots__ = ("pieces", "ahead", "user_s", "calls", "end_pieces", "end_s")
+    __slots__ = ("pieces", "ahead", "user_s", "calls", "end_pieces", "end_s", "number")
 
     def __init__(self, pieces: Optional[Dict[str, float]] = None) -> None:
         self.pieces: Dict[str, float] = pieces if pieces is not None else {}  # seconds per automatic section
@@ -39,6 +44,7 @@ class Iteration:
         self.calls: List[Tuple[str, float, bool]] = []  # (name, seconds, failed) of its user sections
         self.end_pieces: Dict[str, float] = {}  # carved out after its step (IterationTimer counts it in the next)
         self.end_s = 0.0  # their top-level time
+        self.number = -1  # 0-based in the run, set where it closes
 
 
 class SectionLedger:
@@ -66,11 +72,11 @@ class SectionLedger:
         self.next_owner = False  # the running piece belongs to the next iteration (the wait for its batch)
         self.ending = False  # the iteration's step is done; it closes where the next one starts, or at an end
         self.open = Iteration()
-        self.unfolded: List[Any] = []  # (pieces, user s, calls, iteration, batch-end (s, pieces)) not yet folded
+        self.unfolded: List[Iteration] = []  # closed, counted, not yet folded
         self.slowest = SlowestPieces(SLOWEST_KEPT)
         self.step_offset: Optional[int] = None  # global step - iteration number, this fit (automatic optimization)
-        self.prev_end: Any = None  # the last folded iteration's batch-end carved time, and its number
-        self.last_folded = -1
+        self.prev_end: Optional[Iteration] = None  # the last folded iteration, where it had batch-end work
+        self.last_folded = -1  # its number + 1
         self.iterations = 0
         self.fit_iterations = 0  # warm-up is per fit, also after a resume
         self.counted = warmup_steps == 0
@@ -279,15 +285,15 @@ class SectionLedger:
         self.switch(section, t, start_next=True)
         self.ending = False
         it, counted = self.open, self.counted
-        end = (it.end_s, it.end_pieces) if it.end_pieces else None
+        it.number = self.iterations
         if counted:
-            self.unfolded.append((it.pieces, it.user_s, it.calls, self.iterations, end))
+            self.unfolded.append(it)
             if len(self.unfolded) >= FOLD_EVERY:
                 start = now()
                 self.fold(histograms=False)
                 OWN_WORK.add(now() - start)
         elif not self.unfolded:  # a warm-up iteration's batch-end work is the first counted one's
-            self.prev_end, self.last_folded = end, self.iterations + 1
+            self.prev_end, self.last_folded = (it if it.end_pieces else None), it.number + 1
         self.open, self.next_owner, self.final_calls = Iteration(it.ahead), False, 0
         self.iterations += 1
         self.fit_iterations += 1
@@ -299,25 +305,26 @@ class SectionLedger:
         """The closed iterations' pieces into raw times, and those into the window sums and the histograms: before
         every read of a figure. ``histograms=False``: a section's raw times go to its histogram only at its limit."""
         slowest, offset = self.slowest, self.step_offset
-        for pieces, user_s, calls, before, end in self.unfolded:
-            total = sum(pieces.values()) + user_s
+        for it in self.unfolded:
+            total = sum(it.pieces.values()) + it.user_s
             if total <= 0:
                 continue
             self.iteration.raw.append(total)
             # As IterationTimer counts it: the previous iteration's batch-end carving in, this one's out
-            carried = self.prev_end if self.last_folded == before else None
-            aligned = total - (end[0] if end else 0.0) + (carried[0] if carried else 0.0)
+            carried = self.prev_end if self.last_folded == it.number else None
+            aligned = total - it.end_s + (carried.end_s if carried else 0.0)
+            number = it.number + 1  # (1-based, as the summary's slowest iterations count them)
             if aligned > slowest.floor:
-                slowest.offer(aligned, before + 1, None if offset is None else before + 1 + offset, pieces, calls,
-                              end[1] if end else None, carried[1] if carried else None)
-            self.prev_end, self.last_folded = end, before + 1
-            for name, seconds in pieces.items():
+                slowest.offer(aligned, number, None if offset is None else number + offset, it.pieces, it.calls,
+                              it.end_pieces or None, carried.end_pieces if carried else None)
+            self.prev_end, self.last_folded = (it if it.end_pieces else None), number
+            for name, seconds in it.pieces.items():
                 self.section(name).raw.append(seconds)
-            for name, seconds, failed in calls:
+            for name, seconds, failed in it.calls:
                 sec = self.sections[name]
                 sec.raw.append(seconds)
                 sec.closed_by_exception += failed
-            for name in {call[0] for call in calls}:
+            for name in {call[0] for call in it.calls}:
                 self.sections[name].runs += 1
         self.unfolded = []
         self.iteration.fold(histograms)
@@ -379,15 +386,15 @@ class SectionLedger:
         return self.slowest.entries(medians, {k: v for k, v in runs.items() if v is not None}, n)
 
     # -- device time --------------------------------------------------------------------------------------------
-    def device_interval(self, label: Tuple[str, int, bool], ms: float) -> None:
-        """A device interval read, labelled (section, iteration, counted) by the caller's mark. One device time per
-        section per iteration: the sum of its pieces (optimizer_step and other run twice in an iteration)."""
-        name, iteration, counted = label
+    def device_interval(self, label: DeviceLabel, ms: float) -> None:
+        """A device interval read, labelled by the caller's mark. One device time per section per iteration: the sum
+        of its pieces (optimizer_step and other run twice in an iteration)."""
+        section, iteration, counted = label
         if iteration != self.device_iteration:  # every piece of the previous iteration has been read
             self._close_device_iteration()
             self.device_iteration = iteration
         if counted:
-            self.device_pieces[name] = self.device_pieces.get(name, 0.0) + ms
+            self.device_pieces[section] = self.device_pieces.get(section, 0.0) + ms
 
     def device_end(self) -> None:
         """Every interval read: the last closed iteration's go in; the open one's not (nor are its host pieces)."""
@@ -400,62 +407,3 @@ class SectionLedger:
             if name in self.sections:
                 self.sections[name].device.add(ms)
         self.device_pieces = {}
-
-    # -- checkpoint state ----------------------------------------------------------------------------------------
-    def state(self, t: float) -> Dict[str, Any]:
-        """What resume needs: iterations, histograms of iterations and sections. Saved in an iteration's batch-end
-        work (ModelCheckpoint's every_n_train_steps), the iteration closes after the save: it is carried as timed so
-        far (up to ``t``), or a resume from it would miss it."""
-        self.fold()
-        iterations, iteration_ms = self.iterations, self.iteration.host.to_dict()
-        host_ms = {name: sec.host.to_dict() for name, sec in self.sections.items()}
-        closed = {name: sec.closed_by_exception for name, sec in self.sections.items()}
-        if self.ending:
-            iterations += 1
-            if self.counted:
-                self._add_open_iteration(t, iteration_ms, host_ms, closed)
-        return {"iterations": iterations, "iteration_ms": iteration_ms,
-                "sections": {name: {"kind": sec.kind, "parent": sec.parent, "host_ms": host_ms[name],
-                                    "device_ms": sec.device.to_dict(), "closed_by_exception": closed[name]}
-                             for name, sec in self.sections.items()},
-                "validation": {"runs": self.validation_runs, "total_s": self.validation_s}}
-
-    def _add_open_iteration(self, t: float, iteration_ms: Dict[str, Any], host_ms: Dict[str, Any],
-                            closed: Dict[str, int]) -> None:
-        """Adds the open iteration (its pieces up to ``t``) to the histogram states; the live figures stay as they are."""
-        pieces = dict(self.open.pieces)
-        if self.current is not None and not self.next_owner:
-            pieces[self.current] = pieces.get(self.current, 0.0) + (t - self.t0 - self.carved)
-        total = sum(pieces.values()) + self.open.user_s
-        if total <= 0:
-            return
-
-        def plus(state: Dict[str, Any], seconds: float) -> Dict[str, Any]:
-            hist = LogHistogram.from_dict(state)
-            hist.add(1000.0 * seconds)
-            return hist.to_dict()
-
-        iteration_ms.update(plus(iteration_ms, total))
-        for name, seconds in pieces.items():
-            self.section(name)
-            host_ms[name] = plus(host_ms.get(name) or LogHistogram().to_dict(), seconds)
-            closed.setdefault(name, 0)
-        for name, seconds, failed in self.open.calls:
-            host_ms[name] = plus(host_ms[name], seconds)
-            closed[name] += failed
-
-    def load(self, iterations: int, iteration_ms: Optional[LogHistogram], sections: Dict[str, tuple],
-             validation_runs: int, validation_s: float) -> None:
-        """A checkpoint's state, read and checked by the caller: ``sections`` name -> (kind, parent, host histogram,
-        device histogram, closed by exception)."""
-        self.iterations = iterations
-        if iteration_ms is not None:
-            self.iteration.host = iteration_ms
-        for name, (kind, parent, host, device, closed) in sections.items():
-            sec = self.section(name, kind, parent)
-            if host is not None:
-                sec.host = host
-            if device is not None:
-                sec.device = device
-            sec.closed_by_exception = closed
-        self.validation_runs, self.validation_s = validation_runs, validation_s

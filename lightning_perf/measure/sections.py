@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Callable, List, Optional, Protocol, TypeVar
+from typing import Any, Callable, List, NamedTuple, Optional, Protocol, TypeVar
 
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.stats import LogHistogram
@@ -163,3 +163,12 @@ class Section(Samples):
         self.device = LogHistogram()
         self.closed_by_exception = 0
         self.runs = 0  # a user section: counted iterations it ran in, this process
+
+
+class UserSectionEvents(NamedTuple):
+    """A user section's CUDA event pair on a timed iteration, read once the device has passed its end."""
+
+    name: str
+    start: Any
+    end: Any
+    counted: bool  # (not in the warm-up)

@@ -1,0 +1,113 @@
+"""A paired A/B of one per-step speed trick inside one fit: the trick on and off in alternate blocks of 7 steps.
+
+``benchmarks/overhead.py --paired`` puts callbacks in and out of the Trainer; this keeps them in and switches one
+trick of theirs, so both sides of the difference run in one process, on the same loop, interleaved: a drift of
+the machine's speed (5 people on 2 cores) falls alike on both. The step is ``overhead.py``'s CPU loop (~1 ms,
+torch on one thread, thread CPU time). The first step of each block is left out; 'on - off' is the mean and
+median difference of a step with the trick and without it, with 95% CIs from a bootstrap over pairs of adjacent
+blocks (``overhead.paired_overhead``). A trick that saves under 2 µs a step goes.
+
+Tricks:
+
+- ``suite-guard``: a checkout whose PerfSuite called a ``@guarded`` hook of its callbacks without that hook's own
+  guard (its forwarder has one; up to 32bae39); off: through it.
+- ``suite-key``: PerfSuite's ``state_key`` held on the instance (``HeldStateKey``), which Lightning reads at every
+  hook call; off: built at each read, as a property.
+- ``step-events``: a checkout whose SectionProfiler kept its step's switches in a list until the next event (up to
+  61500f1: ``LIGHTNING_PERF_BENCH_SOURCE=<that checkout>``, as for ``overhead.py``); off: applied live.
+
+    python benchmarks/toggle_ab.py suite-guard --steps 50000 --reps 3     # ~1 minute a rep on an idle core
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from typing import Any, Callable, List, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import overhead  # noqa: E402 - benchmarks/overhead.py, which puts the measured checkout on the path
+
+import torch  # noqa: E402
+from lightning.pytorch import Callback  # noqa: E402
+
+import lightning_perf  # noqa: E402
+from lightning_perf.callbacks import perf_suite  # noqa: E402
+
+
+class Toggle(overhead.Blocks):
+    """``overhead.Blocks`` that keeps every callback in and calls ``on()`` or ``off()`` where a block starts."""
+
+    def __init__(self, on: Callable[[], None], off: Callable[[], None], block: int, skip: int,
+                 each_step: bool = False) -> None:
+        super().__init__([], block, skip)
+        self.turn_on, self.turn_off, self.each_step = on, off, each_step
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        pass  # (no callback leaves the Trainer)
+
+    def _set(self, trainer: Any, on: bool) -> None:
+        self.on = on
+        (self.turn_on if on else self.turn_off)()
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        if self.each_step and not self.on:
+            self.turn_off()  # (a trick decided at each batch start, after the measured callback's hook)
+
+
+def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], None], bool]:
+    """The callbacks of the fit, and how to turn the trick on and off."""
+    if name == "step-events":
+        profiler = lightning_perf.SectionProfiler()
+        if not hasattr(profiler, "_deferring"):
+            raise SystemExit("step-events: this checkout has no list of step events (measure one up to 61500f1)")
+        return [profiler], lambda: None, lambda: setattr(profiler, "_deferring", False), True
+    suite = lightning_perf.PerfSuite()
+    if name == "suite-guard":
+        unguarded = suite._by_hook
+        guarded = {hook: [(getattr(cb, hook), cb) for _, cb in fns] for hook, fns in unguarded.items()}
+        if unguarded == guarded:
+            raise SystemExit("suite-guard: this checkout calls each hook through its guard (measure one up to 32bae39)")
+        return ([suite], lambda: setattr(suite, "_by_hook", unguarded), lambda: setattr(suite, "_by_hook", guarded),
+                False)
+    held = perf_suite.PerfSuite.__dict__["state_key"]
+    built = property(lambda self: self._compute_state_key())
+    return ([suite], lambda: setattr(perf_suite.PerfSuite, "state_key", held),
+            lambda: setattr(perf_suite.PerfSuite, "state_key", built), False)
+
+
+def main(argv: Any = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trick", choices=("suite-guard", "suite-key", "step-events"))
+    parser.add_argument("--steps", type=int, default=50_000, help="steps of each fit (default 50000)")
+    parser.add_argument("--reps", type=int, default=3, help="fits, one after the other (default 3)")
+    parser.add_argument("--block", type=int, default=7, help="steps per block (default 7, as overhead.py's)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    for handler in logging.getLogger("lightning.pytorch").handlers:  # (built and logged, as overhead.py does)
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(open(os.devnull, "w"))  # noqa: SIM115 - for the process's life
+    print(f"load average at start: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory() as root:
+        overhead.run(steps=300, skip=1, root=root, callbacks=[])  # warm the process up
+        for rep in range(args.reps):
+            callbacks, on, off, each_step = trick(args.trick)
+            toggle = Toggle(on, off, args.block, args.steps // 10, each_step)
+            overhead.fit([*callbacks, toggle], args.steps, None, root)
+            on()
+            r = overhead.paired_overhead(toggle)
+            print(f"{args.trick} fit {rep + 1}: step without {r['without_mean']:.1f} µs; on - off: mean"
+                  f" {r['mean']:+.2f} [{r['mean_ci'][0]:+.2f}, {r['mean_ci'][1]:+.2f}], median {r['median']:+.2f}"
+                  f" [{r['median_ci'][0]:+.2f}, {r['median_ci'][1]:+.2f}], {r['pairs']} pairs", flush=True)
+    print(f"load average at end: {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
