@@ -22,8 +22,8 @@ from lightning_perf.measure.flops import count_step_flops, mfu_pct, peak_flops, 
 from lightning_perf.measure.epochs import MAX_EPOCH_RECORDS, EpochRecords
 from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
 from lightning_perf.measure.tail import (AFTER_VALIDATION, ALLOC_RETRY, CHECKPOINT, EPOCH_START, GC, GC_FLAG_PAUSE_S,
-                                         OWN, OWN_WORK, TAIL_FACTOR, CauseBook, GcWatch, SlowestIterations, tail_block,
-                                         tail_line)
+                                         OWN, OWN_WORK, TAIL_FACTOR, CauseBook, GcWatch, SlowestIterations, tail_block)
+from lightning_perf.measure.tail_advice import tail_insights, tail_line
 from lightning_perf.summary.projection import project_time
 
 class _Window:
@@ -782,6 +782,7 @@ class IterationTimer(PerfCallback):
                                                  if self._clock is None else "not read: training did not end")
         block = tail_block(self._histogram(), self._causes, self._slowest,
                            {"gc": gc_figures, "alloc_retries": self._alloc_retries, "dataloader": self._loader_info})
+        block["insights"] = tail_insights(block)
         if block["share_pct"] is None:
             unavailable["tail"] = "no iteration was measured"
         return block
