@@ -8,7 +8,7 @@ import gc
 import heapq
 import math
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from lightning_perf.measure import clock
 from lightning_perf.measure.stats import LogHistogram
@@ -133,9 +133,21 @@ class _Slowest:
             self.floor = self._heap[0][0]
 
 
+class SlowIteration(NamedTuple):
+    """One of IterationTimer's slowest iterations; ordered by ``ms``, then by ``seq`` (the order offered)."""
+
+    ms: float
+    seq: int
+    step: int
+    epoch: int
+    flags: int  # what coincided (the cause bits)
+    gc_pause_ms: float
+    iteration: int  # the run's iteration number; -1 where a checkpoint of an older version did not keep it
+
+
 class SlowestIterations(_Slowest):
-    """IterationTimer's ``k`` slowest iterations: (ms, seq, step, epoch, flags, gc ms, the run's iteration number;
-    -1 where a checkpoint of an older version did not keep it)."""
+    """IterationTimer's ``k`` slowest iterations (:class:`SlowIteration`); a checkpoint holds each as a list of its
+    seven numbers, in the order of the fields."""
 
     def __init__(self, k: int) -> None:
         super().__init__(k)
@@ -143,12 +155,12 @@ class SlowestIterations(_Slowest):
 
     def offer(self, ms: float, step: int, epoch: int, flags: int, gc_pause_ms: float, iteration: int) -> None:
         self._seq += 1
-        self._keep((ms, self._seq, step, epoch, flags, gc_pause_ms, iteration))
+        self._keep(SlowIteration(ms, self._seq, step, epoch, flags, gc_pause_ms, iteration))
 
     def entries(self) -> List[Dict[str, Any]]:
-        return [{"step": step, "iteration": iteration if iteration >= 0 else None, "epoch": epoch, "ms": ms,
-                 "causes": cause_names(flags), "gc_pause_ms": gc_ms}
-                for ms, _, step, epoch, flags, gc_ms, iteration in sorted(self._heap, reverse=True)]
+        return [{"step": e.step, "iteration": e.iteration if e.iteration >= 0 else None, "epoch": e.epoch, "ms": e.ms,
+                 "causes": cause_names(e.flags), "gc_pause_ms": e.gc_pause_ms}
+                for e in sorted(self._heap, reverse=True)]
 
     def to_state(self) -> List[List[float]]:
         return [list(e) for e in self._heap]
