@@ -90,7 +90,7 @@ def load_into(timer: "IterationTimer", state_dict: Dict[str, Any]) -> None:
         _fits=s.count("fits"),
         _host=s.histogram("histogram_ms", timer._histogram()), _blocks=s.series("blocks_ms", timer._series()),
         _device=s.histogram("device_histogram_ms", timer._device), _slowest=slowest,
-        _slow_floor=slowest.floor, _causes=causes, _alloc_retries=retries)
+        _causes=causes, _alloc_retries=retries)
     for name, value in read.items():  # all read: nothing is assigned from a state that fails halfway
         setattr(timer, name, value)
     timer._epochs.records, timer._epochs.carried = epochs, open_epoch

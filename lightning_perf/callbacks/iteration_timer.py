@@ -17,7 +17,7 @@ from lightning_perf.callbacks._iteration_flops import count_flops, start_flops
 from lightning_perf.callbacks._iteration_summary import final_scalars, summary_section, verdict_line
 from lightning_perf.callbacks._iteration_window import LoggingWindow
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks._scalars import WAITING, log_scalars
+from lightning_perf.callbacks._scalars import log_scalars
 from lightning_perf.callbacks._summary_book import error_message
 from lightning_perf.measure.batch_size import batch_size_path, follow
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
@@ -178,7 +178,6 @@ class IterationTimer(PerfCallback):
         if old_watch is not None:
             old_watch.uninstall()
         self._slowest = SlowestIterations(self.keep_slowest)
-        self._slow_floor = self._slowest.floor
         self._causes = CauseBook()
         self._gc = GcWatch(self._gc_flagged)
         self._excluded: Dict[str, int] = {"warmup": 0}
@@ -350,35 +349,32 @@ class IterationTimer(PerfCallback):
         # assignment, nothing to guard (a step hook: see `guarded`)
         self._stepped = True
 
+    @guarded
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        try:
-            self.batches += 1
-            self._iter_batches += 1
-            if self._samples_unknown is None:
-                size = self._batch_size(batch)
-                if size is not None:
-                    self.samples += size
-                    self._iter_samples += size
-            if self.items_fn is not None and self._items_unknown is None:
-                items = self._items(batch)
-                if items is not None:
-                    self.items += items
-                    self._iter_items += items
-            if not self._manual:
-                if not self._stepped:
-                    return  # still accumulating: the iteration ends with the optimizer step
-                self._stepped = False
-            else:  # an iteration is a batch; the optimizer steps taken convert a target from max_steps
-                self._last_global_step = trainer.global_step
-            self._end_iteration(trainer)
-            if WAITING.count:
-                self._drain_scalars(trainer)
-            if self._fit_iterations == self._flops_due:
-                count_flops(self, trainer, pl_module, batch, batch_idx)
-        except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
-            self._record_failure("on_train_batch_end", err)
+        self.batches += 1
+        self._iter_batches += 1
+        if self._samples_unknown is None:
+            size = self._batch_size(batch)
+            if size is not None:
+                self.samples += size
+                self._iter_samples += size
+        if self.items_fn is not None and self._items_unknown is None:
+            items = self._items(batch)
+            if items is not None:
+                self.items += items
+                self._iter_items += items
+        if not self._manual:
+            if not self._stepped:
+                return  # still accumulating: the iteration ends with the optimizer step
+            self._stepped = False
+        else:  # an iteration is a batch; the optimizer steps taken convert a target from max_steps
+            self._last_global_step = trainer.global_step
+        self._end_iteration(trainer)
+        self._drain_scalars(trainer)
+        if self._fit_iterations == self._flops_due:
+            count_flops(self, trainer, pl_module, batch, batch_idx)
 
     def _items(self, batch: Any) -> Optional[int]:
         try:
@@ -399,26 +395,25 @@ class IterationTimer(PerfCallback):
         reason = "warmup" if index < self.warmup_steps else None
         seconds = t - self._last_mark if self._last_mark is not None else 0.0
         flags = self._flags
-        gc_pause_s = own_s = 0.0
-        if flags:  # what coincided with this iteration, taken at its end: what runs from here on is the next one's
-            gc_pause_s, own_s = self._gc_pause_s, self._own_s
-            self._flags, self._gc_pause_s, self._own_s = 0, 0.0, 0.0
-            if flags & OWN and not self._own_work_named(seconds, own_s):
-                flags &= ~OWN
+        # what coincided with this iteration, taken at its end: what runs from here on is the next one's
+        gc_pause_s, own_s = self._gc_pause_s, self._own_s
+        self._flags, self._gc_pause_s, self._own_s = 0, 0.0, 0.0
+        if flags & OWN and not self._own_work_named(seconds, own_s):
+            flags &= ~OWN
         if reason is None:
             ms = seconds * 1000.0
+            # folded every FOLD_EVERY: 6 µs a step less than 2 adds (benchmarks/overhead.py --per-hook IterationTimer)
             pending = self._pending_ms
             pending.append(ms)
             if len(pending) >= FOLD_EVERY:
                 start = now()
                 self._fold()
                 OWN_WORK.add(now() - start)  # the next iteration's
-            if self._retries_seen is not None and (ms > self._slow_floor or seconds > self._tail_threshold_s):
+            if self._retries_seen is not None and (ms > self._slowest.floor or seconds > self._tail_threshold_s):
                 flags |= self._retried(trainer)  # a slow iteration on CUDA: did the allocator retry?
-            if ms > self._slow_floor:  # the tail: one comparison with the K-th slowest so far
+            if ms > self._slowest.floor:  # the tail: one comparison with the K-th slowest so far
                 self._slowest.offer(ms, trainer.global_step, trainer.current_epoch, flags, gc_pause_s * 1000.0,
                                     self.iterations)
-                self._slow_floor = self._slowest.floor
             if flags:
                 self._causes.add(ms, flags, gc_pause_s, own_s)
             if seconds > self._tail_threshold_s:
