@@ -45,7 +45,7 @@ def summary_section(timer: "IterationTimer") -> Dict[str, Any]:
         unavailable["items_per_s"] = timer._items_unknown
     elif counted_s > 0:
         items_per_s = timer._counted_items / counted_s
-    target = timer._target_iterations()
+    target = target_iterations(timer)
     if target is None:
         unavailable["projected_time_to_target_s"] = "no target: set `target_steps` or the trainer's `max_steps`"
     section: Dict[str, Any] = {
@@ -93,6 +93,19 @@ def summary_section(timer: "IterationTimer") -> Dict[str, Any]:
     section["projected_remaining_s"] = left["train_s"]
     section["projected_remaining_with_eval_s"] = left["with_eval_s"]
     return section
+
+
+def target_iterations(timer: "IterationTimer") -> Optional[int]:
+    """N in iterations. A target taken from ``max_steps`` counts optimizer steps: under manual optimization
+    (an iteration is a batch) it is converted at the ratio of batches to optimizer steps seen so far."""
+    target = timer._target
+    if target is None or not (timer._manual and timer._target_from_max_steps):
+        return target
+    steps = timer._last_global_step - timer._first_global_step
+    fit_iters = timer._fit_iterations
+    if steps <= 0 or fit_iters <= 0:
+        return target
+    return int(round(target * fit_iters / steps))
 
 
 def _tail_section(timer: "IterationTimer", unavailable: Dict[str, str]) -> Dict[str, Any]:

@@ -205,9 +205,7 @@ class IterationTimer(PerfCallback):
         self._target: Optional[int] = self.target_steps
         self._target_from_max_steps = False
         self._manual = False
-        self._iter_samples = 0
-        self._iter_batches = 0
-        self._iter_items = 0
+        self._iter_batches = self._iter_samples = self._iter_items = 0  # the iteration in progress: added at its end
         self._flops_due = -1  # the fit iteration after which "auto" counts the FLOPs of a batch (-1: none)
         self._peak_flops: Optional[float] = None  # the device's peak FLOP/s at the run's precision
         self._peak_source: Optional[str] = None
@@ -436,9 +434,7 @@ class IterationTimer(PerfCallback):
                 for ms in self._clock.poll():
                     self._device.add(ms)
         self._last_mark = t
-        self._iter_batches = 0
-        self._iter_samples = 0
-        self._iter_items = 0
+        self._iter_batches = self._iter_samples = self._iter_items = 0
         if self._fit_iterations % self._log_every == 0:
             start = now()
             self._log_window(trainer)
@@ -529,8 +525,6 @@ class IterationTimer(PerfCallback):
     def _sync_device(self) -> None:
         # Phase boundaries only: attributing queued GPU work to the right phase costs nothing here.
         if self._clock is not None:
-            import torch
-
             torch.cuda.synchronize()
 
     @guarded
@@ -583,18 +577,6 @@ class IterationTimer(PerfCallback):
     # -- results -------------------------------------------------------------------------------------------------
     def _summary_section(self) -> Dict[str, Any]:
         return summary_section(self)
-
-    def _target_iterations(self) -> Optional[int]:
-        """N in iterations. A target taken from ``max_steps`` counts optimizer steps: under manual optimization
-        (an iteration is a batch) it is converted at the ratio of batches to optimizer steps seen so far."""
-        target = self._target
-        if target is None or not (self._manual and self._target_from_max_steps):
-            return target
-        steps = self._last_global_step - self._first_global_step
-        fit_iters = self._fit_iterations
-        if steps <= 0 or fit_iters <= 0:
-            return target
-        return int(round(target * fit_iters / steps))
 
     # -- checkpointing -------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
