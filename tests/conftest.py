@@ -26,6 +26,21 @@ def _ddp_port_of_this_worker(monkeypatch):
         monkeypatch.setenv("MASTER_PORT", str(23450 + int(worker[2:])))
 
 
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """VRAMMonitor on a simulated CUDA device: the allocator is test_vram_monitor's FakeCuda (returned)."""
+    import torch
+
+    import lightning_perf.callbacks.vram_monitor as vram_module
+    from lightning_perf import VRAMMonitor
+    from test_vram_monitor import FakeCuda
+
+    cuda = FakeCuda()
+    monkeypatch.setattr(vram_module, "cuda_backend", lambda: cuda)
+    monkeypatch.setattr(VRAMMonitor, "_device", lambda self, trainer: torch.device("cuda", 0))
+    return cuda
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from lightning.pytorch import Callback
 
-import lightning_perf.callbacks.vram_monitor as vram_module
+import lightning_perf.callbacks._vram_activity as activity_module
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import VRAMMonitor
 from lightning_perf.measure.device_activity import HostActivityReader, NvmlActivityReader, ThreadWaitReader
@@ -201,14 +201,14 @@ def test_a_fit_whose_thread_never_waited_is_not_contended(tmp_path, monkeypatch)
     test: other work may share it)."""
     stat = tmp_path / "schedstat"
     stat.write_text("1000 0 1\n")
-    monkeypatch.setattr(vram_module, "ThreadWaitReader", functools.partial(ThreadWaitReader, path=str(stat)))
+    monkeypatch.setattr(activity_module, "ThreadWaitReader", functools.partial(ThreadWaitReader, path=str(stat)))
     s = _fit(tmp_path / "run", TrainingThreadClock(seconds=1.5))
     assert s["vram"]["activity"]["phases"]["train"]["cpu_wait_pct"]["mean"] == 0.0
     assert contention(s)["contended"] is False
 
 
 def test_without_scheduler_statistics_the_reading_says_why(tmp_path, monkeypatch):
-    monkeypatch.setattr(vram_module, "ThreadWaitReader",
+    monkeypatch.setattr(activity_module, "ThreadWaitReader",
                         functools.partial(ThreadWaitReader, path=str(tmp_path / "absent")))
     s = _fit(tmp_path / "run", TrainingThreadClock(seconds=0.5))
     activity = s["vram"]["activity"]

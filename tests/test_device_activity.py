@@ -12,7 +12,6 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-import lightning_perf.callbacks.vram_monitor as vram_module
 import lightning_perf.measure.memory as memory_module
 from helpers import TinyModel, find_summary, fit, hold_until_sampled, make_loader, read_scalars
 from lightning_perf import VRAMMonitor
@@ -24,7 +23,7 @@ from lightning_perf.measure.device_activity import (
     HostActivityReader,
     NvmlActivityReader,
 )
-from test_vram_monitor import FakeCuda, FakeNvml
+from test_vram_monitor import FakeNvml
 
 GPU_KEYS = ("gpu/util_pct", "gpu/mem_util_pct", "gpu/power_w", "gpu/sm_clock_mhz", "gpu/temperature_c")
 
@@ -227,14 +226,6 @@ def test_host_figures_agree_with_psutils_own_reading_of_a_busy_thread():
 
 
 # -- in a real fit ----------------------------------------------------------------------------------------------------
-@pytest.fixture
-def simulated_gpu(monkeypatch):
-    cuda = FakeCuda()
-    monkeypatch.setattr(vram_module, "cuda_backend", lambda: cuda)
-    monkeypatch.setattr(VRAMMonitor, "_device", lambda self, trainer: torch.device("cuda", 0))
-    return cuda
-
-
 class Ticker(Callback):
     """Takes one sample at every batch end, as the sampler's thread does on its own cadence, with the board
     reporting the next value of the phase's series: a deterministic trace in a real fit."""

@@ -10,17 +10,14 @@ import time
 
 import pynvml
 import pytest
-import torch
 from lightning.pytorch import Callback
 
-import lightning_perf.callbacks.vram_monitor as vram_module
 import lightning_perf.measure.energy as energy_module
 import lightning_perf.measure.memory as memory_module
 from helpers import TinyModel, find_summary, fit, hold_until_sampled
 from lightning_perf import IterationTimer, VRAMMonitor
 from lightning_perf.measure.energy import COUNTER, POWER_X_TIME, EnergyMeter
 from test_device_activity import ActiveNvml
-from test_vram_monitor import FakeCuda
 
 BATCH = 8  # make_loader's batch size: 64 training samples (8 batches) and 32 validation samples (4 batches) an epoch
 
@@ -104,14 +101,6 @@ def test_a_reading_that_fails_midway_or_a_counter_that_goes_back_leaves_no_short
 
 
 # -- in a real fit ------------------------------------------------------------------------------------------------
-@pytest.fixture
-def simulated_gpu(monkeypatch):
-    cuda = FakeCuda()
-    monkeypatch.setattr(vram_module, "cuda_backend", lambda: cuda)
-    monkeypatch.setattr(VRAMMonitor, "_device", lambda self, trainer: torch.device("cuda", 0))
-    return cuda
-
-
 class Metered(TinyModel):
     """Each training batch draws ``train_mj`` from the simulated board, each validation batch ``val_mj``."""
 

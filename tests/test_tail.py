@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from helpers import TinyModel, find_summary, fit, read_scalars, use_virtual_clock
 from lightning_perf import IterationTimer, PerfSuite, SectionProfiler, profile_section
 from lightning_perf.measure import tail as tail_module
-from lightning_perf.measure.tail import tail_insights
+from lightning_perf.measure import tail_advice
+from lightning_perf.measure.tail_advice import tail_insights
 
 STEP_S = 0.010
 CLOCK = {}
@@ -500,7 +501,7 @@ def block(**by_cause):
     ("unexplained", "no epoch start"),
 ])
 def test_each_cause_rule_fires_at_its_share_and_not_below(name, needle):
-    minimum = tail_module.UNEXPLAINED_MIN_PCT if name == "unexplained" else tail_module.RULE_MIN_PCT
+    minimum = tail_advice.UNEXPLAINED_MIN_PCT if name == "unexplained" else tail_advice.RULE_MIN_PCT
     assert any(needle in i for i in tail_insights(block(**{name: (12, minimum + 0.5)})))
     assert not any(needle in i for i in tail_insights(block(**{name: (12, minimum - 0.5)})))
     assert not any(needle in i for i in tail_insights(block(**{name: (0, 0.0)})))

@@ -2,7 +2,7 @@
 
 Each setup's runs give one rate each (iterations, samples or fits per second). A setup's ratio to the baseline is the
 ratio of the geometric means, with its 95% interval from the spread between runs
-(:func:`lightning_perf.measure.stats.between_runs_ratio_ci`). The A/A pair (the baseline against its own second copy)
+(:func:`lightning_perf.measure.ratio_ci.between_runs_ratio_ci`). The A/A pair (the baseline against its own second copy)
 shows how far two runs of one setup land apart on this machine: its ratio ``d`` is the noise floor, the band of ratios
 from ``1/d`` to ``d``. A setup is decided faster or slower only when its interval excludes 1, its change is at least
 ``min_effect_pct``, and its interval stays outside that band; where the A/A pair itself is decided different, the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from lightning_perf.measure.stats import between_runs_ratio_ci
+from lightning_perf.measure.ratio_ci import between_runs_ratio_ci
 
 #: A change smaller than this (in %) is never decided, whatever the interval (compare's --min-effect default).
 MIN_EFFECT_PCT = 2.0

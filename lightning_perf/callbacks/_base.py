@@ -27,7 +27,8 @@ def guarded(hook: F) -> F:
     hook. This wrapper is a Python frame more on every call, ~0.4 µs a call right after a step's torch work
     (``python benchmarks/overhead.py --hooks-only SectionProfiler --against <checkout>``: 18.2 µs a step with it on
     its six step hooks, 15.0 inline; EvalNoGradGuard's three 5.1 and 3.8). ``tests/test_inline_guards.py`` breaks
-    each such hook and checks its guard, and that every other hook has this one."""
+    each such hook and checks its guard, and that every other hook has this one. IterationTimer's one step hook keeps
+    this wrapper: 0.4 µs a step is under the 2 µs that keeps a speed trick."""
 
     @functools.wraps(hook)
     def wrapper(self: "PerfCallback", *args: Any, **kwargs: Any) -> Any:

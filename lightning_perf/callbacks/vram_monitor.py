@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
@@ -14,19 +13,9 @@ from lightning_perf.callbacks._hook_phases import HookPhases
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import WAITING, log_scalars
 from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.callbacks._vram_activity import ActivityProbe
 from lightning_perf.measure.allocator import AllocatorHealth
 from lightning_perf.measure.clock import now
-from lightning_perf.measure.device_activity import (
-    GPU_READINGS,
-    HOST_MIN_SPAN_S,
-    HOST_READINGS,
-    SCHED_READINGS,
-    ActivitySampler,
-    HostActivityReader,
-    ThreadWaitReader,
-    NvmlActivityReader,
-)
-from lightning_perf.measure.energy import EnergyMeter
 from lightning_perf.measure.memory import (
     AllocatorPeaks,
     LeakDetector,
@@ -44,12 +33,6 @@ from lightning_perf.measure.tail import OWN_WORK
 # sampler field -> summary field
 _SAMPLED = {"nvml_used_mb": "nvml_peak_used_mb", "nvml_process_mb": "nvml_process_peak_mb",
             "host_rss_mb": "host_rss_peak_mb"}
-# activity reading -> (logged group, logged name); eval phases put their prefix before the name
-_ACTIVITY_KEYS = {"gpu_util_pct": ("gpu", "util_pct"), "mem_util_pct": ("gpu", "mem_util_pct"),
-                  "power_w": ("gpu", "power_w"), "sm_clock_mhz": ("gpu", "sm_clock_mhz"),
-                  "temperature_c": ("gpu", "temperature_c"), "process_cpu_cores": ("host", "process_cpu_cores"),
-                  "host_cpu_pct": ("host", "cpu_pct"), "gpu_throttled_pct": ("gpu", "throttled_pct"),
-                  "host_steal_pct": ("host", "steal_pct"), "cpu_wait_pct": ("host", "cpu_wait_pct")}
 
 
 def cuda_backend() -> Any:
@@ -111,7 +94,7 @@ class VRAMMonitor(HookPhases, PerfCallback):
     """
 
     section_name = "vram"
-    _transient = ("_sampler", "_nvml_reader", "_allocator", "_activity", "_energy", "_hook_trainer")
+    _transient = ("_sampler", "_nvml_reader", "_allocator", "_activity", "_hook_trainer")
 
     def __init__(
         self,
@@ -144,9 +127,7 @@ class VRAMMonitor(HookPhases, PerfCallback):
         self.nvml = check_bool("VRAMMonitor", "nvml", nvml)
         check_bool("VRAMMonitor", "show_in_progress_bar", show_in_progress_bar)
         self.activity = check_bool("VRAMMonitor", "activity", activity)
-        self._activity: Optional[ActivitySampler] = None
-        self._energy: Optional[EnergyMeter] = None
-        self._host_cores: Optional[int] = None
+        self._activity: Optional[ActivityProbe] = None
         self.nvml_interval_s = float(nvml_interval_s)
         self.warn_above_pct = float(warn_above_pct)
         self.leak_window = leak_window
@@ -243,7 +224,8 @@ class VRAMMonitor(HookPhases, PerfCallback):
             self._sampler.stop()
             if self._sampler.error and self._nvml_reader is not None:
                 self._nvml_unavailable(f"sampling stopped: {self._sampler.error}")
-        self._note_sampler_stop()
+        if self._activity is not None:
+            self._activity.note_sampler_stop(self._sampler_error())
         for probe in (self._rss, self._nvml_reader):
             if probe is not None:
                 probe.close()
@@ -321,120 +303,39 @@ class VRAMMonitor(HookPhases, PerfCallback):
         if self._health is not None:
             health = self._health.window_metrics if live else self._health.phase_metrics
             metrics.update(health(prefix, phase))
-        metrics.update(self._activity_metrics(phase))
+        if self._activity is not None:
+            metrics.update(self._activity.window_metrics(phase))
         return metrics
 
-    # -- device activity: read on the sampler's thread; the training thread only takes window sums ----------------
+    # -- device activity (callbacks/_vram_activity.py) ----------------------------------------------------------
     def _start_activity(self) -> Optional[Callable[[Optional[str]], None]]:
-        """The activity readers for this run (after the NVML reader is made); their ``tick`` for the sampler's
-        thread, or None when ``activity=False``."""
+        """The activity probe of this run (after the NVML reader is made); its ``tick`` for the sampler's thread, or
+        None when ``activity=False``."""
         self._activity = None
-        self._host_cores = None
         if not self.activity:
             return None
-        readers: List[Any] = []
-        unavailable: Dict[str, str] = {}
-        if self._nvml_reader is not None:
-            readers.append(NvmlActivityReader(self._nvml_reader.nvml, self._nvml_reader.handle))
-        else:
-            reason = self._unavailable.get("nvml_peak_used_mb", "NVML was not started")
-            unavailable.update({name: reason for name in GPU_READINGS})
-        try:
-            host = HostActivityReader()
-            readers.append(host)
-            self._host_cores = host.logical_cores
-        except Exception as err:  # noqa: BLE001 - psutil refused (a sandbox): the GPU readings go on
-            unavailable.update({name: f"psutil failed: {type(err).__name__}: {err}" for name in HOST_READINGS})
-        try:  # called on the training thread (setup): its scheduler statistics, read on the sampler's thread
-            readers.append(ThreadWaitReader(threading.get_native_id()))
-        except Exception as err:  # noqa: BLE001 - not Linux, or the kernel keeps no scheduler statistics
-            unavailable.update({name: f"no scheduler statistics of the training thread: {type(err).__name__}: {err}"
-                                for name in SCHED_READINGS})
-        self._activity = activity = ActivitySampler(readers, unavailable)
-        # the device's energy rides on the same ticks (docs/energy.md): no NVML call on the training thread
-        self._energy = energy = EnergyMeter(self._nvml_reader.nvml, self._nvml_reader.handle) if (
-            self._nvml_reader is not None) else None
-        if energy is None:
-            return activity.tick
+        self._activity = ActivityProbe(self._nvml_reader, self._nvml_reason())
+        return self._activity.tick
 
-        def tick(phase: Optional[str]) -> None:
-            activity.tick(phase)
-            energy.tick(phase)
+    def _nvml_reason(self) -> str:
+        return self._unavailable.get("nvml_peak_used_mb", "NVML was not started")
 
-        return tick
-
-    def _note_sampler_stop(self) -> None:
-        if self._activity is not None and self._sampler is not None and self._sampler.error:
-            self._activity.stopped = f"sampling stopped: {self._sampler.error}"
-
-    def _activity_metrics(self, phase: str) -> Dict[str, float]:
-        """The window means of ``phase`` since its last log under their logged keys: sums the thread kept, no call
-        to NVML or psutil here."""
-        if self._activity is None:
-            return {}
-        infix = "" if phase == "train" else _EVAL_KEY[phase] + "_"
-        return {f"{_ACTIVITY_KEYS[name][0]}/{infix}{_ACTIVITY_KEYS[name][1]}": value
-                for name, value in self._activity.take_window(phase).items()}
+    def _sampler_error(self) -> Optional[str]:
+        return self._sampler.error if self._sampler is not None else None
 
     def _activity_section(self, unavailable: Dict[str, str]) -> Optional[Dict[str, Any]]:
-        """``vram.activity``: per phase the mean and p5 of each reading; null, with ``unavailable.activity``, when
-        switched off."""
+        """``vram.activity``; null, with ``unavailable.activity``, when switched off."""
         if self._activity is None:
             unavailable["activity"] = ("switched off (`activity=False`)" if not self.activity
                                        else "not started (no setup ran)")
             return None
-        self._note_sampler_stop()
-        activity = self._activity
-        reasons = activity.unavailable
-        return {
-            "source": " + ".join(src for src, names in (("NVML", GPU_READINGS), ("psutil", HOST_READINGS),
-                                                        ("schedstat", SCHED_READINGS))
-                                 if any(n not in activity.unavailable for n in names)) or None,
-            "interval_s": self.nvml_interval_s,
-            "host_min_span_s": HOST_MIN_SPAN_S,
-            "host_logical_cores": self._host_cores,
-            "ticks": activity.ticks,
-            "phases": {phase: activity.phase_stats(phase) for phase in PHASES if phase in activity.phases()},
-            "unavailable": reasons,
-            "energy": self._energy_section(reasons),
-        }
-
-    def _energy_section(self, reasons: Dict[str, str]) -> Optional[Dict[str, Any]]:
-        """``vram.activity.energy``: the device's joules per phase (``EnergyMeter``); null, with ``energy`` in
-        ``reasons``, without NVML. The per-work figures are joined with IterationTimer's when the summary is built."""
-        meter = self._energy
-        if meter is None:
-            reasons["energy"] = self._unavailable.get("nvml_peak_used_mb", "NVML was not started")
-            return None
-        if meter.error is None and self._sampler is not None and self._sampler.error:
-            meter.error = f"sampling stopped: {self._sampler.error}"  # the totals would be short
-        stopped = meter.error or (None if meter.readings else "no energy reading was taken")
-        return {"source": meter.source, "min_span_s": meter.min_span_s, "readings": meter.readings,
-                "train_batches": self._steps,
-                "phases": {p: v for p, v in meter.phases().items() if p in PHASES},
-                "unavailable": {k: v for k, v in (("counter", meter.counter_reason), ("energy", stopped)) if v}}
+        return self._activity.section(self.nvml_interval_s, self._sampler_error(), self._steps, self._nvml_reason())
 
     def activity_verdict(self) -> str:
-        """One line for the console: per phase, GPU utilisation (mean and p5) beside the CPU use of this process and
-        of the machine, so "the GPU idles while the process keeps one core of 16 busy" can be read off."""
+        """One line for the console: per phase, GPU utilisation beside the CPU use of this process and the machine."""
         if self._activity is None:
             return "VRAMMonitor activity: not measured" + (" (`activity=False`)" if not self.activity else "")
-        parts = []
-        for phase in PHASES:
-            if phase not in self._activity.phases():
-                continue
-            stats = self._activity.phase_stats(phase)
-            bits = []
-            gpu, own, machine = stats["gpu_util_pct"], stats["process_cpu_cores"], stats["host_cpu_pct"]
-            if gpu is not None:
-                bits.append(f"GPU busy {gpu['mean']:.0f}% (p5 {gpu['p5']:.0f}%)")
-            if own is not None:
-                bits.append(f"process {own['mean']:.1f} of {self._host_cores or '?'} cores")
-            if machine is not None:
-                bits.append(f"machine CPU {machine['mean']:.0f}%")
-            if bits:
-                parts.append(f"{phase}: " + ", ".join(bits))
-        return "VRAMMonitor activity: " + ("; ".join(parts) or "no sample taken")
+        return self._activity.verdict()
 
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded

@@ -1,4 +1,4 @@
-"""Streaming statistics in bounded memory: a log-bucket histogram, a block series and a batch-means CI.
+"""Streaming statistics in bounded memory: a log-bucket histogram and a block series (their intervals: ``ratio_ci``).
 
 Pure Python on purpose: the summary layer uses these to compare two files on a machine without torch.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from itertools import accumulate, chain
-from statistics import NormalDist
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 try:  # CPython's C helper behind Counter: counts an iterable into a dict, in place
@@ -19,7 +18,7 @@ except ImportError:  # pragma: no cover - another Python: the same in Python
         for element in iterable:
             mapping[element] = mapping.get(element, 0) + 1
 
-__all__ = ["FOLD_EVERY", "BlockSeries", "LogHistogram", "batch_means_ratio_ci", "student_t_quantile"]
+__all__ = ["FOLD_EVERY", "BlockSeries", "LogHistogram"]
 
 
 #: Iterations whose raw times a probe keeps in a list before folding them into its histograms (``add_many``): the
@@ -393,123 +392,3 @@ class BlockSeries:
         if series.block_len < 1 or not 0 <= series._open_count < series.block_len + 1:
             raise ValueError("malformed block series: bad block_len or open_count")
         return series
-
-
-def student_t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (Cornish-Fisher expansion around the normal
-    quantile, Abramowitz & Stegun 26.7.5: for 0.5 < p <= 0.975, within 0.15% of the exact value from df = 3;
-    at p = 0.995, within 0.8% at df = 3 and 0.1% from df = 5)."""
-    z = NormalDist().inv_cdf(p)
-    terms = (
-        (z**3 + z) / 4.0,
-        (5 * z**5 + 16 * z**3 + 3 * z) / 96.0,
-        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384.0,
-        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160.0,
-    )
-    return z + sum(term / df ** (i + 1) for i, term in enumerate(terms))
-
-
-def _batches(series: BlockSeries, min_batch: int, max_batches: int) -> List[Tuple[float, int]]:
-    """The series cut into at most ``max_batches`` batches of consecutive values, each at least ``min_batch`` long
-    where the stored blocks allow (whole stored blocks are grouped, so the last batch may be shorter)."""
-    stored = series.blocks()
-    want = max(1, min(max_batches, series.count // min_batch))
-    group = max(1, -(-len(stored) // want))
-    return [(sum(s for s, _ in stored[i : i + group]), sum(c for _, c in stored[i : i + group]))
-            for i in range(0, len(stored), group)]
-
-
-def _log_mean_and_variance(batches: List[Tuple[float, int]]) -> Tuple[float, float]:
-    """log of the mean (total / count) and the variance of that log, from the spread of the batch means (the ratio
-    estimator's variance, so batches of unequal length weigh by their length)."""
-    n = sum(c for _, c in batches)
-    mean = sum(s for s, _ in batches) / n
-    b = len(batches)
-    var_mean = sum((s - mean * c) ** 2 for s, c in batches) / (b - 1) * b / (n * n)
-    return math.log(mean), var_mean / (mean * mean)
-
-
-def batch_means_ratio_ci(
-    numerator: BlockSeries,
-    denominator: BlockSeries,
-    confidence: float = 0.95,
-    min_batch: int = 8,
-    max_batches: int = 12,
-    min_batches: int = 4,
-) -> Optional[Tuple[float, float]]:
-    """Batch-means CI of ``mean(numerator) / mean(denominator)``, for autocorrelated series (iteration times).
-
-    Each run is cut into at most ``max_batches`` batches of at least ``min_batch`` consecutive iterations; the spread
-    of the batch means gives the variance of each run's log mean, and the interval of the log ratio uses Student's t
-    with Welch-Satterthwaite degrees of freedom. Long batches keep bursts of slow iterations, every-k-th stalls and
-    slow drifts inside a batch, so neighbouring batch means are close to independent; t with few degrees of freedom
-    pays for having few batches. Checked on synthetic series (``tests/test_speed_verdict.py``): with stalls, bursts
-    and autocorrelation, two runs of one distribution are called different at close to the nominal 5% rate (the
-    percentile block bootstrap this replaces called 12 to 25% of them different).
-
-    Returns:
-        (low, high), or None when either run has fewer than ``min_batches`` batches (``min_batch * min_batches``
-        iterations) or a mean that is not positive.
-    """
-    parts = []
-    for series in (numerator, denominator):
-        if series.count < min_batch * min_batches:
-            return None
-        batches = _batches(series, min_batch, max_batches)
-        if len(batches) < min_batches or sum(s for s, _ in batches) <= 0:
-            return None
-        parts.append((*_log_mean_and_variance(batches), len(batches)))
-    (log_a, var_a, b_a), (log_b, var_b, b_b) = parts
-    total = var_a + var_b
-    if total > 0:
-        df = total * total / (var_a * var_a / (b_a - 1) + var_b * var_b / (b_b - 1))
-    else:
-        df = b_a + b_b - 2
-    half = student_t_quantile(1.0 - (1.0 - confidence) / 2.0, df) * math.sqrt(total)
-    diff = log_a - log_b
-    return math.exp(diff - half), math.exp(diff + half)
-
-
-def between_runs_ratio_ci(numerators: Sequence[float], denominators: Sequence[float],
-                          confidence: float = 0.95) -> Optional[Tuple[float, float, float]]:
-    """The ratio of the geometric means of two sets of per-run figures (repeats of two setups) and its interval from
-    the spread between the runs: Student's t on the logs, with ``n_a + n_b - 2`` degrees of freedom where both sides
-    ran as often (with equal counts the test holds for unequal spreads too), else Welch-Satterthwaite's. Each run's figure
-    carries its within-run noise, so the spread between runs holds both that and the drift between runs (other load,
-    clocks, caches) that an interval from one run a side cannot see.
-
-    Returns:
-        (ratio, low, high), or None with fewer than 2 runs a side or a figure that is not a finite positive number.
-    """
-    parts = []
-    for values in (numerators, denominators):
-        if len(values) < 2 or any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in values):
-            return None
-        logs = [math.log(v) for v in values]
-        mean = sum(logs) / len(logs)
-        parts.append((mean, sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) / len(logs), len(logs)))
-    (mean_a, var_a, n_a), (mean_b, var_b, n_b) = parts
-    total = var_a + var_b
-    if n_a == n_b or total <= 0:
-        df = float(n_a + n_b - 2)
-    else:
-        df = total * total / (var_a * var_a / (n_a - 1) + var_b * var_b / (n_b - 1))
-    half = _t_quantile_at_least(1.0 - (1.0 - confidence) / 2.0, df) * math.sqrt(total)
-    diff = mean_a - mean_b
-    return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
-
-
-def _t_quantile_at_least(p: float, df: float) -> float:
-    """Student's t quantile at ``floor(df)`` degrees of freedom (never narrower than at ``df``): exact for 1 and 2,
-    where the expansion of :func:`student_t_quantile` is not close, that expansion from 3."""
-    whole = max(1, int(df))
-    if whole == 1:
-        return math.tan(math.pi * (p - 0.5))
-    if whole == 2:
-        return (2.0 * p - 1.0) / math.sqrt(2.0 * p * (1.0 - p))
-    return student_t_quantile(p, whole)
-
-
-def finite_or_none(values: Iterable[Optional[float]]) -> List[float]:
-    """The finite floats of ``values`` (drops None and NaN)."""
-    return [v for v in values if v is not None and math.isfinite(v)]

@@ -1,5 +1,6 @@
-"""The slow tail of a run: the K slowest iterations with what coincided, the time above 2x the median by cause, and
-the rules that turn it into advice. Bounded memory; nothing here runs unless an iteration is slow or flagged."""
+"""The slow tail of a run: what can coincide with an iteration (its causes, and the watches that see them), the K
+slowest iterations with their causes, and the time above 2x the median by cause (the advice: ``tail_advice``).
+Bounded memory; nothing here runs unless an iteration is slow or flagged."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import gc
 import heapq
 import math
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from lightning_perf.measure import clock
 from lightning_perf.measure.stats import LogHistogram
@@ -28,10 +29,6 @@ UNEXPLAINED = "unexplained"
 TAIL_FACTOR = 2.0
 #: A garbage collection flags its iteration when it is a full one (generation 2) or pauses at least this long.
 GC_FLAG_PAUSE_S = 0.001
-#: A cause gets an insight when its tail time is at least this share of the measured training time...
-RULE_MIN_PCT = 1.0
-#: ...the tail without a known cause when at least this share; below RULE_MIN_PCT in all, the tail is called small.
-UNEXPLAINED_MIN_PCT = 5.0
 
 
 def cause_names(flags: int) -> List[str]:
@@ -136,9 +133,21 @@ class _Slowest:
             self.floor = self._heap[0][0]
 
 
+class SlowIteration(NamedTuple):
+    """One of IterationTimer's slowest iterations; ordered by ``ms``, then by ``seq`` (the order offered)."""
+
+    ms: float
+    seq: int
+    step: int
+    epoch: int
+    flags: int  # what coincided (the cause bits)
+    gc_pause_ms: float
+    iteration: int  # the run's iteration number; -1 where a checkpoint of an older version did not keep it
+
+
 class SlowestIterations(_Slowest):
-    """IterationTimer's ``k`` slowest iterations: (ms, seq, step, epoch, flags, gc ms, the run's iteration number;
-    -1 where a checkpoint of an older version did not keep it)."""
+    """IterationTimer's ``k`` slowest iterations (:class:`SlowIteration`); a checkpoint holds each as a list of its
+    seven numbers, in the order of the fields."""
 
     def __init__(self, k: int) -> None:
         super().__init__(k)
@@ -146,12 +155,12 @@ class SlowestIterations(_Slowest):
 
     def offer(self, ms: float, step: int, epoch: int, flags: int, gc_pause_ms: float, iteration: int) -> None:
         self._seq += 1
-        self._keep((ms, self._seq, step, epoch, flags, gc_pause_ms, iteration))
+        self._keep(SlowIteration(ms, self._seq, step, epoch, flags, gc_pause_ms, iteration))
 
     def entries(self) -> List[Dict[str, Any]]:
-        return [{"step": step, "iteration": iteration if iteration >= 0 else None, "epoch": epoch, "ms": ms,
-                 "causes": cause_names(flags), "gc_pause_ms": gc_ms}
-                for ms, _, step, epoch, flags, gc_ms, iteration in sorted(self._heap, reverse=True)]
+        return [{"step": e.step, "iteration": e.iteration if e.iteration >= 0 else None, "epoch": e.epoch, "ms": e.ms,
+                 "causes": cause_names(e.flags), "gc_pause_ms": e.gc_pause_ms}
+                for e in sorted(self._heap, reverse=True)]
 
     def to_state(self) -> List[List[float]]:
         return [list(e) for e in self._heap]
@@ -213,63 +222,6 @@ def median_per_iteration(hist: LogHistogram, iterations: int, runs: Optional[int
     return (hist.quantile((runs - iterations / 2.0) / runs) or 0.0) * per_run
 
 
-#: The sections a cause's own cost lands in: where a slow iteration's grown section is elsewhere, the time is not the
-#: cause's (a checkpoint write that cost 4 ms in an iteration whose sampling took 80 ms). A garbage collection, an
-#: allocator retry and what validation leaves behind stall whichever section runs: any section is theirs.
-OWN_SECTIONS = {"checkpoint": frozenset({"checkpointing"}),
-                "epoch_start": frozenset({"data_loading", "transfer", "between_batches", "other"})}
-
-
-def section_elsewhere(cause: str, entry: Any) -> Optional[Dict[str, Any]]:
-    """The cause's ``section`` (a plain dict or a typed one) where it is not one the cause's own cost lands in."""
-    section = entry.get("section") if isinstance(entry, dict) else getattr(entry, "section", None)
-    if section is None or cause not in OWN_SECTIONS:
-        return None
-    if not isinstance(section, dict):
-        section = section.model_dump() if hasattr(section, "model_dump") else dict(section)
-    return section if section.get("name") not in OWN_SECTIONS[cause] else None
-
-
-def explain_with_sections(block: Dict[str, Any], records: List[Dict[str, Any]]) -> None:
-    """Joins SectionProfiler's slowest iterations (``records``) to IterationTimer's tail ``block``, by global step
-    where both have it (automatic optimization: a SectionProfiler added at a resume counts its iterations from 0),
-    else by iteration number: each kept slow iteration gets ``section`` (the one that exceeded its own median the
-    most, or None where SectionProfiler has no record of it), each cause ``section`` (of its kept slow iterations
-    with a record, the section that exceeded its median by the most time in all, or None), and the insights are
-    said again with it."""
-    by_step = {r["step"]: r.get("over_median") for r in records or () if r.get("step") is not None}
-    by_iteration = {r.get("iteration"): r.get("over_median") for r in records or () if r.get("step") is None}
-    named: Dict[str, List[Dict[str, Any]]] = {}
-    for entry in block.get("slowest") or ():
-        over = by_step.get(entry.get("step")) if by_step else by_iteration.get(entry.get("iteration"))
-        entry["section"] = over
-        if over is not None:
-            named.setdefault(primary_cause(_flags_of(entry["causes"])), []).append(over)
-    for cause, target in (block.get("by_cause") or {}).items():
-        overs = named.get(cause)
-        if not overs:
-            target["section"] = None
-            continue
-        excess: Dict[str, float] = {}
-        for o in overs:
-            excess[o["section"]] = excess.get(o["section"], 0.0) + o["excess_ms"]
-        top = max(excess, key=lambda n: (excess[n], n))
-        same = [o for o in overs if o["section"] == top]
-        target["section"] = {"name": top, "iterations": len(same), "of_kept": len(overs),
-                             "mean_ms": sum(o["ms"] for o in same) / len(same), "median_ms": same[0]["median_ms"],
-                             "runs_in": same[0].get("runs_in"), "of_iterations": same[0].get("of_iterations")}
-    if block.get("median_ms") is not None:
-        block["insights"] = tail_insights(block)
-
-
-def _flags_of(names: List[str]) -> int:
-    bits = dict(CAUSES)
-    flags = 0
-    for name in names:
-        flags |= bits.get(name, 0)
-    return flags
-
-
 class CauseBook:
     """The measured iterations that had a cause, by their first cause: a histogram of their times each (bounded:
     one bucket per 1% of time), the GC pause of those named for GC, and lightning_perf's own work in those named for
@@ -311,15 +263,14 @@ def above(hist: LogHistogram, threshold: float) -> Tuple[int, float]:
 
 def tail_block(host: LogHistogram, book: CauseBook, slowest: SlowestIterations, extra: Dict[str, Any]) -> Dict[str, Any]:
     """The summary's ``tail``: share of measured time in iterations above ``TAIL_FACTOR`` x the median, that time by
-    cause (each iteration under its first cause; what none explains under ``unexplained``), the slowest iterations,
-    and insights. ``extra`` carries ``gc``, ``alloc_retries``, ``dataloader``."""
+    cause (each iteration under its first cause; what none explains under ``unexplained``) and the slowest iterations
+    (``tail_advice.tail_insights`` words it). ``extra`` carries ``gc``, ``alloc_retries``, ``dataloader``."""
     median = host.quantile(0.5) if host.count else None
     measured_ms = host.total
     block: Dict[str, Any] = {"factor": TAIL_FACTOR, "median_ms": median, "threshold_ms": None, "iterations": 0,
                              "time_s": 0.0, "share_pct": None, "by_cause": {}, "slowest": slowest.entries(),
                              "keep_slowest": slowest.k, **extra}
     if median is None or measured_ms <= 0:
-        block["insights"] = []
         return block
     threshold = TAIL_FACTOR * median
     n_all, ms_all = above(host, threshold)
@@ -347,132 +298,4 @@ def tail_block(host: LogHistogram, book: CauseBook, slowest: SlowestIterations, 
         entry["share_pct"] = 100.0 * entry["time_s"] * 1000.0 / measured_ms
     block.update(threshold_ms=threshold, iterations=n_all, time_s=ms_all / 1000.0,
                  share_pct=100.0 * ms_all / measured_ms, by_cause=by_cause)
-    block["insights"] = tail_insights(block)
     return block
-
-
-def counted(n: int, word: str) -> str:
-    """``n`` and ``word``, plural but for one: "1 iteration", "3 iterations"."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _grown(section: Dict[str, Any]) -> str:
-    """SectionProfiler's section of a cause's slowest iterations, in words."""
-    runs, of = section.get("runs_in"), section.get("of_iterations")
-    rare = runs is not None and of and runs * 2 <= of  # its median per iteration is 0: say how often it runs
-    usual = f"it runs in {runs} of {of} iterations" if rare else f"its median {section['median_ms']:.1f} ms"
-    return (f"{section['name']} took {section['mean_ms']:.0f} ms in {section['iterations']} of the"
-            f" {section['of_kept']} slowest with sections ({usual})")
-
-
-def _each(entry: Dict[str, Any], median: float) -> str:
-    text = f"{entry['mean_ms']:.0f} ms each, the median iteration {median:.0f} ms"
-    section = entry.get("section")
-    if section:  # from SectionProfiler, over the kept slowest iterations of this cause
-        text += "; " + _grown(section)
-    return text
-
-
-def _not_the_cause(e: Dict[str, Any], what: str, median: float) -> str:
-    """A cause whose slow iterations grew in a section that is not its own: what they are, and where the time is."""
-    section = e["section"]
-    return (f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} {what}"
-            f" ({e['mean_ms']:.0f} ms each, the median iteration {median:.0f} ms), but that is not where their time"
-            f" went: {_grown(section)}. Look at {section['name']} first.")
-
-
-def tail_insights(block: Dict[str, Any]) -> List[str]:
-    """One sentence per rule that fires on the tail block (see docs/iteration_timer.md#the-tail)."""
-    out: List[str] = []
-    by, median = block.get("by_cause") or {}, block.get("median_ms")
-    if median is None:
-        return out
-
-    def fires(name: str, minimum: float = RULE_MIN_PCT) -> Optional[Dict[str, Any]]:
-        entry = by.get(name)
-        return entry if entry and entry["iterations"] and entry["share_pct"] >= minimum else None
-
-    e = fires("epoch_start")
-    if e and section_elsewhere("epoch_start", e):
-        out.append(_not_the_cause(e, "at epoch starts", median))
-    elif e:
-        per_epoch = e["excess_s"] / e["iterations"]
-        loader = block.get("dataloader") or {}
-        workers = loader.get("num_workers")
-        with_ckpt = (e.get("also") or {}).get("checkpoint", 0)
-        head = (f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} at epoch starts"
-                f" ({_each(e, median)}" + (f"; {with_ckpt} of the epoch starts followed a checkpoint save" if with_ckpt
-                                           else "") + ")")
-        if workers and not loader.get("persistent_workers"):
-            out.append(f"{head}: the DataLoader starts its {workers} workers again every epoch;"
-                       f" `persistent_workers=True` would save about {per_epoch:.2f} s per epoch.")
-        elif workers == 0:
-            out.append(f"{head}: with `num_workers=0` the first batch of each epoch waits for the dataset's"
-                       f" set-up (shuffling, opening files); about {per_epoch:.2f} s per epoch to win there.")
-        else:
-            out.append(f"{head}: about {per_epoch:.2f} s per epoch goes to starting the epoch (epoch-end hooks,"
-                       " the DataLoader's first batch).")
-    e = fires("checkpoint")
-    if e and section_elsewhere("checkpoint", e):
-        out.append(_not_the_cause(e, "that wrote a checkpoint", median))
-    elif e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} that"
-                   f" wrote a checkpoint ({_each(e, median)}): saving less often (`every_n_train_steps`) or"
-                   f" asynchronously (`AsyncCheckpointIO`) would save up to {e['excess_s']:.1f} s.")
-    e = fires("gc")
-    if e:
-        pause = e.get("gc_pause_s", 0.0) / max(1, e["flagged_iterations"]) * 1000.0
-        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} with a"
-                   f" full Python garbage collection ({_each(e, median)}; the collection paused {pause:.0f} ms on"
-                   " average): fewer reference cycles, or `gc.freeze()` after the model and data are set up, would"
-                   " save up to"
-                   f" {min(e['excess_s'], e.get('gc_pause_s', e['excess_s'])):.1f} s (the pauses, at most).")
-    e = fires("after_validation")
-    if e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'first iteration')} after a"
-                   f" validation ({_each(e, median)}): validating less often (`val_check_interval`) would save up to"
-                   f" {e['excess_s']:.1f} s; what validation leaves behind (caches, allocator, workers) costs it.")
-    e = fires(UNEXPLAINED, UNEXPLAINED_MIN_PCT)
-    if e:
-        worst = [s["step"] for s in block.get("slowest") or [] if not s["causes"]][:3]
-        at = f" (slowest at steps {', '.join(str(s) for s in worst)})" if worst else ""
-        section = e.get("section")
-        where = (f"{_grown(section)}: look there first;" if section else "SectionProfiler shows which section grows;")
-        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'slow iteration')} (over"
-                   f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint, allocator retry,"
-                   f" garbage collection or lightning_perf's own work explains{at}: {where} the torch profiler around"
-                   " those steps shows what runs.")
-    e = fires("lightning_perf")
-    if e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} in which"
-                   f" lightning_perf's own periodic work ran ({_each(e, median)}; a window report and its table, a"
-                   " fold, logging): fewer reports (`report_every_n_steps`, `log_every_n_steps`) or no printed table"
-                   " (`SectionProfiler(print_reports=False)`) would save up to"
-                   f" {min(e['excess_s'], e.get('own_s', e['excess_s'])):.1f} s (that work's time, at most).")
-    e = fires("alloc_retry")
-    if e:
-        out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} in"
-                   f" which the CUDA allocator retried ({_each(e, median)}): it freed its cache and allocated again,"
-                   " a stall each time; a smaller batch, or `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` against"
-                   f" fragmentation, would save up to {e['excess_s']:.1f} s.")
-    retries = block.get("alloc_retries")
-    if retries and not e:
-        out.append(f"The CUDA allocator retried {retries} times in training (it freed its cache and allocated again,"
-                   " a stall each time): a smaller batch, or `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"
-                   " against fragmentation, would avoid it.")
-    share = block.get("share_pct")
-    if share is not None and share < RULE_MIN_PCT:
-        out.append(f"The tail is small: {share:.1f}% of training time is in iterations over {block['factor']:g}x the"
-                   f" median ({median:.1f} ms).")
-    return out
-
-
-def tail_line(block: Dict[str, Any]) -> str:
-    """The tail in one line, for the console at the end of fit."""
-    share = block.get("share_pct")
-    if share is None:
-        return "  tail: no iteration measured"
-    causes = ", ".join(f"{name} {entry['iterations']}" for name, entry in (block.get("by_cause") or {}).items()
-                       if entry["iterations"])
-    return (f"  tail: {share:.1f}% of training time in {counted(block['iterations'], 'iteration')} over"
-            f" {block['factor']:g}x the median ({block['median_ms']:.2f} ms)" + (f": {causes}" if causes else ""))

@@ -17,7 +17,7 @@ import math
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from lightning_perf.measure.stats import _t_quantile_at_least
+from lightning_perf.measure.ratio_ci import t_quantile_at_least
 
 __all__ = ["BlockSchedule", "TrialBlocks", "paired_ratio", "BUILT_IN_CHANGES", "ORDERS", "OFF", "ON"]
 
@@ -143,5 +143,5 @@ def paired_ratio(pairs: Sequence[Tuple[float, float]], confidence: float = 0.95
     ratio = mean_on / mean_off
     residuals = [on - ratio * off for off, on in pairs]
     se_log = math.sqrt(sum(r * r for r in residuals) / (n - 1) / n) / mean_on
-    half = _t_quantile_at_least(1.0 - (1.0 - confidence) / 2.0, n - 1) * se_log
+    half = t_quantile_at_least(1.0 - (1.0 - confidence) / 2.0, n - 1) * se_log
     return ratio, ratio * math.exp(-half), ratio * math.exp(half)

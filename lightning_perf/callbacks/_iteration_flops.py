@@ -1,0 +1,66 @@
+"""IterationTimer's FLOPs: at train start, when ``flops_per_batch="auto"`` counts and the device's peak FLOP/s; once
+after the warm-up, the count of one training batch on a copy of the model, its time left out of every clock."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch import LightningModule, Trainer
+
+from lightning_perf.callbacks._summary_book import error_message
+from lightning_perf.measure.clock import now
+from lightning_perf.measure.flops import count_step_flops, peak_flops
+from lightning_perf.measure.tail import GC
+
+if TYPE_CHECKING:
+    from lightning_perf.callbacks.iteration_timer import IterationTimer
+
+
+def start_flops(timer: "IterationTimer", trainer: Trainer) -> None:
+    """At train start: when "auto" counts (after the warm-up, once per run), and the device's peak FLOP/s."""
+    auto = timer.flops_per_batch == "auto" and timer._flops is None
+    if auto and timer._manual:
+        timer._flops_reason = ("`flops_per_batch='auto'` counts automatic optimization's training_step and"
+                              " backward; under manual optimization the step runs the optimizer itself: pass"
+                              " `flops_per_batch=` (a number)")
+        timer._warn_once("flops", f"{timer._flops_reason}. TFLOP/s and MFU are not reported.")
+    timer._flops_due = max(timer.warmup_steps, 1) if auto and not timer._manual else -1
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    timer._peak_flops, timer._peak_source, timer._peak_reason, timer._dtype_name = peak_flops(
+        timer.available_flops, timer.flops_per_batch, getattr(trainer, "precision", None),
+        trainer.strategy.root_device, get_available_flops)
+
+def count_flops(timer: "IterationTimer", trainer: Trainer, pl_module: LightningModule, batch: Any,
+                batch_idx: int) -> None:
+    """Counts the FLOPs of one training batch (training_step and backward) once, on a copy of the model, between
+    two iterations; the time it takes is left out of the run's, the epoch's and the next iteration's."""
+    timer._flops_due = -1
+    start = now()
+    try:
+        from lightning.fabric.utilities import measure_flops
+
+        flops = count_step_flops(pl_module, lambda module, data: module.training_step(data, batch_idx), batch,
+                                 measure_flops, keep=[trainer], silence=("log", "log_dict"))
+        if flops <= 0:
+            raise ValueError("0 FLOPs counted: torch's FlopCounterMode counts matmuls, convolutions and"
+                             " attention, and the step ran none of them")
+        timer._flops, timer._flops_source, timer._flops_counted_at = float(flops), "auto", timer.iterations
+    except Exception as err:  # noqa: BLE001 - a measurement never raises into training
+        timer._flops_reason = (f"`flops_per_batch='auto'` could not count this model's training step"
+                              f" ({type(err).__name__}: {error_message(err)}); pass `flops_per_batch=` (a number)")
+        timer._warn_once("flops", f"{timer._flops_reason}. TFLOP/s and MFU are not reported.")
+    finally:
+        spent = now() - start
+        timer._flops_count_time_s += spent
+        for name in ("_last_mark", "_train_start"):  # the clocks skip the count
+            mark = getattr(timer, name)
+            if mark is not None:
+                setattr(timer, name, mark + spent)
+        timer._epochs.skip(spent)
+        if timer._clock is not None:
+            timer._clock.break_chain()
+            timer._restart_device_chain()
+        if timer._flags & GC:  # a collection during the count is not the next iteration's
+            timer._flags &= ~GC
+            timer._gc_pause_s = 0.0
