@@ -127,6 +127,12 @@ def _threads(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"expected auto, keep or a whole number of threads >= 1, got {text!r}")
 
 
+#: ``--threads`` of matrix and race (lightning_perf/bench/threads.py).
+THREADS_HELP = ("torch threads in every run: auto gives each run the cores other processes left free before the first"
+                " round (torch's default where all were free, or where OMP_NUM_THREADS is set); keep leaves torch's"
+                " default; N sets N (default: auto)")
+
+
 #: More iterations than any run makes; beyond it the time to N would overflow a float.
 MAX_ITERATIONS = 10**15
 
@@ -264,10 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-floor", default="auto", metavar="auto|off|VARIANT",
                    help="the A/A pair: auto runs the baseline's setup again in the same rounds (as BASELINE_aa) unless"
                    " a variant has the baseline's overrides; VARIANT names the copy; off runs none (default: auto)")
-    p.add_argument("--threads", type=_threads, default="auto", metavar="auto|keep|N",
-                   help="torch threads in every run: auto gives each run the cores other processes left free before"
-                   " the first round (torch's default where all were free, or where OMP_NUM_THREADS is set); keep"
-                   " leaves torch's default; N sets N (default: auto)")
+    p.add_argument("--threads", type=_threads, default="auto", metavar="auto|keep|N", help=THREADS_HELP)
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
                         " speed per measured iteration (default: end-to-end)")
@@ -293,10 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-floor", default="auto", metavar="auto|off|NAME",
                    help="the A/A pair: auto runs the first command again in the same rounds (as NAME_aa) unless a"
                    " --cmd repeats it; NAME names the copy; off runs none (default: auto)")
-    p.add_argument("--threads", type=_threads, default="auto", metavar="auto|keep|N",
-                   help="torch threads in every run: auto gives each run the cores other processes left free before"
-                   " the first round (torch's default where all were free, or where OMP_NUM_THREADS is set); keep"
-                   " leaves torch's default; N sets N (default: auto)")
+    p.add_argument("--threads", type=_threads, default="auto", metavar="auto|keep|N", help=THREADS_HELP)
     p.add_argument("--callbacks", type=_callback_names, metavar="LIST",
                    help="as for run (default: IterationTimer, SectionProfiler, VRAMMonitor, EvalNoGradGuard)")
     p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
