@@ -337,7 +337,7 @@ MAX_RUN_NAME = 100
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from lightning_perf._attach import SUMMARY_NAME, TRIAL_ENV, gate_arguments
+    from lightning_perf._attach import SUMMARY_NAME, gate_arguments
     from lightning_perf._attach.launch import run_command
 
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -365,12 +365,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             gate_arguments(baseline)
         except (OSError, ValueError) as err:
             raise SummaryError(f"--baseline {args.baseline!r}: {_baseline_problem(baseline, err)}") from None
-    if args.trial:  # the command's environment is built from this one; an outer run's trial is not inherited
-        os.environ[TRIAL_ENV] = args.trial
-    else:
-        os.environ.pop(TRIAL_ENV, None)
     return run_command(command, callbacks=args.callbacks, out=out, name=name, baseline=baseline,
-                       say=lambda text: _say(text, sys.stderr))
+                       say=lambda text: _say(text, sys.stderr), trial=args.trial)
 
 
 def _empty_file(path: str) -> bool:
@@ -701,7 +697,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         run_matrix,
         with_noise_floor,
     )
-    from lightning_perf.bench.matrix_trial import add_trial, set_trial_env
+    from lightning_perf.bench.matrix_trial import add_trial
 
     try:
         variants = parse_variants(args.variant)
@@ -719,7 +715,6 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     for path, flag in ((args.report, "--report"), (args.csv, "--csv")):
         if path:
             _check_output(path, flag)
-    set_trial_env(args.trial)  # the variants' environments are built from this one
     try:
         variants, copy = with_noise_floor(variants, args.noise_floor)
         check_outputs(args.out, variants)
@@ -729,7 +724,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     threads = _chosen_threads(args.threads, "matrix")
     results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
                          log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget,
-                         threads=threads)
+                         threads=threads, trial=args.trial)
     rows = matrix_rows(results, noise_floor=copy)
     header = matrix_header(results, args.config)
     add_trial(rows, results, args.trial)  # each variant's trial, pooled over its runs (bench/matrix_trial.py)

@@ -19,6 +19,7 @@ from lightning_perf._attach import (
     MANIFEST_ENV,
     NAME_ENV,
     OUT_ENV,
+    TRIAL_ENV,
     read_manifest,
 )
 
@@ -32,17 +33,20 @@ FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHU
 
 
 def command_env(environ: Mapping[str, str], callbacks: List[str], out: Optional[str], name: Optional[str],
-                baseline: Optional[str], manifest: Optional[str], fill: bool = False) -> Dict[str, str]:
+                baseline: Optional[str], manifest: Optional[str], fill: bool = False,
+                trial: Optional[str] = None) -> Dict[str, str]:
     """The command's environment: ``environ`` with the start-up folder first on PYTHONPATH (the user's entries after
     it, in their order) and the run's options; options not given are removed, not inherited from an outer run.
-    ``fill`` (``lightning-perf matrix``): a Trainer with some of the suite's callbacks gets the others only."""
+    ``fill`` (``lightning-perf matrix``): a Trainer with some of the suite's callbacks gets the others only.
+    ``trial``: a built-in change each Trainer tries in an ``ABTrial`` (``run --trial``, ``matrix --trial``)."""
     env = dict(environ)
     given = env.get("PYTHONPATH", "")
     # the user's entries verbatim (an empty one means the working folder); ours once, also under a nested run
     entries = [e for e in given.split(os.pathsep) if not (e and os.path.abspath(e) == STARTUP_DIR)] if given else []
     env["PYTHONPATH"] = os.pathsep.join([STARTUP_DIR] + entries)
     for key, value in ((CALLBACKS_ENV, ",".join(callbacks)), (OUT_ENV, out), (NAME_ENV, name),
-                       (BASELINE_ENV, baseline), (MANIFEST_ENV, manifest), (FILL_ENV, "1" if fill else None)):
+                       (BASELINE_ENV, baseline), (MANIFEST_ENV, manifest), (FILL_ENV, "1" if fill else None),
+                       (TRIAL_ENV, trial)):
         if value:
             env[key] = value
         else:
@@ -66,12 +70,14 @@ def _terminal_sent_it() -> bool:
 
 def run_command(command: List[str], callbacks: Optional[List[str]] = None, out: Optional[str] = None,
                 name: Optional[str] = None, baseline: Optional[str] = None,
-                say: Callable[[str], None] = lambda text: print(text, file=sys.stderr)) -> int:
+                say: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
+                trial: Optional[str] = None) -> int:
     """Runs ``command`` with the suite attached, inheriting stdin, stdout and stderr; returns its exit code."""
     fd, manifest = tempfile.mkstemp(prefix="lightning_perf_run.", suffix=".jsonl")
     os.close(fd)
     try:
-        env = command_env(os.environ, list(callbacks or DEFAULT_CALLBACKS), out, name, baseline, manifest)
+        env = command_env(os.environ, list(callbacks or DEFAULT_CALLBACKS), out, name, baseline, manifest,
+                          trial=trial)
         started: List[subprocess.Popen] = []
         pending: List[int] = []  # signals that came before the command started: sent to it once it has
 

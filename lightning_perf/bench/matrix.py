@@ -100,13 +100,16 @@ def variant_command(python: str, script: str, config: Optional[str], overrides: 
     return cmd + overrides + [f"--trainer.default_root_dir={out}"]
 
 
-def variant_env(summary_path: str, manifest: str, threads: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
+def variant_env(summary_path: str, manifest: str, threads: Optional[Dict[str, Any]] = None,
+                trial: Optional[str] = None) -> Dict[str, str]:
     """The variant's environment: ``lightning-perf run``'s start-up hook in fill mode (each Trainer gets the
     callbacks of :data:`SUITE` it does not already have, from its config or the overrides; none when it has them
-    all), the summary file of every callback that names none, and the manifest the Trainers report to."""
+    all), the summary file of every callback that names none, the manifest the Trainers report to, the torch
+    threads (:mod:`lightning_perf.bench.threads`) and the change a trial tries (``--trial``)."""
     from lightning_perf._attach.launch import command_env
 
-    env = command_env(os.environ, list(SUITE), out=None, name=None, baseline=None, manifest=manifest, fill=True)
+    env = command_env(os.environ, list(SUITE), out=None, name=None, baseline=None, manifest=manifest, fill=True,
+                      trial=trial)
     env[SUMMARY_ENV] = summary_path
     return thread_env(env, threads)
 
@@ -214,7 +217,7 @@ def with_noise_floor(variants: List[Tuple[str, List[str]]], how: str = "auto", f
 def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str, config: Optional[str] = None,
                python: str = sys.executable, timeout_s: Optional[float] = None,
                log=print, repeats: int = 1, budget_s: Optional[float] = None,
-               threads: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
+               threads: Optional[Dict[str, Any]] = None, trial: Optional[str] = None) -> List[Dict[str, Any]]:
     """Runs each variant in its own process; returns one result per variant (summary or the reason it has none).
 
     With ``repeats`` > 1 the variants run that many rounds, interleaved (A B C, then C B A, then A B C, ...: drift
@@ -234,7 +237,8 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
 
     def run_one(name: str, k: int) -> Dict[str, Any]:
         run_dir = variant_dir(out_dir, name) if k == 1 else os.path.join(variant_dir(out_dir, name), f"repeat_{k}")
-        return _run_variant(script, name, overrides_of[name], run_dir, config, python, timeout_s, log, threads)
+        return _run_variant(script, name, overrides_of[name], run_dir, config, python, timeout_s, log, threads,
+                            trial)
 
     info = run_rounds([name for name, _ in variants], repeats, run_one, budget_s=budget_s, log=log, what="matrix")
     rounds = {key: value for key, value in info.items() if key != "results"}
@@ -250,7 +254,8 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
 
 
 def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, config: Optional[str], python: str,
-                 timeout_s: Optional[float], log, threads: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                 timeout_s: Optional[float], log, threads: Optional[Dict[str, Any]] = None,
+                 trial: Optional[str] = None) -> Dict[str, Any]:
     """One run of one variant in its own process, in ``run_dir``: its result."""
     os.makedirs(run_dir, exist_ok=True)
     summary_path = os.path.join(run_dir, "perf_summary.json")
@@ -262,7 +267,7 @@ def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, con
     manifest = os.path.join(run_dir, ".lightning_perf_manifest.jsonl")
     open(manifest, "w").close()
     try:
-        env = variant_env(summary_path, manifest, threads)
+        env = variant_env(summary_path, manifest, threads, trial)
         start = time.perf_counter()
         with open(os.path.join(run_dir, "output.log"), "w") as out:
             try:

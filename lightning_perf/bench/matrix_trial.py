@@ -12,7 +12,6 @@ the residuals, not a separate between-run term (docs/trials.md).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lightning_perf.measure.trial import BUILT_IN_CHANGES, paired_ratio
@@ -20,17 +19,6 @@ from lightning_perf.measure.trial import BUILT_IN_CHANGES, paired_ratio
 #: The row keys a trial adds (in the CSV as columns; the report shows one column and a findings line).
 TRIAL_KEYS = ("trial_change", "trial_speedup", "trial_speedup_low", "trial_speedup_high", "trial_verdict",
               "trial_pairs", "trial_runs", "trial_reason")
-
-
-def set_trial_env(change: Optional[str], environ: Any = os.environ) -> None:
-    """The variants' processes are started with an environment built from ``environ``: the trial goes there, and an
-    outer run's trial is not inherited when none is asked."""
-    from lightning_perf._attach import TRIAL_ENV
-
-    if change:
-        environ[TRIAL_ENV] = change
-    else:
-        environ.pop(TRIAL_ENV, None)
 
 
 def _trial_of(result: Dict[str, Any]) -> Optional[Dict[str, Any]]:
