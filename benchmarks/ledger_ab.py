@@ -43,12 +43,12 @@ def iterations(ledger: Any, n: int, t: float) -> float:
         t += 0.0002
         ledger.batch_start(t)
         t += 0.004
-        ledger.step_switch("optimizer_step", t)
-        ledger.step_switch("backward", t)
+        ledger.switch("optimizer_step", t)
+        ledger.switch("backward", t)
         t += 0.008
-        ledger.step_switch("other", t)
+        ledger.switch("other", t)
         t += 0.001
-        ledger.step_switch("optimizer_step", t)
+        ledger.switch("optimizer_step", t)
         t += 0.002
         ledger.batch_end(t, True)
         t += 0.001

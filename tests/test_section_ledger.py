@@ -13,12 +13,12 @@ def step(ledger, t, forward=0.004, backward=0.008, optimizer=0.002, clip=0.001):
     work after backward (``clip``), the optimizer step; returns the time of its batch end."""
     assert not ledger.batch_start(t) or True
     t += forward
-    ledger.step_switch("optimizer_step", t)  # zero_grad
-    ledger.step_switch("backward", t)
+    ledger.switch("optimizer_step", t)  # zero_grad
+    ledger.switch("backward", t)
     t += backward
-    ledger.step_switch("other", t)
+    ledger.switch("other", t)
     t += clip
-    ledger.step_switch("optimizer_step", t)
+    ledger.switch("optimizer_step", t)
     t += optimizer
     ledger.batch_end(t, ends_iteration=True)
     return t

@@ -124,11 +124,6 @@ class SectionLedger:
         if start_next is not None:
             self.next_owner = start_next
 
-    def step_switch(self, section: str, t: float) -> None:
-        """A hook inside the step (zero_grad, backward, after backward, optimizer step): automatic optimization only."""
-        if not self.manual:
-            self.switch(section, t)
-
     def batch_end(self, t: float, ends_iteration: bool) -> None:
         """The step is done (or, accumulating, the batch): batch-end work belongs to the iteration, which closes where
         the next one starts. In batch_gap mode the gap now running is the wait for the next batch: the next
@@ -304,7 +299,7 @@ class SectionLedger:
     def fold(self, histograms: bool = True) -> None:
         """The closed iterations' pieces into raw times, and those into the window sums and the histograms: before
         every read of a figure. ``histograms=False``: a section's raw times go to its histogram only at its limit."""
-        slowest, offset = self.slowest, self.step_offset
+        slowest, offset, sections = self.slowest, self.step_offset, self.sections
         for it in self.unfolded:
             total = sum(it.pieces.values()) + it.user_s
             if total <= 0:
@@ -319,13 +314,14 @@ class SectionLedger:
                               it.end_pieces or None, carried.end_pieces if carried else None)
             self.prev_end, self.last_folded = (it if it.end_pieces else None), number
             for name, seconds in it.pieces.items():
-                self.section(name).raw.append(seconds)
-            for name, seconds, failed in it.calls:
-                sec = self.sections[name]
-                sec.raw.append(seconds)
-                sec.closed_by_exception += failed
-            for name in {call[0] for call in it.calls}:
-                self.sections[name].runs += 1
+                (sections.get(name) or self.section(name)).raw.append(seconds)
+            if it.calls:
+                for name, seconds, failed in it.calls:
+                    sec = sections[name]
+                    sec.raw.append(seconds)
+                    sec.closed_by_exception += failed
+                for name in {call[0] for call in it.calls}:
+                    sections[name].runs += 1
         self.unfolded = []
         self.iteration.fold(histograms)
         for sec in self.sections.values():
