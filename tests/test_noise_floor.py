@@ -12,12 +12,14 @@ import pytest
 
 from helpers import PacedModel, fit, use_virtual_clock
 from lightning_perf import IterationTimer
-from lightning_perf.bench.matrix_verdicts import add_verdicts
+from lightning_perf.bench.matrix_verdicts import add_verdicts, verdict_findings
 from lightning_perf.bench.noise_floor import (
     FASTER,
     MIN_EFFECT_PCT,
     NO_VERDICT,
+    RANK_INTERVAL,
     SLOWER,
+    T_INTERVAL,
     WITHIN_NOISE,
     best_or_tie,
     decide,
@@ -80,7 +82,10 @@ def test_an_aa_variant_is_rarely_decided_and_the_interval_covers_at_its_rate(run
     (benchmarks/verdict_power.py, 2,000 trials: 1.6% with 3 runs, 1.1% with 5), and its interval covers the true
     ratio in at least 93% (nominal 95%; the rank interval's exact level is 95.2% at 3 + 6 runs, 96.0% at 5 + 10)."""
     decided, drifted, covered = _matrix_trials(400, runs, 1.0, seed=runs, draw=_lognormal(0.03))
-    assert decided <= 0.05 and drifted <= 0.05 and covered >= 0.93, (decided, drifted, covered)
+    assert decided <= 0.05 and covered >= 0.93, (decided, drifted, covered)
+    # the A/A pair by ranks (5 + 5) is decided different in 8 of 252 orders at most: 3.2%; 3 + 3 has no rank
+    # interval, so Student's t decides it, at its nominal 5% (2,000 trials: 5.1%)
+    assert drifted <= (0.05 if runs >= 4 else 0.07), drifted
 
 
 def test_a_ten_percent_change_is_found_with_the_default_repeats():
@@ -126,13 +131,23 @@ def test_the_denoise_runs_of_a_busy_machine_find_the_slow_variant_and_no_spared_
     assert spared["steady_verdict"] == WITHIN_NOISE, spared
 
 
-def test_too_few_runs_for_a_rank_interval_decide_nothing_and_say_so():
+def test_runs_too_few_for_a_rank_interval_get_students_t_and_say_so():
     """Two rounds: 2 runs against the baseline's 4 have no 95% rank interval (the most extreme order of 6 runs has
-    probability 1/15 each way), so no verdict, whatever the gap, and the words say why."""
-    aa, row = _matrix_verdict([1.0, 1.01], [0.99, 1.0], [1.3, 1.31])
-    assert row["steady_verdict"] == NO_VERDICT and "too few for a 95% rank interval" in row["steady_verdict_why"]
-    assert row["speedup_ci_low"] is None and row["speedup_significant"] is None
-    assert row["speedup"] == pytest.approx(1.3 / 1.0, rel=0.02)
+    probability 1/15 each way), so the interval is Student's t on the logs (geometric means), and is named so; with 5
+    runs a side it is the rank interval, its ratio the median of the pairwise ratios."""
+    _, row = _matrix_verdict([1.0, 1.01], [0.99, 1.0], [1.3, 1.31])
+    cmp = row["_steady_cmp"]
+    assert cmp["method"] == T_INTERVAL and row["speedup_ci_low"] == pytest.approx(cmp["low"])
+    geo = math.exp(sum(map(math.log, [1.3, 1.31])) / 2 - sum(map(math.log, [1.0, 1.01, 0.99, 1.0])) / 4)
+    assert row["speedup"] == pytest.approx(geo) and row["steady_verdict"] == FASTER
+    base, copy, fast = [1.0, 1.01, 0.99, 1.0, 1.02], [0.98, 1.0, 1.01, 0.99, 1.0], [1.3, 1.31, 1.2, 1.33, 1.32]
+    _, row = _matrix_verdict(base, copy, fast)
+    assert row["_steady_cmp"]["method"] == RANK_INTERVAL and row["_steady_cmp"]["runs"] == (5, 10)
+    median = sorted(f / b for f in fast for b in base + copy)[24:26]
+    assert row["speedup"] == pytest.approx(math.sqrt(median[0] * median[1]))
+    found = verdict_findings([{"variant": "baseline", "baseline": True}, row], best_by="steady")
+    assert any(f.startswith("Decided against baseline: variant 1.3") and "(rank interval) over 10 + 5 runs" in f
+               for f in found), found
 
 
 def test_the_noise_floor_keeps_a_change_the_pair_itself_shows_within_noise():
@@ -157,12 +172,9 @@ def test_the_best_is_named_only_when_decided_otherwise_the_ties():
     floor = noise_floor(_drifted(rng, 5, 0.01), base)
     clear = best_or_tie({"base": base, "fast": _drifted(rng, 5, 0.01, 1.3), "mid": _drifted(rng, 5, 0.01, 1.1)},
                         floor)
-    assert clear == {"best": "fast", "top": "fast", "tie": ["fast"], "too_few": []}
+    assert clear == {"best": "fast", "top": "fast", "tie": ["fast"]}
     tied = best_or_tie({"base": base, "a": _drifted(rng, 5, 0.01, 1.3), "b": _drifted(rng, 5, 0.01, 1.3)}, floor)
-    assert tied["best"] is None and sorted(tied["tie"]) == ["a", "b"] and tied["too_few"] == []
-    # 3 runs each: no rank interval between two setups (3 + 3), so nothing is decided and the tie says why
-    few = best_or_tie({"a": [1.3, 1.31, 1.29], "b": [1.0, 1.01, 0.99]}, None)
-    assert few["best"] is None and few["tie"] == ["a", "b"] and few["too_few"] == ["b"]
+    assert tied["best"] is None and sorted(tied["tie"]) == ["a", "b"]
 
 
 # -- the rounds -----------------------------------------------------------------------------------------------------

@@ -42,8 +42,8 @@ def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], mi
     ``end_to_end_verdict``, ``..._why``); with repeats, both speedups and their intervals between runs, by ranks
     against the baseline's runs and its A/A copy's (:func:`shift_between`; the copy's own against the baseline's),
     so the Speedup columns show what the verdict decided (``speedup_significant``: that interval excludes 1 and the
-    change is at least ``min_effect_pct``; the interval None where the runs are too few for a rank interval). The A/A
-    row is marked ``noise_floor``."""
+    change is at least ``min_effect_pct``; Student's t where the runs are too few for a rank interval). The A/A row
+    is marked ``noise_floor``."""
     base = next((r for r in rows if r.get("baseline") and "_steady_rates" in r), None)
     aa = next((r for r in rows if noise_floor_name and r["variant"] == noise_floor_name and "_steady_rates" in r),
               None)
@@ -63,11 +63,11 @@ def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], mi
             if aa is not None and r is not aa:
                 reference += aa[_rates_key(r, basis)]
             cmp = shift_between(r[_rates_key(r, basis)], reference)
-            if min(cmp["runs"]) >= 2 and basis == "end_to_end":
+            if cmp["low"] is not None and basis == "end_to_end":
                 r.update(end_to_end_speedup=cmp["ratio"], end_to_end_ci_low=cmp["low"], end_to_end_ci_high=cmp["high"])
-            elif min(cmp["runs"]) >= 2:
+            elif cmp["low"] is not None:
                 r.update(speedup=cmp["ratio"], speedup_ci_low=cmp["low"], speedup_ci_high=cmp["high"],
-                         speedup_significant=None if cmp["low"] is None else (cmp["low"] > 1.0 or cmp["high"] < 1.0)
+                         speedup_significant=(cmp["low"] > 1.0 or cmp["high"] < 1.0)
                          and abs(cmp["ratio"] - 1.0) * 100.0 >= min_effect_pct)
             decided = decide(cmp, None if r is aa else floor, min_effect_pct)
             r[f"{basis}_verdict"], r[f"{basis}_verdict_why"] = decided["verdict"], decided["why"] or None
@@ -146,11 +146,8 @@ def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
             + ": no change the machine could not have made.")
     if any(r[f"{basis}_verdict"] == NO_VERDICT and (r[f"_{basis}_cmp"]["runs"][0] or 0) < 2 for r in others):
         out.append("No verdict between runs: one run each, so the drift between runs was not measured; run with"
-                   f" --repeats 3 or more (default {DEFAULT_REPEATS}).")
-    elif any(r[f"{basis}_verdict"] == NO_VERDICT and r[f"_{basis}_cmp"]["low"] is None
-             and r[f"_{basis}_cmp"]["ratio"] is not None for r in others):
-        out.append("No verdict between runs: too few runs for a 95% rank interval; run with --repeats 3 or more"
-                   f" (default {DEFAULT_REPEATS}).")
+                   f" --repeats 2 or more (default {DEFAULT_REPEATS}).")
+
     return out
 
 
@@ -165,9 +162,8 @@ def best_words(rows: List[Dict[str, Any]], eligible: List[Dict[str, Any]], best_
         key = "_end_to_end_rates"
     else:
         key = "_samples_rates" if any(r.get("speedup_basis") == "samples/s" for r in pool) else "_steady_rates"
-    counts = min(len([v for v in r[key] if v]) for r in pool)
-    if counts < 2:
-        return "one run each, so the drift between runs was not measured (--repeats 3 or more)"
+    if min(len([v for v in r[key] if v]) for r in pool) < 2:
+        return "one run each, so the drift between runs was not measured (--repeats 2 or more)"
     floor = next((r.get(f"_{basis}_floor") for r in rows if r.get(f"_{basis}_floor")), None)
     aa = next((r for r in rows if r.get("noise_floor")), None)
     runs = {r["variant"]: list(r[key]) + (aa[key] if r.get("baseline") and aa is not None else []) for r in pool}
@@ -176,7 +172,4 @@ def best_words(rows: List[Dict[str, Any]], eligible: List[Dict[str, Any]], best_
         return None
     if floor and floor.get("drifted"):
         return "the A/A pair drifted beyond its interval, so nothing is decided"
-    if found["too_few"]:
-        return (f"{', '.join(found['tie'])} tie: {found['top']} and {', '.join(found['too_few'])} have too few runs"
-                " for a 95% rank interval between them (4 + 4 give one: --repeats 4 or more)")
     return f"{', '.join(found['tie'])} tie: within noise of each other between runs"

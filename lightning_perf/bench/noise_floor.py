@@ -13,6 +13,7 @@ nothing is decided (fail closed). Pure Python: no torch.
 Why ranks: on a shared machine a run now and then reads 15 to 25% slower with nothing in it to show why (noise only
 adds time); such a run widens a mean's interval and moves the A/A ratio, where it moves only a rank here. The
 interval is exact for any noise when the runs of one setup are alike, so an A/A/A triple is decided in at most 5%.
+Runs too few for a 95% rank interval (3 + 3 and fewer) get Student's t on the logs instead, as ``compare`` does.
 Measured by ``benchmarks/verdict_power.py`` (cases in ``tests/test_noise_floor.py``): see docs/cli.md."""
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _usable(values: Sequence[Optional[float]]) -> List[float]:
 
 
 #: How the intervals of :func:`shift_between` are named where one is printed.
-RANK_INTERVAL = "rank interval"
+RANK_INTERVAL, T_INTERVAL = "rank interval", "Student's t interval"
 
 
 def ratio_between(values: Sequence[Optional[float]], reference: Sequence[Optional[float]]) -> Dict[str, Any]:
@@ -55,28 +56,21 @@ def ratio_between(values: Sequence[Optional[float]], reference: Sequence[Optiona
 def shift_between(values: Sequence[Optional[float]], reference: Sequence[Optional[float]]) -> Dict[str, Any]:
     """As :func:`ratio_between`, by ranks: ``ratio`` the Hodges-Lehmann shift (the median of every run's ratio to
     every reference run), ``low``/``high`` its exact Mann-Whitney 95% interval
-    (:func:`lightning_perf.measure.ratio_ci.shift_ratio_ci`), ``runs`` (counted runs a side), ``method``
-    (:data:`RANK_INTERVAL`) and, where there is no interval, ``why``."""
-    a, b = _usable(values), _usable(reference)
-    out: Dict[str, Any] = {"ratio": None, "low": None, "high": None, "runs": (len(a), len(b)),
-                           "method": RANK_INTERVAL, "why": None}
-    found = shift_ratio_ci(a, b)
-    if found is None:
-        out["why"] = "no rate to compare"
-        return out
-    out["ratio"], out["low"], out["high"] = found
-    if out["low"] is None:
-        out["why"] = ("one run a side: the drift between runs was not measured" if min(len(a), len(b)) < 2 else
-                      f"{len(b)} + {len(a)} runs are too few for a 95% rank interval (4 + 4 runs give one, or 3"
-                      " against the baseline's 6)")
-    return out
+    (:func:`lightning_perf.measure.ratio_ci.shift_ratio_ci`), ``runs`` (counted runs a side) and ``method``
+    (:data:`RANK_INTERVAL`). Where the runs are too few for a 95% rank interval (3 + 3, 2 + 4 and fewer; 4 + 4 and
+    3 + 6 have one), :func:`ratio_between`'s ratio and interval, ``method`` :data:`T_INTERVAL`."""
+    found = ratio_between(values, reference)
+    found["method"] = T_INTERVAL
+    ranked = shift_ratio_ci(_usable(values), _usable(reference))
+    if ranked is not None and ranked[1] is not None:
+        found.update(ratio=ranked[0], low=ranked[1], high=ranked[2], method=RANK_INTERVAL)
+    return found
 
 
 def noise_floor(copy_rates: Sequence[Optional[float]], base_rates: Sequence[Optional[float]]) -> Dict[str, Any]:
     """The A/A pair: the baseline's second copy against the baseline, by ranks (:func:`shift_between`). ``band`` is
     (1/d, d) with ``d`` the pair's ratio or its inverse, whichever is >= 1; ``drifted`` is True where the pair's own
-    interval excludes 1 (the same setup decided different: the machine moved more than the intervals allow), None
-    where the pair has no interval."""
+    interval excludes 1 (the same setup decided different: the machine moved more than the intervals allow)."""
     floor = shift_between(copy_rates, base_rates)
     if floor["ratio"] is None:
         floor.update(band=None, drifted=None)
@@ -96,8 +90,7 @@ def decide(cmp: Dict[str, Any], floor: Optional[Dict[str, Any]], min_effect_pct:
     if ratio is None:
         return {"verdict": NO_VERDICT, "why": "no rate to compare"}
     if lo is None:
-        return {"verdict": NO_VERDICT, "why": cmp.get("why") or "one run a side: the drift between runs was not"
-                                                                " measured"}
+        return {"verdict": NO_VERDICT, "why": "one run a side: the drift between runs was not measured"}
     if floor is not None and floor.get("drifted"):
         return {"verdict": NO_VERDICT, "why": "the A/A pair (the baseline twice) differed beyond its interval: the"
                                               " machine drifted more than the intervals allow"}
@@ -118,17 +111,15 @@ def best_or_tie(rates: Dict[str, Sequence[Optional[float]]], floor: Optional[Dic
     """Of setups (name -> runs' rates, higher is better; give the baseline's entry its A/A copy's runs too), the
     fastest by median rate, and whether it is decided: ``best`` (its name, only where every other setup is decided
     slower than it, by :func:`decide` on :func:`shift_between` of the two), ``top`` (the fastest measured), ``tie``
-    (the setups not decided apart from ``top``, ``top`` first), ``too_few`` (those of ``tie`` whose runs and
-    ``top``'s are too few for a rank interval)."""
-    means = {name: shift_between(values, [1.0])["ratio"] for name, values in rates.items()}
-    ranked = sorted((n for n in means if means[n] is not None), key=lambda n: -means[n])
+    (the setups not decided apart from ``top``, ``top`` first)."""
+    means = {name: shift_ratio_ci(_usable(values), [1.0]) for name, values in rates.items()}
+    ranked = sorted((n for n in means if means[n] is not None), key=lambda n: -means[n][0])
     if not ranked:
-        return {"best": None, "top": None, "tie": [], "too_few": []}
+        return {"best": None, "top": None, "tie": []}
     top = ranked[0]
-    against = {other: shift_between(rates[top], rates[other]) for other in ranked[1:]}
-    tie = [top] + [other for other in ranked[1:] if decide(against[other], floor, min_effect_pct)["verdict"] != FASTER]
-    too_few = [other for other in tie[1:] if against[other]["low"] is None]
-    return {"best": top if len(tie) == 1 else None, "top": top, "tie": tie, "too_few": too_few}
+    tie = [top] + [other for other in ranked[1:]
+                   if decide(shift_between(rates[top], rates[other]), floor, min_effect_pct)["verdict"] != FASTER]
+    return {"best": top if len(tie) == 1 else None, "top": top, "tie": tie}
 
 
 def ratio_text(ratio: float) -> str:
@@ -137,13 +128,13 @@ def ratio_text(ratio: float) -> str:
 
 
 def floor_text(floor: Optional[Dict[str, Any]]) -> str:
-    """``1.01x, 95% CI 0.97x to 1.05x (rank interval) over 5 + 5 runs`` (the A/A ratio and its interval), or why
-    there is none."""
+    """``1.01x, 95% CI 0.97x to 1.05x (rank interval) over 5 + 5 runs`` (the A/A ratio and its interval, and how it
+    was measured), or why there is none."""
     if floor is None:
         return "not measured (no A/A pair)"
     if floor["ratio"] is None:
         return "n/a (the A/A pair has no rate)"
     runs = f" over {floor['runs'][1]} + {floor['runs'][0]} runs"
     if floor["low"] is None:
-        return f"{floor['ratio']:.3f}x{runs} (no interval: {floor.get('why') or 'one run a side'})"
-    return f"{floor['ratio']:.3f}x, 95% CI {floor['low']:.3f}x to {floor['high']:.3f}x ({RANK_INTERVAL}){runs}"
+        return f"{floor['ratio']:.3f}x{runs} (no interval: one run a side)"
+    return f"{floor['ratio']:.3f}x, 95% CI {floor['low']:.3f}x to {floor['high']:.3f}x ({floor['method']}){runs}"
