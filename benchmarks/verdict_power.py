@@ -19,7 +19,9 @@ coverage of the true ratio for the A/A/A variant and the slower one. The rules:
 - ``ranks, 5 v 5, band``: Hodges-Lehmann shift with the exact Mann-Whitney interval against the baseline's runs;
 - ``ranks, pooled, no band``: the matrix's rule without the band (the A/A pair's drift check only);
 - ``ranks, pooled, band`` (the matrix's rule, :mod:`lightning_perf.bench.noise_floor`): the variant by ranks against
-  the baseline's and the copy's runs together, the A/A pair by ranks, the band of its ratio.
+  the baseline's and the copy's runs together, the A/A pair by ranks, the band of its ratio;
+- ``compare: t`` / ``compare: ranks``: two sides and no A/A pair, as ``compare --base-repeats --candidate-repeats``
+  decides (its ``A/A/A`` column is then an A/A pair called significant); compare keeps t.
 
 Pure Python, seeded: the same figures every time.
 
@@ -80,12 +82,13 @@ def _floor_of(cmp: Dict[str, Any]) -> Dict[str, Any]:
     return dict(cmp, band=(1.0 / d, d), drifted=drifted)
 
 
-def _rule(measure: Callable, pooled: bool, band: bool) -> Callable:
-    """A rule: (variant, base, copy) -> (verdict, the variant's comparison)."""
+def _rule(measure: Callable, pooled: bool, band: bool, aa: bool = True) -> Callable:
+    """A rule: (variant, base, copy) -> (verdict, the variant's comparison); ``aa`` False: no A/A pair at all (as
+    ``compare`` decides two sides)."""
 
     def rule(variant: Sequence[float], base: Sequence[float], copy: Sequence[float]):
-        floor = _floor_of(measure(copy, base))
-        if not band:
+        floor = _floor_of(measure(copy, base)) if aa else None
+        if floor is not None and not band:
             floor = dict(floor, band=None)
         cmp = measure(variant, list(base) + (list(copy) if pooled else []))
         return decide(cmp, floor)["verdict"], cmp
@@ -105,6 +108,8 @@ RULES = {
     "ranks, 5 v 5, band": _rule(shift_between, pooled=False, band=True),
     "ranks, pooled, no band": _rule(shift_between, pooled=True, band=False),
     "ranks, pooled, band (matrix)": matrix_rule,
+    "compare: t, no A/A": _rule(ratio_between, pooled=False, band=False, aa=False),
+    "compare: ranks, no A/A": _rule(shift_between, pooled=False, band=False, aa=False),
 }
 
 
