@@ -147,7 +147,6 @@ def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
     if any(r[f"{basis}_verdict"] == NO_VERDICT and (r[f"_{basis}_cmp"]["runs"][0] or 0) < 2 for r in others):
         out.append("No verdict between runs: one run each, so the drift between runs was not measured; run with"
                    f" --repeats 2 or more (default {DEFAULT_REPEATS}).")
-
     return out
 
 

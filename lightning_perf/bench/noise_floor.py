@@ -26,16 +26,15 @@ from lightning_perf.measure.ratio_ci import between_runs_ratio_ci, shift_ratio_c
 #: A change smaller than this (in %) is never decided, whatever the interval (compare's --min-effect default).
 MIN_EFFECT_PCT = 2.0
 
+#: How the intervals of :func:`shift_between` are named where one is printed.
+RANK_INTERVAL, T_INTERVAL = "rank interval", "Student's t interval"
+
 #: What a verdict can be.
 FASTER, SLOWER, WITHIN_NOISE, NO_VERDICT = "faster", "slower", "within noise", "no verdict"
 
 
 def _usable(values: Sequence[Optional[float]]) -> List[float]:
     return [v for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
-
-
-#: How the intervals of :func:`shift_between` are named where one is printed.
-RANK_INTERVAL, T_INTERVAL = "rank interval", "Student's t interval"
 
 
 def ratio_between(values: Sequence[Optional[float]], reference: Sequence[Optional[float]]) -> Dict[str, Any]:
