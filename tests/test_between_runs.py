@@ -3,6 +3,7 @@ of each side give an interval from the spread between runs, proven on synthetic 
 machine is flagged. The command runs in a subprocess on real summary files."""
 
 import copy
+import itertools
 import json
 import math
 import random
@@ -13,7 +14,7 @@ import pytest
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import IterationTimer
-from lightning_perf.measure.ratio_ci import between_runs_ratio_ci
+from lightning_perf.measure.ratio_ci import between_runs_ratio_ci, rank_sum_counts, shift_ratio_ci
 from lightning_perf.summary.compare import MIN_EFFECT_PCT, compare_summaries
 
 
@@ -54,6 +55,37 @@ def test_fewer_than_two_runs_or_a_bad_figure_gives_no_interval():
     assert between_runs_ratio_ci([1.0, 0.0], [1.0, 1.1]) is None
     ratio, lo, hi = between_runs_ratio_ci([2.0, 2.0], [1.0, 1.0])  # no spread at all: a point
     assert ratio == lo == hi == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("n, m", [(5, 5), (5, 10), (3, 6), (4, 4), (8, 8)])
+def test_the_rank_interval_of_two_sets_of_one_setup_excludes_1_at_most_at_its_level_whatever_the_noise(n, m):
+    """Every order of n + m runs of one setup is equally likely whatever their noise (slow runs included), so the
+    share of orders whose rank interval excludes 1, counted over all of them, is the interval's exact error rate:
+    at most 5%, and the counts of the Mann-Whitney U match a count of the orders themselves."""
+    values = [1.0 + 0.01 * i for i in range(n + m)]  # distinct rates: only their order matters
+    excluded = 0
+    by_u = [0] * (n * m + 1)
+    for picked in itertools.combinations(range(n + m), n):
+        a = [values[i] for i in picked]
+        b = [values[i] for i in range(n + m) if i not in picked]
+        by_u[sum(x < y for x in a for y in b)] += 1
+        _, lo, hi = shift_ratio_ci(a, b)
+        excluded += lo > 1.0 or hi < 1.0
+    orders = math.comb(n + m, n)
+    assert tuple(by_u) == rank_sum_counts(min(n, m), max(n, m))
+    assert excluded / orders <= 0.05, excluded / orders
+    assert excluded / orders >= 0.02  # not wider than the level needs (5 + 5: 8 of 252, 3.2%; 4 + 4: 2 of 70)
+
+
+def test_the_rank_estimate_ignores_one_slow_run_and_few_runs_have_no_interval():
+    base = [100.0, 101.0, 99.0, 100.5, 99.5]
+    # one run of five 20% slower moves the geometric means' ratio by 4%; the median of the pairwise ratios by < 1%
+    slow_run = [110.0, 111.0, 109.0, 110.5, 110.0 / 1.2]
+    ratio, lo, hi = shift_ratio_ci(slow_run, base)
+    assert ratio == pytest.approx(1.10, abs=0.01) and lo < ratio < hi
+    assert between_runs_ratio_ci(slow_run, base)[0] < 1.07
+    assert shift_ratio_ci([1.3, 1.31, 1.29], [1.0, 1.01, 0.99])[1:] == (None, None)  # 3 + 3: none at 95%
+    assert shift_ratio_ci([1.0, float("nan")], [1.0]) is None and shift_ratio_ci([], [1.0]) is None
 
 
 # -- the command, on real summaries -------------------------------------------------------------------------------

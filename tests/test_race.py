@@ -78,12 +78,17 @@ def test_two_commands_race_in_interleaved_rounds_and_each_repeat_keeps_its_summa
     cmp = result["comparisons"]["optimized"]
     assert cmp["speedup_interval"] == "between runs" and cmp["repeats"] == {"base": 2, "candidate": 2}
     assert cmp["speedup"] == pytest.approx(geo["optimized"] / geo["baseline"], rel=1e-6)
-    assert cmp["between_runs"]["ratio"] == pytest.approx(geo["optimized"] / geo["baseline"], rel=1e-6)
+    # the verdict's: against the runs of the baseline and of its copy together; 2 runs against 4 have no 95% rank
+    # interval, so Student's t on the logs (geometric means), and the report names it
+    pooled = math.exp(sum(map(math.log, speeds["baseline"] + speeds["baseline_aa"])) / 4)
+    assert cmp["between_runs"]["ratio"] == pytest.approx(geo["optimized"] / pooled, rel=1e-6)
+    assert cmp["between_runs"]["method"] == "Student's t interval" and cmp["between_runs"]["runs"] == [2, 4]
     assert result["noise_floor"]["ratio"] == pytest.approx(geo["baseline_aa"] / geo["baseline"], rel=1e-6)
     assert cmp["verdict"]["verdict"] in ("faster", "slower", "within noise", "no verdict")
     text = (tmp_path / "race.txt").read_text()
     assert "TRAINING TIME COMPARISON" in text and "RACE VERDICT" in text
     assert "2 of 2 interleaved rounds ran" in text and "Noise floor (A/A: baseline_aa against baseline):" in text
+    assert "(Student's t interval) over 2 + 2 runs" in text and "Student's t interval, it/s, over 4 + 2 runs" in text
     assert "### baseline_aa against" not in text  # the copy is the floor, not a contender
 
 

@@ -1,6 +1,7 @@
 """The matrix's verdicts between runs: each variant's speedups against the baseline over the interleaved rounds, the
 A/A noise floor beside them, a verdict per variant (faster, slower, within noise, no verdict) and the Best named only
-where it is decided (:mod:`lightning_perf.bench.noise_floor` holds the rule)."""
+where it is decided (:mod:`lightning_perf.bench.noise_floor` holds the rule). Each variant is measured by ranks against
+the runs of the baseline and of its A/A copy together (both are the baseline's setup)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from lightning_perf.bench.noise_floor import (
     decide,
     floor_text,
     noise_floor,
-    ratio_between,
     ratio_text,
+    shift_between,
 )
 from lightning_perf.bench.rounds import DEFAULT_REPEATS, rounds_line
 
@@ -38,8 +39,11 @@ def _rates_key(row: Dict[str, Any], basis: str) -> str:
 def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], min_effect_pct: float) -> None:
     """Adds to each row but the baseline's, on each basis: the A/A pair's ratio and interval (``aa_speedup``,
     ``aa_ci_low``, ``aa_ci_high``; ``aa_end_to_end_...``), the verdict and why (``steady_verdict``,
-    ``end_to_end_verdict``, ``..._why``); with repeats, the end-to-end speedup and its interval between runs. The A/A
-    row is marked ``noise_floor``."""
+    ``end_to_end_verdict``, ``..._why``); with repeats, both speedups and their intervals between runs, by ranks
+    against the baseline's runs and its A/A copy's (:func:`shift_between`; the copy's own against the baseline's),
+    so the Speedup columns show what the verdict decided (``speedup_significant``: that interval excludes 1 and the
+    change is at least ``min_effect_pct``; Student's t where the runs are too few for a rank interval). The A/A row
+    is marked ``noise_floor``."""
     base = next((r for r in rows if r.get("baseline") and "_steady_rates" in r), None)
     aa = next((r for r in rows if noise_floor_name and r["variant"] == noise_floor_name and "_steady_rates" in r),
               None)
@@ -55,9 +59,16 @@ def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], mi
         for r in rows:
             if r is base or "_steady_rates" not in r:
                 continue
-            cmp = ratio_between(r[_rates_key(r, basis)], base[_rates_key(r, basis)])
-            if basis == "end_to_end" and cmp["low"] is not None:
+            reference = list(base[_rates_key(r, basis)])
+            if aa is not None and r is not aa:
+                reference += aa[_rates_key(r, basis)]
+            cmp = shift_between(r[_rates_key(r, basis)], reference)
+            if cmp["low"] is not None and basis == "end_to_end":
                 r.update(end_to_end_speedup=cmp["ratio"], end_to_end_ci_low=cmp["low"], end_to_end_ci_high=cmp["high"])
+            elif cmp["low"] is not None:
+                r.update(speedup=cmp["ratio"], speedup_ci_low=cmp["low"], speedup_ci_high=cmp["high"],
+                         speedup_significant=(cmp["low"] > 1.0 or cmp["high"] < 1.0)
+                         and abs(cmp["ratio"] - 1.0) * 100.0 >= min_effect_pct)
             decided = decide(cmp, None if r is aa else floor, min_effect_pct)
             r[f"{basis}_verdict"], r[f"{basis}_verdict_why"] = decided["verdict"], decided["why"] or None
             r[f"_{basis}_floor"] = floor
@@ -93,7 +104,7 @@ def floor_cell(row: Dict[str, Any], best_by: str) -> str:
 
 def _interval(cmp: Dict[str, Any]) -> str:
     runs = f"over {cmp['runs'][1]} + {cmp['runs'][0]} runs"
-    return f"{cmp['ratio']:.2f}x, 95% CI {cmp['low']:.2f}x to {cmp['high']:.2f}x {runs}"
+    return f"{cmp['ratio']:.2f}x, 95% CI {cmp['low']:.2f}x to {cmp['high']:.2f}x ({cmp['method']}) {runs}"
 
 
 def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
@@ -113,8 +124,10 @@ def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
     floor = others[0].get(f"_{basis}_floor")
     if aa is not None:
         out.append(f"Noise floor (A/A: {aa['variant']}, the baseline's setup again in the same rounds, against"
-                   f" {base['variant']}; {words}): {floor_text(floor)}. A variant is decided only where its interval"
-                   " excludes 1 and stays outside the band of that ratio (both ways).")
+                   f" {base['variant']}; {words}): {floor_text(floor)}. Each variant is measured by ranks (the"
+                   f" median of its runs' ratios to the runs of {base['variant']} and {aa['variant']} together) and"
+                   " decided only where its interval excludes 1 and stays outside the band of the A/A ratio (both"
+                   " ways).")
         if floor and floor.get("drifted"):
             out.append("⚠ The A/A pair differed beyond its interval: the machine drifted more than the intervals"
                        " allow, so no variant is decided; run again on a quieter machine or with more --repeats.")
@@ -151,7 +164,9 @@ def best_words(rows: List[Dict[str, Any]], eligible: List[Dict[str, Any]], best_
     if min(len([v for v in r[key] if v]) for r in pool) < 2:
         return "one run each, so the drift between runs was not measured (--repeats 2 or more)"
     floor = next((r.get(f"_{basis}_floor") for r in rows if r.get(f"_{basis}_floor")), None)
-    found = best_or_tie({r["variant"]: r[key] for r in pool}, floor)
+    aa = next((r for r in rows if r.get("noise_floor")), None)
+    runs = {r["variant"]: list(r[key]) + (aa[key] if r.get("baseline") and aa is not None else []) for r in pool}
+    found = best_or_tie(runs, floor)
     if found["best"] is not None:
         return None
     if floor and floor.get("drifted"):

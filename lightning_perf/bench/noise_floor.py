@@ -1,25 +1,33 @@
 """Verdicts between setups run several times, against the A/A noise floor: the baseline run twice in the same rounds.
 
-Each setup's runs give one rate each (iterations, samples or fits per second). A setup's ratio to the baseline is the
-ratio of the geometric means, with its 95% interval from the spread between runs
-(:func:`lightning_perf.measure.ratio_ci.between_runs_ratio_ci`). The A/A pair (the baseline against its own second copy)
-shows how far two runs of one setup land apart on this machine: its ratio ``d`` is the noise floor, the band of ratios
-from ``1/d`` to ``d``. A setup is decided faster or slower only when its interval excludes 1, its change is at least
-``min_effect_pct``, and its interval stays outside that band; where the A/A pair itself is decided different, the
-machine drifted more than the intervals allow and nothing is decided (fail closed). Pure Python: no torch.
+Each setup's runs give one rate each (iterations, samples or fits per second). A setup's ratio to the baseline is
+measured by ranks (:func:`shift_between`): the Hodges-Lehmann shift of the log rates (the median of every run's
+ratio to every reference run) with its exact Mann-Whitney 95% interval, against the runs of the baseline *and* of its
+A/A copy together (both are the baseline's setup: 10 reference runs instead of 5 at the default repeats). The A/A
+pair (the copy against the baseline, by the same ranks) shows how far two runs of one setup land apart on this
+machine: its ratio ``d`` is the noise floor, the band of ratios from ``1/d`` to ``d``. A setup is decided faster or
+slower only when its interval excludes 1, its change is at least ``min_effect_pct``, and its interval stays outside
+that band; where the A/A pair itself is decided different, the machine drifted more than the intervals allow and
+nothing is decided (fail closed). Pure Python: no torch.
 
-Checked on synthetic runs (``tests/test_noise_floor.py``): with 5 runs a side and 3% lognormal drift between runs,
-an A/A/A triple is decided in about 1% of trials and a 10% change in about 90%."""
+Why ranks: on a shared machine a run now and then reads 15 to 25% slower with nothing in it to show why (noise only
+adds time); such a run widens a mean's interval and moves the A/A ratio, where it moves only a rank here. The
+interval is exact for any noise when the runs of one setup are alike, so an A/A/A triple is decided in at most 5%.
+Runs too few for a 95% rank interval (3 + 3 and fewer) get Student's t on the logs instead, as ``compare`` does.
+Measured by ``benchmarks/verdict_power.py`` (cases in ``tests/test_noise_floor.py``): see docs/cli.md."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from lightning_perf.measure.ratio_ci import between_runs_ratio_ci
+from lightning_perf.measure.ratio_ci import between_runs_ratio_ci, shift_ratio_ci
 
 #: A change smaller than this (in %) is never decided, whatever the interval (compare's --min-effect default).
 MIN_EFFECT_PCT = 2.0
+
+#: How the intervals of :func:`shift_between` are named where one is printed.
+RANK_INTERVAL, T_INTERVAL = "rank interval", "Student's t interval"
 
 #: What a verdict can be.
 FASTER, SLOWER, WITHIN_NOISE, NO_VERDICT = "faster", "slower", "within noise", "no verdict"
@@ -30,8 +38,9 @@ def _usable(values: Sequence[Optional[float]]) -> List[float]:
 
 
 def ratio_between(values: Sequence[Optional[float]], reference: Sequence[Optional[float]]) -> Dict[str, Any]:
-    """``ratio`` (geometric means, values over reference), ``low``/``high`` (95%, between runs; None with fewer than
-    two runs a side) and ``runs`` (counted runs a side). ``ratio`` None where a side has no usable run."""
+    """``ratio`` (geometric means, values over reference), ``low``/``high`` (95%, Student's t between runs; None with
+    fewer than two runs a side) and ``runs`` (counted runs a side). ``ratio`` None where a side has no usable run.
+    bench's rounds use it (3 rounds have no rank interval); the matrix and race use :func:`shift_between`."""
     a, b = _usable(values), _usable(reference)
     out: Dict[str, Any] = {"ratio": None, "low": None, "high": None, "runs": (len(a), len(b))}
     if not a or not b:
@@ -43,11 +52,25 @@ def ratio_between(values: Sequence[Optional[float]], reference: Sequence[Optiona
     return out
 
 
+def shift_between(values: Sequence[Optional[float]], reference: Sequence[Optional[float]]) -> Dict[str, Any]:
+    """As :func:`ratio_between`, by ranks: ``ratio`` the Hodges-Lehmann shift (the median of every run's ratio to
+    every reference run), ``low``/``high`` its exact Mann-Whitney 95% interval
+    (:func:`lightning_perf.measure.ratio_ci.shift_ratio_ci`), ``runs`` (counted runs a side) and ``method``
+    (:data:`RANK_INTERVAL`). Where the runs are too few for a 95% rank interval (3 + 3, 2 + 4 and fewer; 4 + 4 and
+    3 + 6 have one), :func:`ratio_between`'s ratio and interval, ``method`` :data:`T_INTERVAL`."""
+    found = ratio_between(values, reference)
+    found["method"] = T_INTERVAL
+    ranked = shift_ratio_ci(_usable(values), _usable(reference))
+    if ranked is not None and ranked[1] is not None:
+        found.update(ratio=ranked[0], low=ranked[1], high=ranked[2], method=RANK_INTERVAL)
+    return found
+
+
 def noise_floor(copy_rates: Sequence[Optional[float]], base_rates: Sequence[Optional[float]]) -> Dict[str, Any]:
-    """The A/A pair: the baseline's second copy against the baseline. ``band`` is (1/d, d) with ``d`` the pair's
-    ratio or its inverse, whichever is >= 1; ``drifted`` is True where the pair's own interval excludes 1 (the same
-    setup decided different: the machine moved more than the intervals allow)."""
-    floor = ratio_between(copy_rates, base_rates)
+    """The A/A pair: the baseline's second copy against the baseline, by ranks (:func:`shift_between`). ``band`` is
+    (1/d, d) with ``d`` the pair's ratio or its inverse, whichever is >= 1; ``drifted`` is True where the pair's own
+    interval excludes 1 (the same setup decided different: the machine moved more than the intervals allow)."""
+    floor = shift_between(copy_rates, base_rates)
     if floor["ratio"] is None:
         floor.update(band=None, drifted=None)
         return floor
@@ -84,16 +107,17 @@ def decide(cmp: Dict[str, Any], floor: Optional[Dict[str, Any]], min_effect_pct:
 
 def best_or_tie(rates: Dict[str, Sequence[Optional[float]]], floor: Optional[Dict[str, Any]],
                 min_effect_pct: float = MIN_EFFECT_PCT) -> Dict[str, Any]:
-    """Of setups (name -> runs' rates, higher is better), the fastest by geometric mean, and whether it is decided:
-    ``best`` (its name, only where every other setup is decided slower than it, by :func:`decide` on the ratio of
-    the two), ``top`` (the fastest measured), ``tie`` (the setups not decided apart from ``top``, ``top`` first)."""
-    means = {name: ratio_between(values, [1.0])["ratio"] for name, values in rates.items()}
-    ranked = sorted((n for n in means if means[n] is not None), key=lambda n: -means[n])
+    """Of setups (name -> runs' rates, higher is better; give the baseline's entry its A/A copy's runs too), the
+    fastest by median rate, and whether it is decided: ``best`` (its name, only where every other setup is decided
+    slower than it, by :func:`decide` on :func:`shift_between` of the two), ``top`` (the fastest measured), ``tie``
+    (the setups not decided apart from ``top``, ``top`` first)."""
+    means = {name: shift_ratio_ci(_usable(values), [1.0]) for name, values in rates.items()}
+    ranked = sorted((n for n in means if means[n] is not None), key=lambda n: -means[n][0])
     if not ranked:
         return {"best": None, "top": None, "tie": []}
     top = ranked[0]
     tie = [top] + [other for other in ranked[1:]
-                   if decide(ratio_between(rates[top], rates[other]), floor, min_effect_pct)["verdict"] != FASTER]
+                   if decide(shift_between(rates[top], rates[other]), floor, min_effect_pct)["verdict"] != FASTER]
     return {"best": top if len(tie) == 1 else None, "top": top, "tie": tie}
 
 
@@ -103,7 +127,8 @@ def ratio_text(ratio: float) -> str:
 
 
 def floor_text(floor: Optional[Dict[str, Any]]) -> str:
-    """``1.01x, 95% CI 0.97x to 1.05x over 5 + 5 runs`` (the A/A ratio and its interval), or why there is none."""
+    """``1.01x, 95% CI 0.97x to 1.05x (rank interval) over 5 + 5 runs`` (the A/A ratio and its interval, and how it
+    was measured), or why there is none."""
     if floor is None:
         return "not measured (no A/A pair)"
     if floor["ratio"] is None:
@@ -111,4 +136,4 @@ def floor_text(floor: Optional[Dict[str, Any]]) -> str:
     runs = f" over {floor['runs'][1]} + {floor['runs'][0]} runs"
     if floor["low"] is None:
         return f"{floor['ratio']:.3f}x{runs} (no interval: one run a side)"
-    return f"{floor['ratio']:.3f}x, 95% CI {floor['low']:.3f}x to {floor['high']:.3f}x{runs}"
+    return f"{floor['ratio']:.3f}x, 95% CI {floor['low']:.3f}x to {floor['high']:.3f}x ({floor['method']}){runs}"

@@ -24,8 +24,8 @@ from lightning_perf.bench.noise_floor import (
     decide,
     floor_text,
     noise_floor,
-    ratio_between,
     ratio_text,
+    shift_between,
 )
 from lightning_perf.bench.rounds import run_rounds, rounds_line
 from lightning_perf.bench.threads import thread_env
@@ -183,11 +183,12 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
         out["noise_floor"] = floor
     for name, cmp in out["comparisons"].items():
         basis = cmp["speedup_basis"] or "it/s"
-        between = ratio_between(rates[name], rates[f"{base_name}@{basis}"])
+        copies = [run_speed(r, basis) for r in typed[copy]] if copy in typed and name != copy else []
+        between = shift_between(rates[name], rates[f"{base_name}@{basis}"] + copies)  # the baseline's setup's runs
         cmp["verdict"] = decide(between, None if name == copy else floor, min_effect_pct)
         cmp["between_runs"] = between
-    pool = {name: [run_speed(r, "samples/s") for r in typed[name]] for name, _ in commands
-            if name != copy and typed[name]}
+    pool = {name: [run_speed(r, "samples/s") for r in typed[name] + (typed.get(copy, []) if name == base_name else [])]
+            for name, _ in commands if name != copy and typed[name]}
     if len(pool) >= 2 and all(len([v for v in values if v]) >= 2 for values in pool.values()):
         found = best_or_tie(pool, floor, min_effect_pct)
         out["best"], out["tie"] = found["best"], found["tie"]
@@ -234,8 +235,9 @@ def format_race(result: Dict[str, Any]) -> str:
             words = f"{ratio_text(between['ratio'])}, decided"
         else:
             words = verdict["verdict"]
-        interval = (f" (95% CI {between['low']:.3f}x to {between['high']:.3f}x, {cmp['speedup_basis']}, over"
-                    f" {between['runs'][1]} + {between['runs'][0]} runs)" if between["low"] is not None else "")
+        interval = (f" (95% CI {between['low']:.3f}x to {between['high']:.3f}x, {between['method']},"
+                    f" {cmp['speedup_basis']}, over {between['runs'][1]} + {between['runs'][0]} runs)"
+                    if between["low"] is not None else "")
         lines.append(f"  {name} against {base}: {words}{interval}" + (f": {verdict['why']}" if verdict["why"] else ""))
     if result["best"]:
         lines.append(f"  Fastest: {result['best']}, decided against every other command (samples/s).")
