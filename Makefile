@@ -31,10 +31,14 @@ demo: $(STAMP)
 	@$(PY) examples/demo_answer.py --out $(DEMO) $(DEMO)/baseline/perf_summary.json $(DEMO)/workers2/perf_summary.json
 
 # The suite in TEST_WORKERS processes (pytest-xdist; `auto`: one a core, each with torch on one thread: see
-# tests/conftest.py). `make test TEST_WORKERS=0` runs it in this process alone.
+# tests/conftest.py). `make test TEST_WORKERS=0` runs it in this process alone. --dist worksteal: a worker that runs
+# out of tests takes half of another's queue. xdist's default (load) hands out contiguous chunks early, so the five seed
+# scripts of tests/test_seeds.py, side by side and ~4 minutes of a worker on CI, fall to one worker while the other
+# can sit idle at the end (simulated on the suite's durations: ~1.3 minutes lost on CI; worksteal: a few seconds).
 TEST_WORKERS ?= auto
+TEST_DIST := --dist worksteal
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(TEST_DIST)
 
 # The same suite (but the slow seed scripts, the tests of benchmarks/overhead.py and own_steps.py: developer tools,
 # ~1.5 minutes of subprocesses, and LOWEST_DESELECT below) against the lowest Lightning that pyproject.toml allows,
@@ -55,6 +59,7 @@ test-lowest: $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --target $(LOWEST_DIR) \
 		"lightning==$(LOWEST_LIGHTNING)" "setuptools<70"
 	PYTHONPATH=$(LOWEST_DIR) LIGHTNING_PERF_EXPECT_LIGHTNING=$(LOWEST_LIGHTNING) $(PY) -m pytest -q -n $(TEST_WORKERS) \
+		$(TEST_DIST) \
 		--deselect tests/test_seeds.py --deselect tests/test_overhead_benchmark.py $(LOWEST_DESELECT)
 
 bench: $(STAMP)
