@@ -53,6 +53,22 @@ LOWEST_DESELECT := --deselect tests/test_race.py --deselect tests/test_noise_flo
 	--deselect tests/test_bench.py::test_matrix_on_the_demo_with_two_variants_and_a_crash \
 	--deselect tests/test_bench.py::test_matrix_measures_with_the_configs_own_lightning_perf_callbacks \
 	--deselect tests/test_bench.py::test_matrix_cli_runs_the_aa_copy_in_the_rounds_and_a_budget_stops_them
+# And the tests that import no Lightning at all, in the test process or in any subprocess they start (checked by running
+# them with a sitecustomize whose import hook logs every lookup of lightning, pytorch_lightning, lightning_fabric,
+# pkg_resources and setuptools, all that $(LOWEST_DIR) holds: none): `lightning-perf bench` sweeps, their rounds and
+# frontier on torch alone, and the statistics, clocks and ledger of lightning_perf/measure. Lightning 2.2 cannot change
+# what they prove (119 tests, ~45 s of a worker on CI). A test added to these files that fits a model belongs in another file.
+LOWEST_DESELECT += --deselect tests/test_bench_sweeps.py --deselect tests/test_bench_rounds.py \
+	--deselect tests/test_bench_frontier.py --deselect tests/test_stats.py --deselect tests/test_trial_stats.py \
+	--deselect tests/test_speed_verdict.py --deselect tests/test_clock.py --deselect tests/test_section_ledger.py \
+	--deselect tests/test_bench.py::test_sweep_writes_csv_plot_and_table_then_appends \
+	--deselect tests/test_bench.py::test_out_of_memory_is_a_row_and_the_sweep_goes_on \
+	--deselect tests/test_bench.py::test_another_error_is_recorded_and_the_exit_code_says_so \
+	--deselect tests/test_bench.py::test_bad_input_is_one_line_and_exit_2 \
+	--deselect tests/test_bench.py::test_a_csv_with_another_header_is_refused_untouched \
+	--deselect tests/test_bench.py::test_sweep_as_a_python_function \
+	--deselect tests/test_bench.py::test_analysis_from_csv_and_bench_compare \
+	--deselect tests/test_bench.py::test_without_csv_the_rows_go_to_runs_bench_csv
 LOWEST_DIR := $(VENV)/lowest-lightning
 test-lowest: $(STAMP)
 	rm -rf $(LOWEST_DIR)
