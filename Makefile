@@ -57,7 +57,8 @@ LOWEST_DESELECT := --deselect tests/test_race.py --deselect tests/test_noise_flo
 # them with a sitecustomize whose import hook logs every lookup of lightning, pytorch_lightning, lightning_fabric,
 # pkg_resources and setuptools, all that $(LOWEST_DIR) holds: none): `lightning-perf bench` sweeps, their rounds and
 # frontier on torch alone, and the statistics, clocks and ledger of lightning_perf/measure. Lightning 2.2 cannot change
-# what they prove (119 tests, ~45 s of a worker on CI). A test added to these files that fits a model belongs in another file.
+# what they prove (119 tests, ~45 s of a worker on CI). A test added to these files that fits a model belongs in
+# another file.
 LOWEST_DESELECT += --deselect tests/test_bench_sweeps.py --deselect tests/test_bench_rounds.py \
 	--deselect tests/test_bench_frontier.py --deselect tests/test_stats.py --deselect tests/test_trial_stats.py \
 	--deselect tests/test_speed_verdict.py --deselect tests/test_clock.py --deselect tests/test_section_ledger.py \
