@@ -47,12 +47,18 @@ test: $(STAMP)
 # floor.
 LOWEST_LIGHTNING := 2.2.0
 # Also left out there: the commands that run whole trainings in rounds of subprocesses (matrix, race, make demo, the
-# A/A noise floor on real fits): ~5 minutes of orchestration whose fits the in-process tests already run on 2.2.
+# A/A noise floor on real fits, the rounds' order, their torch threads and a trial pooled over them): ~6 minutes of
+# orchestration whose fits the in-process tests already run on 2.2. What of the matrix meets Lightning (its LightningCLI
+# variants with the suite attached, a config's own callbacks) is still run there by
+# test_a_summary_the_matrix_cannot_copy_is_read_at_once_and_no_path_to_it_is_kept, and `run --trial` by test_trial_cli.
 LOWEST_DESELECT := --deselect tests/test_race.py --deselect tests/test_noise_floor.py \
 	--deselect tests/test_demo.py::test_make_demo_ends_on_the_answer_with_the_summaries_figures \
 	--deselect tests/test_bench.py::test_matrix_on_the_demo_with_two_variants_and_a_crash \
 	--deselect tests/test_bench.py::test_matrix_measures_with_the_configs_own_lightning_perf_callbacks \
-	--deselect tests/test_bench.py::test_matrix_cli_runs_the_aa_copy_in_the_rounds_and_a_budget_stops_them
+	--deselect tests/test_bench.py::test_matrix_cli_runs_the_aa_copy_in_the_rounds_and_a_budget_stops_them \
+	--deselect tests/test_bench.py::test_matrix_repeats_run_interleaved_and_each_variant_keeps_its_runs \
+	--deselect tests/test_threads.py::test_matrix_and_race_run_torch_with_the_chosen_threads \
+	--deselect tests/test_matrix_trial.py::test_matrix_trial_reports_each_variants_in_run_speedup_from_its_summaries
 # And the tests that import no Lightning at all, in the test process or in any subprocess they start (checked by running
 # them with a sitecustomize whose import hook logs every lookup of lightning, pytorch_lightning, lightning_fabric,
 # pkg_resources and setuptools, all that $(LOWEST_DIR) holds: none): `lightning-perf bench` sweeps, their rounds and
