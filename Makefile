@@ -35,6 +35,8 @@ demo: $(STAMP)
 # out of tests takes half of another's queue. xdist's default (load) hands out contiguous chunks early, so the five seed
 # scripts of tests/test_seeds.py, side by side and ~4 minutes of a worker on CI, fall to one worker while the other
 # can sit idle at the end (simulated on the suite's durations: ~1.3 minutes lost on CI; worksteal: a few seconds).
+# test-lowest keeps load: without the seeds no cluster of long tests ends its collection, and worksteal, which cannot
+# take the last two tests queued on a worker, ended ~25 s later there in the same simulation.
 TEST_WORKERS ?= auto
 TEST_DIST := --dist worksteal
 test: $(STAMP)
@@ -82,7 +84,6 @@ test-lowest: $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --target $(LOWEST_DIR) \
 		"lightning==$(LOWEST_LIGHTNING)" "setuptools<70"
 	PYTHONPATH=$(LOWEST_DIR) LIGHTNING_PERF_EXPECT_LIGHTNING=$(LOWEST_LIGHTNING) $(PY) -m pytest -q -n $(TEST_WORKERS) \
-		$(TEST_DIST) \
 		--deselect tests/test_seeds.py --deselect tests/test_overhead_benchmark.py $(LOWEST_DESELECT)
 
 bench: $(STAMP)
