@@ -25,15 +25,20 @@ def copy_of_package(tmp_path):
     return other
 
 
-@pytest.mark.slow
-def test_bad_against_is_one_line_and_exit_2(tmp_path):
-    proc = bench("--against", str(tmp_path))
-    assert proc.returncode == 2 and "--against compares --hooks-only figures" in proc.stderr
-    proc = bench("--hooks-only", "IterationTimer", "--against", str(tmp_path))
-    assert proc.returncode == 2 and f"--against {str(tmp_path)!r}: no lightning_perf package" in proc.stderr
+def test_bad_against_is_one_line_and_exit_2(tmp_path, capsys):
+    """Through the script's main() in this process, as test_bad_paired_arguments_are_one_line_and_exit_2 does (which
+    also runs one refusal as a subprocess): three subprocesses importing torch and Lightning took ~20 s."""
+    overhead = load_benchmark()
     (tmp_path / "a file").write_text("")
-    proc = bench("--hooks-only", "IterationTimer", "--against", str(tmp_path / "a file"))
-    assert proc.returncode == 2 and "is not a directory: expected a checkout of lightning_perf" in proc.stderr
+    for argv, message in ((["--against", str(tmp_path)], "--against compares --hooks-only figures"),
+                          (["--hooks-only", "IterationTimer", "--against", str(tmp_path)],
+                           f"--against {str(tmp_path)!r}: no lightning_perf package"),
+                          (["--hooks-only", "IterationTimer", "--against", str(tmp_path / "a file")],
+                           "is not a directory: expected a checkout of lightning_perf")):
+        with pytest.raises(SystemExit) as exit_:
+            overhead.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and message in err[-1] and err[0].startswith("usage:"), (argv, err)
 
 
 @pytest.mark.slow
