@@ -43,7 +43,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) $(TEST_DIST)
 
 # The same suite (but the slow seed scripts, the tests of benchmarks/overhead.py and own_steps.py: developer tools,
-# ~1.5 minutes of subprocesses, and LOWEST_DESELECT below) against the lowest Lightning that pyproject.toml allows,
+# ~1.5 minutes of subprocesses, and LOWEST_SKIP below) against the lowest Lightning that pyproject.toml allows,
 # installed beside the venv's newest in $(LOWEST_DIR) and put first on the path. Lightning 2.2 imports pkg_resources,
 # which new setuptools no longer ship: an older one goes in with it. Keep LOWEST_LIGHTNING in step with pyproject's
 # floor.
@@ -53,38 +53,37 @@ LOWEST_LIGHTNING := 2.2.0
 # orchestration whose fits the in-process tests already run on 2.2. What of the matrix meets Lightning (its LightningCLI
 # variants with the suite attached, a config's own callbacks) is still run there by
 # test_a_summary_the_matrix_cannot_copy_is_read_at_once_and_no_path_to_it_is_kept, and `run --trial` by test_trial_cli.
-LOWEST_DESELECT := --deselect tests/test_race.py --deselect tests/test_noise_floor.py \
-	--deselect tests/test_demo.py::test_make_demo_ends_on_the_answer_with_the_summaries_figures \
-	--deselect tests/test_bench.py::test_matrix_on_the_demo_with_two_variants_and_a_crash \
-	--deselect tests/test_bench.py::test_matrix_measures_with_the_configs_own_lightning_perf_callbacks \
-	--deselect tests/test_bench.py::test_matrix_cli_runs_the_aa_copy_in_the_rounds_and_a_budget_stops_them \
-	--deselect tests/test_bench.py::test_matrix_repeats_run_interleaved_and_each_variant_keeps_its_runs \
-	--deselect tests/test_threads.py::test_matrix_and_race_run_torch_with_the_chosen_threads \
-	--deselect tests/test_matrix_trial.py::test_matrix_trial_reports_each_variants_in_run_speedup_from_its_summaries
+LOWEST_SKIP := tests/test_race.py tests/test_noise_floor.py \
+	tests/test_demo.py::test_make_demo_ends_on_the_answer_with_the_summaries_figures \
+	tests/test_bench.py::test_matrix_on_the_demo_with_two_variants_and_a_crash \
+	tests/test_bench.py::test_matrix_measures_with_the_configs_own_lightning_perf_callbacks \
+	tests/test_bench.py::test_matrix_cli_runs_the_aa_copy_in_the_rounds_and_a_budget_stops_them \
+	tests/test_bench.py::test_matrix_repeats_run_interleaved_and_each_variant_keeps_its_runs \
+	tests/test_threads.py::test_matrix_and_race_run_torch_with_the_chosen_threads \
+	tests/test_matrix_trial.py::test_matrix_trial_reports_each_variants_in_run_speedup_from_its_summaries
 # And the tests that import no Lightning at all, in the test process or in any subprocess they start (checked by running
 # them with a sitecustomize whose import hook logs every lookup of lightning, pytorch_lightning, lightning_fabric,
 # pkg_resources and setuptools, all that $(LOWEST_DIR) holds: none): `lightning-perf bench` sweeps, their rounds and
 # frontier on torch alone, and the statistics, clocks and ledger of lightning_perf/measure. Lightning 2.2 cannot change
 # what they prove (119 tests, ~45 s of a worker on CI). A test added to these files that fits a model belongs in
 # another file.
-LOWEST_DESELECT += --deselect tests/test_bench_sweeps.py --deselect tests/test_bench_rounds.py \
-	--deselect tests/test_bench_frontier.py --deselect tests/test_stats.py --deselect tests/test_trial_stats.py \
-	--deselect tests/test_speed_verdict.py --deselect tests/test_clock.py --deselect tests/test_section_ledger.py \
-	--deselect tests/test_bench.py::test_sweep_writes_csv_plot_and_table_then_appends \
-	--deselect tests/test_bench.py::test_out_of_memory_is_a_row_and_the_sweep_goes_on \
-	--deselect tests/test_bench.py::test_another_error_is_recorded_and_the_exit_code_says_so \
-	--deselect tests/test_bench.py::test_bad_input_is_one_line_and_exit_2 \
-	--deselect tests/test_bench.py::test_a_csv_with_another_header_is_refused_untouched \
-	--deselect tests/test_bench.py::test_sweep_as_a_python_function \
-	--deselect tests/test_bench.py::test_analysis_from_csv_and_bench_compare \
-	--deselect tests/test_bench.py::test_without_csv_the_rows_go_to_runs_bench_csv
+LOWEST_SKIP += tests/test_bench_sweeps.py tests/test_bench_rounds.py tests/test_bench_frontier.py tests/test_stats.py \
+	tests/test_trial_stats.py tests/test_speed_verdict.py tests/test_clock.py tests/test_section_ledger.py \
+	tests/test_bench.py::test_sweep_writes_csv_plot_and_table_then_appends \
+	tests/test_bench.py::test_out_of_memory_is_a_row_and_the_sweep_goes_on \
+	tests/test_bench.py::test_another_error_is_recorded_and_the_exit_code_says_so \
+	tests/test_bench.py::test_bad_input_is_one_line_and_exit_2 \
+	tests/test_bench.py::test_a_csv_with_another_header_is_refused_untouched \
+	tests/test_bench.py::test_sweep_as_a_python_function \
+	tests/test_bench.py::test_analysis_from_csv_and_bench_compare \
+	tests/test_bench.py::test_without_csv_the_rows_go_to_runs_bench_csv
 LOWEST_DIR := $(VENV)/lowest-lightning
 test-lowest: $(STAMP)
 	rm -rf $(LOWEST_DIR)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --target $(LOWEST_DIR) \
 		"lightning==$(LOWEST_LIGHTNING)" "setuptools<70"
 	PYTHONPATH=$(LOWEST_DIR) LIGHTNING_PERF_EXPECT_LIGHTNING=$(LOWEST_LIGHTNING) $(PY) -m pytest -q -n $(TEST_WORKERS) \
-		--deselect tests/test_seeds.py --deselect tests/test_overhead_benchmark.py $(LOWEST_DESELECT)
+		$(addprefix --deselect ,tests/test_seeds.py tests/test_overhead_benchmark.py $(LOWEST_SKIP))
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
