@@ -337,30 +337,33 @@ def timed(fn: Callable[..., Any], record: Callable[[float], Any]) -> Callable[..
     return wrapped
 
 
+def wrap_step_path(callbacks: List[Callback], wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replaces each callback's step-path hooks, and a SectionProfiler's marks outside Lightning's hooks (in the
+    strategy's ``batch_to_device``, where its iterations close, with the periodic fold and report; where the fetch
+    starts and returns), with ``wrap(method)``. Before the fit: the marks are installed at setup from these
+    attributes."""
+    for cb in callbacks:
+        for hook in step_hooks(cb):
+            setattr(cb, hook, wrap(getattr(cb, hook)))
+        for member in [cb, *getattr(cb, "callbacks", [])]:
+            if isinstance(member, lightning_perf.SectionProfiler):
+                for mark in ("_batch_transfer", "_fetch_started", "_fetch_stopped"):
+                    if hasattr(member, mark):
+                        setattr(member, mark, wrap(getattr(member, mark)))
+
+
 def time_hooks(callbacks: List[Callback], spent: List[float]) -> None:
-    """Wraps the step-path hooks of each callback to add the seconds spent inside them to ``spent[0]`` and count the
-    calls in ``spent[1]`` (each call's share of the clock reads themselves is taken off by ``hook_cost``)."""
+    """Wraps the step path of each callback (:func:`wrap_step_path`) to add the seconds spent inside it to
+    ``spent[0]`` and count the calls in ``spent[1]`` (each call's share of the clock reads themselves is taken off by
+    ``hook_cost``)."""
 
     def add(seconds: float) -> None:
         spent[0] += seconds
         spent[1] += 1
 
-    for cb in callbacks:
-        for hook in step_hooks(cb):
-            setattr(cb, hook, timed(getattr(cb, hook), add))
-        for member in [cb, *getattr(cb, "callbacks", [])]:
-            if isinstance(member, lightning_perf.SectionProfiler):
-                # its mark in the strategy's batch_to_device (installed at setup from this attribute): where an
-                # iteration closes, with the periodic fold and report, outside any Lightning hook
-                member._batch_transfer = timed(member._batch_transfer, add)
-                # its marks where the fetch starts and returns (put on Lightning's loop at setup from these attributes,
-                # where the fetch is data loading)
-                for watch in ("_fetch_started", "_fetch_stopped"):
-                    if hasattr(member, watch):
-                        setattr(member, watch, timed(getattr(member, watch), add))
+    wrap_step_path(callbacks, lambda fn: timed(fn, add))
 
 
-@functools.lru_cache(maxsize=None)
 def clock_bias_s(calls: int = 100_000) -> float:
     """What one timed call adds by itself: the same wrapper around a function that does nothing (the call of an
     empty hook is in the dispatch cost). Measured once per process."""

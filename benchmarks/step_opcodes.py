@@ -54,12 +54,7 @@ def count(name: str, steps: int) -> Tuple[Counter[str], Counter[str]]:
         return wrapped
 
     cb = lightning_perf.PerfSuite() if name == "PerfSuite" else getattr(lightning_perf, name)()
-    for hook in overhead.step_hooks(cb):
-        setattr(cb, hook, traced(getattr(cb, hook)))
-    for member in [cb, *getattr(cb, "callbacks", [])]:
-        if isinstance(member, lightning_perf.SectionProfiler):  # (installed at setup from these attributes)
-            for mark in ("_fetch_started", "_fetch_stopped", "_batch_transfer"):
-                setattr(member, mark, traced(getattr(member, mark)))
+    overhead.wrap_step_path([cb], traced)
     with tempfile.TemporaryDirectory() as root:
         overhead.run([cb], steps=steps, skip=1, root=root)
     return ops, calls
