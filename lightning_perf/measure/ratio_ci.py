@@ -91,6 +91,13 @@ def batch_means_ratio_ci(
     return math.exp(diff - half), math.exp(diff + half)
 
 
+def _logs(values: Sequence[float]) -> Optional[List[float]]:
+    """The logs of per-run figures, or None where one is not a finite positive number."""
+    if any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in values):
+        return None
+    return [math.log(v) for v in values]
+
+
 def between_runs_ratio_ci(numerators: Sequence[float], denominators: Sequence[float],
                           confidence: float = 0.95) -> Optional[Tuple[float, float, float]]:
     """The ratio of the geometric means of two sets of per-run figures (repeats of two setups) and its interval from
@@ -104,9 +111,9 @@ def between_runs_ratio_ci(numerators: Sequence[float], denominators: Sequence[fl
     """
     parts = []
     for values in (numerators, denominators):
-        if len(values) < 2 or any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in values):
+        logs = _logs(values)
+        if logs is None or len(logs) < 2:
             return None
-        logs = [math.log(v) for v in values]
         mean = sum(logs) / len(logs)
         parts.append((mean, sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) / len(logs), len(logs)))
     (mean_a, var_a, n_a), (mean_b, var_b, n_b) = parts
@@ -164,9 +171,10 @@ def shift_ratio_ci(numerators: Sequence[float], denominators: Sequence[float], c
     """
     sides = []
     for values in (numerators, denominators):
-        if not values or any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in values):
+        logs = _logs(values)
+        if not logs:
             return None
-        sides.append([math.log(v) for v in values])
+        sides.append(logs)
     diffs = sorted(x - y for x in sides[0] for y in sides[1])
     total = len(diffs)
     ratio = math.exp((diffs[(total - 1) // 2] + diffs[total // 2]) / 2.0)
