@@ -15,6 +15,9 @@ Tricks:
   hook call; off: built at each read, as a property.
 - ``step-events``: a checkout whose SectionProfiler kept its step's switches in a list until the next event (up to
   61500f1: ``LIGHTNING_PERF_BENCH_SOURCE=<that checkout>``, as for ``overhead.py``); off: applied live.
+- ``held-switches``: SectionProfiler's switches from a batch's return to its end held in the ledger's list and
+  applied at the batch end (``SectionLedger.apply_held``); off: each applied at once, as where a device mark is due
+  (the ledger given a marker that does nothing: ~9 calls of an empty function a step count against off).
 
     python benchmarks/toggle_ab.py suite-guard --steps 50000 --reps 3     # ~1 minute a rep on an idle core
 """
@@ -62,6 +65,17 @@ class Toggle(overhead.Blocks):
 
 def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], None], bool]:
     """The callbacks of the fit, and how to turn the trick on and off."""
+    if name == "held-switches":
+        profiler = lightning_perf.SectionProfiler()
+
+        def on() -> None:
+            profiler._ledger.marker = None
+            profiler._held = profiler._ledger.held
+
+        def off() -> None:
+            profiler._ledger.marker = lambda *marks: None
+            profiler._held = None
+        return [profiler], on, off, True
     if name == "step-events":
         profiler = lightning_perf.SectionProfiler()
         if not hasattr(profiler, "_deferring"):
@@ -83,7 +97,7 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
 
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trick", choices=("suite-guard", "suite-key", "step-events"))
+    parser.add_argument("trick", choices=("suite-guard", "suite-key", "step-events", "held-switches"))
     parser.add_argument("--steps", type=int, default=50_000, help="steps of each fit (default 50000)")
     parser.add_argument("--reps", type=int, default=3, help="fits, one after the other (default 3)")
     parser.add_argument("--block", type=int, default=7, help="steps per block (default 7, as overhead.py's)")

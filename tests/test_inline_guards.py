@@ -13,7 +13,9 @@ from tests.helpers import find_summary, fit
 
 #: callback -> (the attribute broken after its on_train_start, the step hooks that guard themselves inline)
 INLINE = {
-    SectionProfiler: ("_ledger", ["on_train_batch_start", "on_before_zero_grad", "on_before_backward",
+    # (its hooks inside the step append to the held switches, ``_held``, where nothing can fail; with none held they
+    # switch the ledger at once, guarded)
+    SectionProfiler: (("_ledger", "_held"), ["on_train_batch_start", "on_before_zero_grad", "on_before_backward",
                                 "on_after_backward", "on_before_optimizer_step", "on_train_batch_end"]),
     VRAMMonitor: ("_steps", ["on_train_batch_end"]),
     EvalNoGradGuard: ("_watch", ["on_train_batch_start", "on_after_backward", "on_train_batch_end"]),
@@ -30,12 +32,15 @@ class Breaker(Callback):
         self.target, self.attribute = target, attribute
 
     def on_train_start(self, trainer, pl_module):
-        self.saved = getattr(self.target, self.attribute)
-        setattr(self.target, self.attribute, None)  # the next use raises (None.append, None + 1, None.arm)
+        names = self.attribute if isinstance(self.attribute, tuple) else (self.attribute,)
+        self.saved = {name: getattr(self.target, name) for name in names}
+        for name in names:
+            setattr(self.target, name, None)  # the next use raises (None.append, None + 1, None.arm)
 
     def on_train_end(self, trainer, pl_module):
         # given back before teardown: EvalNoGradGuard's watch, left armed, must leave torch's global hooks
-        setattr(self.target, self.attribute, self.saved)
+        for name, value in self.saved.items():
+            setattr(self.target, name, value)
 
 
 @pytest.mark.parametrize("in_suite", [False, True], ids=["apart", "in_suite"])

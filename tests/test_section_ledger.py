@@ -8,17 +8,25 @@ from lightning_perf.measure.section_ledger import BETWEEN, SectionLedger
 from lightning_perf.measure.section_state import ledger_state, load_ledger
 
 
+def step_switch(ledger, section, t):
+    """A hook inside the step, as SectionProfiler records it: held where no device mark is due, else at once."""
+    if ledger.marker is None:
+        ledger.held.append((section, t))
+    else:
+        ledger.switch(section, t)
+
+
 def step(ledger, t, forward=0.004, backward=0.008, optimizer=0.002, clip=0.001):
     """One automatic-optimization step from its batch start at ``t``: forward, zero_grad (0 s), backward, the
     work after backward (``clip``), the optimizer step; returns the time of its batch end."""
     assert not ledger.batch_start(t) or True
     t += forward
-    ledger.switch("optimizer_step", t)  # zero_grad
-    ledger.switch("backward", t)
+    step_switch(ledger, "optimizer_step", t)  # zero_grad
+    step_switch(ledger, "backward", t)
     t += backward
-    ledger.switch("other", t)
+    step_switch(ledger, "other", t)
     t += clip
-    ledger.switch("optimizer_step", t)
+    step_switch(ledger, "optimizer_step", t)
     t += optimizer
     ledger.batch_end(t, ends_iteration=True)
     return t
@@ -161,3 +169,47 @@ def test_validation_is_off_the_table_and_the_marker_sees_every_change_of_section
     assert ledger.iteration.host.count == 0 and ledger.table()[BETWEEN]["total_s"] == pytest.approx(0.0025)
     assert (BETWEEN, None) in marks and (None, BETWEEN) in marks
     assert all(a != b for a, b in marks)
+
+
+def test_held_switches_are_applied_in_order_before_a_user_section_or_a_write_is_carved():
+    """The step's switches wait in ``held`` until the batch end; a user section or a checkpoint write inside the
+    step is carved out of the section it really ran in."""
+    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    ledger.epoch_start(0.0)
+    t = fetch_iterations(ledger, 1, 0.0)
+    ledger.fetch_started(t)
+    ledger.fetch_returned(t + 0.003)
+    ledger.transfer(t + 0.0035)
+    ledger.batch_start(t + 0.0037)
+    step_switch(ledger, "optimizer_step", t + 0.0077)
+    step_switch(ledger, "backward", t + 0.0077)
+    assert len(ledger.held) == 5 and ledger.current == "data_loading"  # nothing applied yet
+    ledger.user_section("ema", None, 0.002, False)  # ran inside backward, ends at t + 0.0107
+    assert not ledger.held and ledger.current == "backward"
+    step_switch(ledger, "other", t + 0.0157)
+    ledger.checkpoint(0.0005)  # a write in the work after backward
+    step_switch(ledger, "optimizer_step", t + 0.0167)
+    ledger.batch_end(t + 0.0187, ends_iteration=True)
+    ledger.fetch_started(t + 0.0202)
+    table = ledger.table()
+    assert table["backward"]["count"] == 2 and table["backward"]["total_s"] == pytest.approx(0.008 + 0.006)
+    assert table["ema"]["parent"] == "backward" and table["ema"]["total_s"] == pytest.approx(0.002)
+    assert table["other"]["total_s"] == pytest.approx(0.001 + 0.0005)
+    assert table["checkpointing"]["total_s"] == pytest.approx(0.0005)
+    assert table["forward"]["total_s"] == pytest.approx(0.008) and table["transfer"]["total_s"] == pytest.approx(4e-4)
+    assert ledger.iteration.host.total / 1000.0 == pytest.approx(2 * 0.0202, rel=1e-9)  # the user section in it
+
+
+def test_with_a_marker_every_switch_is_applied_at_once_and_marked():
+    """Where a device mark may be due the ledger holds nothing: each switch reaches the marker when it happens."""
+    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
+    marks = []
+    ledger.marker = lambda current, section, end_next, start_next: marks.append((current, section))
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    ledger.epoch_start(0.0)
+    fetch_iterations(ledger, 1, 0.0)
+    assert not ledger.held
+    assert marks[2:] == [("data_loading", BETWEEN), (BETWEEN, "transfer"), ("transfer", "forward"),
+                         ("forward", "optimizer_step"), ("optimizer_step", "backward"), ("backward", "other"),
+                         ("other", "optimizer_step"), ("optimizer_step", BETWEEN)]

@@ -122,6 +122,7 @@ class SectionProfiler(PerfCallback):
         self._active = False
         self._ledger = SectionLedger(self.warmup_steps, self.report_every_n_steps,
                                      gap_mode=self.data_loading_boundary == "batch_gap")
+        self._held: Optional[List[Any]] = None  # the ledger's held switches, where the step's hooks append theirs
         self._stepped = False  # an optimizer step was announced since the last batch end
         self._report_waits = False  # a report fell due at a fetch's start: made at the batch's transfer or start
         self._overhead_s = 0.0  # the hooks' own time
@@ -165,7 +166,7 @@ class SectionProfiler(PerfCallback):
         report must not lengthen; it is made at the batch's transfer (or its start) instead."""
         ledger = self._ledger
         if self._clock is not None:
-            ledger.marker = self._mark_device if self._near_timed() else None
+            self._mark_or_hold()
             if ledger.fit_iterations % POLL_EVERY == 0:
                 self._poll_device()
         if ledger.report_due:
@@ -189,7 +190,14 @@ class SectionProfiler(PerfCallback):
     def _use_clock(self, clock: Optional[DeviceIntervalClock]) -> None:
         """At train start, before the first batch: the device clock of this fit, or none."""
         self._clock = clock
-        self._ledger.marker = self._mark_device if self._near_timed() else None
+        self._mark_or_hold()
+
+    def _mark_or_hold(self) -> None:
+        """Where a switch can end or start a piece timed on the device, the ledger calls the device mark at each
+        switch, the step's own at once; elsewhere those are held (``_held``, the ledger's list)."""
+        near = self._near_timed()
+        self._ledger.marker = self._mark_device if near else None
+        self._held = self._ledger.held if self._active and not near and not self._ledger.manual else None
 
     def _mark_device(self, current: Optional[str], section: Optional[str], end_next: bool, start_next: bool) -> None:
         """The device side of a switch (the ledger's ``marker``): CUDA events at the same boundaries as the host
@@ -297,7 +305,9 @@ class SectionProfiler(PerfCallback):
         if self._active:
             start = now()
             try:
-                self._ledger.transfer(now() if self._own_work_between_batches(None, start) else start)
+                ledger = self._ledger
+                own_work = (ledger.ending or self._report_waits) and self._own_work_between_batches(None, start)
+                ledger.transfer(now() if own_work else start)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
                 self._record_failure("batch_to_device", err)
             self._overhead_s += now() - start
@@ -375,6 +385,7 @@ class SectionProfiler(PerfCallback):
         manual = not pl_module.automatic_optimization
         self._batches_per_iteration = 1 if manual else max(1, int(trainer.accumulate_grad_batches or 1))
         on_cuda = trainer.strategy.root_device.type == "cuda"
+        self._ledger.manual = manual  # (before the device marks: the step's own hooks are held only if automatic)
         self._use_clock(DeviceIntervalClock() if (self.device_timing and on_cuda) else None)
         self._ledger.train_start(manual, trainer.global_step, now())
 
@@ -405,14 +416,19 @@ class SectionProfiler(PerfCallback):
         if self._active:
             t = now()
             try:
-                self._ledger.batch_start(now() if self._own_work_between_batches(trainer, t) else t)
+                ledger = self._ledger
+                own_work = (ledger.ending or self._report_waits) and self._own_work_between_batches(trainer, t)
+                ledger.batch_start(now() if own_work else t)
             except Exception as err:  # noqa: BLE001
                 self._record_failure("on_train_batch_start", err)
             self._overhead_s += now() - t
 
+    # The hooks inside the step (zero_grad, backward, after backward, optimizer step) switch the section under
+    # automatic optimization (under manual optimization the whole step is ``training_step``). Each appends its switch
+    # to the ledger's held ones (``_held``), applied in order at the batch end (``SectionLedger.apply_held``, with
+    # the figure that keeps it); the append itself is not timed into ``overhead_us_per_step``. Where a device mark
+    # may be due, at once.
     def _step_switch(self, section: str, hook: str) -> None:
-        """A hook inside the step (zero_grad, backward, after backward, optimizer step) switches the section under
-        automatic optimization; under manual optimization the whole step is ``training_step``."""
         t = now()
         try:
             if not self._ledger.manual:
@@ -422,20 +438,28 @@ class SectionProfiler(PerfCallback):
         self._overhead_s += now() - t
 
     def on_before_zero_grad(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        if self._active:
+        if self._held is not None:
+            self._held.append(("optimizer_step", now()))
+        elif self._active:
             self._step_switch("optimizer_step", "on_before_zero_grad")
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
-        if self._active:
+        if self._held is not None:
+            self._held.append(("backward", now()))
+        elif self._active:
             self._step_switch("backward", "on_before_backward")
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._active:
+        if self._held is not None:
+            self._held.append(("other", now()))
+        elif self._active:
             self._step_switch("other", "on_after_backward")
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self._stepped = True  # this batch ends an iteration (automatic optimization calls this once per step)
-        if self._active:
+        if self._held is not None:
+            self._held.append(("optimizer_step", now()))
+        elif self._active:
             self._step_switch("optimizer_step", "on_before_optimizer_step")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
@@ -489,7 +513,7 @@ class SectionProfiler(PerfCallback):
             self._report(trainer)
         self._read_workers()
         self._poll_device(flush=True)
-        self._ledger.marker = None  # (the device's events are read: the final row is host time)
+        self._ledger.marker = self._held = None  # (the device's events are read: the final row is host time)
         self._ledger.fold()
         means = [self._sections[n].host.mean if n in self._sections else None for n in AUTO_SECTIONS]
         gather_floats_then(trainer, means, self._set_ranks, self)

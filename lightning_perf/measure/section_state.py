@@ -31,10 +31,11 @@ def ledger_state(ledger: SectionLedger, t: float) -> Dict[str, Any]:
 def _add_open_iteration(ledger: SectionLedger, t: float, iteration_ms: Dict[str, Any], host_ms: Dict[str, Any],
                         closed: Dict[str, int]) -> None:
     """Adds the open iteration (its pieces up to ``t``) to the histogram states; the live figures stay as they are."""
+    ledger.apply_held()
     it = ledger.open
     pieces = dict(it.pieces)
     if ledger.current is not None and not ledger.next_owner:
-        pieces[ledger.current] = pieces.get(ledger.current, 0.0) + (t - ledger.t0 - ledger.carved)
+        pieces[ledger.current] = pieces.get(ledger.current, 0.0) + (t - ledger.t0)
     total = sum(pieces.values()) + it.user_s
     if total <= 0:
         return
