@@ -109,8 +109,8 @@ def noise_floor(copy_rates: Sequence[Optional[float]], base_rates: Sequence[Opti
     interval excludes 1 (the same setup decided different: the machine moved more than the intervals allow).
 
     With ``by_rounds`` (as :func:`shift_by_rounds`), where the rounds differ, the ratio is the blocked one, and so
-    is the interval from 6 rounds (one reference a round: 5 rounds' 32 relabelings allow no 95% interval); with 4 or
-    5 rounds the interval (the drift check) stays the unpaired one, and ``method`` says both."""
+    is the interval from 6 rounds (one reference a round: 5 rounds' 32 relabelings allow no 95% interval); with
+    fewer rounds the interval (the drift check) stays the unpaired one, and ``method`` says both."""
     floor = shift_by_rounds(copy_rates, [base_rates], by_rounds=False)
     if by_rounds:
         blocked = shift_by_rounds(copy_rates, [base_rates])
