@@ -32,8 +32,8 @@ variant's verdicts measured within rounds. The rules:
 
 Pure Python, seeded: the same figures every time.
 
-    python benchmarks/verdict_power.py                          # 2,000 trials, 5 rounds, about 3 minutes
-    python benchmarks/verdict_power.py --runs 8 --trials 1000   # 8 rounds
+    python benchmarks/verdict_power.py                          # 2,000 trials, 5 rounds, about 5 minutes
+    python benchmarks/verdict_power.py --runs 8 --trials 400    # 8 rounds, about 4 minutes
 """
 
 from __future__ import annotations
