@@ -186,7 +186,8 @@ def table(runs: int, trials: int, seed: int, models: Optional[Sequence[str]] = N
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, nargs="+", default=[5], help="rounds: runs a setup (the matrix's --repeats)")
+    parser.add_argument("--runs", type=int, nargs="+", default=[5],
+                        help="rounds: runs a setup (the matrix's --repeats)")
     parser.add_argument("--trials", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--model", nargs="+", choices=sorted(MODELS), help="only these noise models")
