@@ -1,7 +1,8 @@
 """The matrix's verdicts between runs: each variant's speedups against the baseline over the interleaved rounds, the
 A/A noise floor beside them, a verdict per variant (faster, slower, within noise, no verdict) and the Best named only
 where it is decided (:mod:`lightning_perf.bench.noise_floor` holds the rule). Each variant is measured by ranks against
-the runs of the baseline and of its A/A copy together (both are the baseline's setup)."""
+the runs of the baseline and of its A/A copy together (both are the baseline's setup), within rounds where the rounds
+drifted apart and every one of the three has a run in every round that ran (``paired by round``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from lightning_perf.bench.noise_floor import (
     floor_text,
     noise_floor,
     ratio_text,
-    shift_between,
+    shift_by_rounds,
 )
 from lightning_perf.bench.rounds import DEFAULT_REPEATS, rounds_line
 
@@ -36,11 +37,19 @@ def _rates_key(row: Dict[str, Any], basis: str) -> str:
     return "_samples_rates" if row.get("speedup_basis") == "samples/s" else "_steady_rates"
 
 
+def _in_rounds(row: Dict[str, Any], key: str) -> bool:
+    """Run ``i`` of the row's rates ran in round ``i``: one rate (a number or None) for every round that ran. A run
+    without a summary is left out of the rates, so a row one short is not lined up with the rounds."""
+    rounds = row.get("_rounds")
+    return bool(rounds) and len(row.get(key) or []) == rounds.get("done")
+
+
 def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], min_effect_pct: float) -> None:
     """Adds to each row but the baseline's, on each basis: the A/A pair's ratio and interval (``aa_speedup``,
     ``aa_ci_low``, ``aa_ci_high``; ``aa_end_to_end_...``), the verdict and why (``steady_verdict``,
     ``end_to_end_verdict``, ``..._why``); with repeats, both speedups and their intervals between runs, by ranks
-    against the baseline's runs and its A/A copy's (:func:`shift_between`; the copy's own against the baseline's),
+    against the baseline's runs and its A/A copy's (:func:`shift_by_rounds`, within rounds where the rounds drifted;
+    the copy's own against the baseline's, :func:`noise_floor`),
     so the Speedup columns show what the verdict decided (``speedup_significant``: that interval excludes 1 and the
     change is at least ``min_effect_pct``; Student's t where the runs are too few for a rank interval). The A/A row
     is marked ``noise_floor``."""
@@ -55,14 +64,15 @@ def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], mi
         prefix = "aa_" if basis == "steady" else "aa_end_to_end_"
         floor = None
         if aa is not None:
-            floor = noise_floor(aa[_rates_key(aa, basis)], base[_rates_key(aa, basis)])
+            key = _rates_key(aa, basis)
+            floor = noise_floor(aa[key], base[key], by_rounds=_in_rounds(aa, key) and _in_rounds(base, key))
         for r in rows:
             if r is base or "_steady_rates" not in r:
                 continue
-            reference = list(base[_rates_key(r, basis)])
-            if aa is not None and r is not aa:
-                reference += aa[_rates_key(r, basis)]
-            cmp = shift_between(r[_rates_key(r, basis)], reference)
+            key = _rates_key(r, basis)
+            reference = [base[key]] + ([aa[key]] if aa is not None and r is not aa else [])
+            cmp = shift_by_rounds(r[key], reference, by_rounds=all(_in_rounds(x, key) for x in [r, base] + (
+                [aa] if aa is not None and r is not aa else [])))
             if cmp["low"] is not None and basis == "end_to_end":
                 r.update(end_to_end_speedup=cmp["ratio"], end_to_end_ci_low=cmp["low"], end_to_end_ci_high=cmp["high"])
             elif cmp["low"] is not None:
@@ -125,9 +135,9 @@ def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
     if aa is not None:
         out.append(f"Noise floor (A/A: {aa['variant']}, the baseline's setup again in the same rounds, against"
                    f" {base['variant']}; {words}): {floor_text(floor)}. Each variant is measured by ranks (the"
-                   f" median of its runs' ratios to the runs of {base['variant']} and {aa['variant']} together) and"
-                   " decided only where its interval excludes 1 and stays outside the band of the A/A ratio (both"
-                   " ways).")
+                   f" median of its runs' ratios to the runs of {base['variant']} and {aa['variant']} together;"
+                   " within rounds by aligned ranks where the rounds drifted apart: 'paired by round') and decided"
+                   " only where its interval excludes 1 and stays outside the band of the A/A ratio (both ways).")
         if floor and floor.get("drifted"):
             out.append("⚠ The A/A pair differed beyond its interval: the machine drifted more than the intervals"
                        " allow, so no variant is decided; run again on a quieter machine or with more --repeats.")

@@ -14,6 +14,13 @@ Why ranks: on a shared machine a run now and then reads 15 to 25% slower with no
 adds time); such a run widens a mean's interval and moves the A/A ratio, where it moves only a rank here. The
 interval is exact for any noise when the runs of one setup are alike, so an A/A/A triple is decided in at most 5%.
 Runs too few for a 95% rank interval (3 + 3 and fewer) get Student's t on the logs instead, as ``compare`` does.
+
+Why rounds as blocks (:func:`shift_by_rounds`): every setup runs once a round, and a busy machine's speed can move
+by 20 to 40% from one round to the next while the setups of one round share it. Where the rounds differ that much
+(the two-way F of the rounds at least :data:`ROUND_DRIFT_F`) and every setup has a run in every round, the ratio is
+measured within rounds by aligned ranks (:func:`lightning_perf.measure.round_blocks.aligned_rank_shift_ci`), exact
+under exchangeability within rounds; otherwise (the machine kept its speed, a round lacks a run, too few rounds for
+the blocked interval) by the unpaired ranks above, which lose less to an occasional slow run.
 Measured by ``benchmarks/verdict_power.py`` (cases in ``tests/test_noise_floor.py``): see docs/cli.md."""
 
 from __future__ import annotations
@@ -22,12 +29,18 @@ import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from lightning_perf.measure.ratio_ci import between_runs_ratio_ci, shift_ratio_ci
+from lightning_perf.measure.round_blocks import aligned_rank_shift_ci, round_drift_f
 
 #: A change smaller than this (in %) is never decided, whatever the interval (compare's --min-effect default).
 MIN_EFFECT_PCT = 2.0
 
 #: How the intervals of :func:`shift_between` are named where one is printed.
-RANK_INTERVAL, T_INTERVAL = "rank interval", "Student's t interval"
+RANK_INTERVAL, T_INTERVAL, PAIRED_INTERVAL = "rank interval", "Student's t interval", "paired by round"
+
+#: The rounds are used as blocks where their two-way F (:func:`round_drift_f`) is at least this: the rounds' means
+#: spread at least 3 times as far as the runs within them. At 3, the unpaired rule keeps its power where the machine
+#: kept its speed, and the blocked one is used wherever the rounds drifted 20% (benchmarks/verdict_power.py).
+ROUND_DRIFT_F = 3.0
 
 #: What a verdict can be.
 FASTER, SLOWER, WITHIN_NOISE, NO_VERDICT = "faster", "slower", "within noise", "no verdict"
@@ -66,11 +79,48 @@ def shift_between(values: Sequence[Optional[float]], reference: Sequence[Optiona
     return found
 
 
-def noise_floor(copy_rates: Sequence[Optional[float]], base_rates: Sequence[Optional[float]]) -> Dict[str, Any]:
+def shift_by_rounds(values: Sequence[Optional[float]], reference_setups: Sequence[Sequence[Optional[float]]],
+                    by_rounds: bool = True) -> Dict[str, Any]:
+    """As :func:`shift_between` against the runs of ``reference_setups`` pooled (the baseline's, its A/A copy's),
+    with ``round_drift_f`` added (None where not measured); where ``by_rounds`` (the caller knows that run ``i`` of
+    every list ran in round ``i``), every list has a usable run in every round, and the rounds differ (that F at
+    least :data:`ROUND_DRIFT_F`), the ratio and interval are the blocked ones
+    (:func:`lightning_perf.measure.round_blocks.aligned_rank_shift_ci`), ``method`` :data:`PAIRED_INTERVAL`. Where
+    the rounds are too few for a blocked interval (3 with two reference setups), the unpaired rule stands."""
+    found = shift_between(values, [v for setup in reference_setups for v in setup])
+    found["round_drift_f"] = None
+    lists = [list(values), *map(list, reference_setups)]
+    if not by_rounds or len({len(x) for x in lists}) != 1 or any(len(_usable(x)) != len(x) for x in lists):
+        return found
+    rows = [list(run) for run in zip(*lists)]
+    found["round_drift_f"] = f = round_drift_f(rows)
+    if f is None or f < ROUND_DRIFT_F:
+        return found
+    paired = aligned_rank_shift_ci([row[0] for row in rows], [row[1:] for row in rows])
+    if paired is not None and paired[1] is not None:
+        found.update(ratio=paired[0], low=paired[1], high=paired[2], method=PAIRED_INTERVAL)
+    return found
+
+
+def noise_floor(copy_rates: Sequence[Optional[float]], base_rates: Sequence[Optional[float]],
+                by_rounds: bool = False) -> Dict[str, Any]:
     """The A/A pair: the baseline's second copy against the baseline, by ranks (:func:`shift_between`). ``band`` is
     (1/d, d) with ``d`` the pair's ratio or its inverse, whichever is >= 1; ``drifted`` is True where the pair's own
-    interval excludes 1 (the same setup decided different: the machine moved more than the intervals allow)."""
-    floor = shift_between(copy_rates, base_rates)
+    interval excludes 1 (the same setup decided different: the machine moved more than the intervals allow).
+
+    With ``by_rounds`` (as :func:`shift_by_rounds`), where the rounds differ, the ratio is the blocked one, and so
+    is the interval from 6 rounds (one reference a round: 5 rounds' 32 relabelings allow no 95% interval); with
+    fewer rounds the interval (the drift check) stays the unpaired one, and ``method`` says both."""
+    floor = shift_by_rounds(copy_rates, [base_rates], by_rounds=False)
+    if by_rounds:
+        blocked = shift_by_rounds(copy_rates, [base_rates])
+        floor["round_drift_f"] = blocked["round_drift_f"]
+        if blocked["method"] == PAIRED_INTERVAL:
+            floor = blocked
+        elif blocked["round_drift_f"] is not None and blocked["round_drift_f"] >= ROUND_DRIFT_F:
+            paired = aligned_rank_shift_ci(list(copy_rates), [[b] for b in base_rates])
+            if paired is not None:
+                floor.update(ratio=paired[0], method=f"{PAIRED_INTERVAL} estimate, {floor['method']}")
     if floor["ratio"] is None:
         floor.update(band=None, drifted=None)
         return floor

@@ -25,7 +25,7 @@ from lightning_perf.bench.noise_floor import (
     floor_text,
     noise_floor,
     ratio_text,
-    shift_between,
+    shift_by_rounds,
 )
 from lightning_perf.bench.rounds import run_rounds, rounds_line
 from lightning_perf.bench.threads import thread_env
@@ -179,12 +179,16 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
     floor = None
     if copy is not None and copy in rates:
         basis = out["comparisons"][copy]["speedup_basis"] or "it/s"
-        floor = noise_floor(rates[copy], rates[f"{base_name}@{basis}"])
+        floor = noise_floor(rates[copy], rates[f"{base_name}@{basis}"],
+                            by_rounds=_every_round(runs[copy], info) and _every_round(runs[base_name], info))
         out["noise_floor"] = floor
     for name, cmp in out["comparisons"].items():
         basis = cmp["speedup_basis"] or "it/s"
-        copies = [run_speed(r, basis) for r in typed[copy]] if copy in typed and name != copy else []
-        between = shift_between(rates[name], rates[f"{base_name}@{basis}"] + copies)  # the baseline's setup's runs
+        copies = [[run_speed(r, basis) for r in typed[copy]]] if copy in typed and name != copy else []
+        setups = [name, base_name] + ([copy] if copies else [])
+        # against the baseline's setup's runs (and its copy's), within rounds where every run of them has a summary
+        between = shift_by_rounds(rates[name], [rates[f"{base_name}@{basis}"]] + copies,
+                                  by_rounds=all(_every_round(runs[n], info) for n in setups))
         cmp["verdict"] = decide(between, None if name == copy else floor, min_effect_pct)
         cmp["between_runs"] = between
     pool = {name: [run_speed(r, "samples/s") for r in typed[name] + (typed.get(copy, []) if name == base_name else [])]
@@ -193,6 +197,11 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
         found = best_or_tie(pool, floor, min_effect_pct)
         out["best"], out["tie"] = found["best"], found["tie"]
     return out
+
+
+def _every_round(runs: List[Dict[str, Any]], info: Dict[str, Any]) -> bool:
+    """A command ran in every round that ran, each run with a summary: its rates line up with the rounds."""
+    return len(runs) == info.get("done") and all(r["summary"] is not None for r in runs)
 
 
 def _run_record(run: Dict[str, Any]) -> Dict[str, Any]:
