@@ -466,8 +466,8 @@ def test_iteration_timer_times_on_the_device_the_iterations_section_profiler_doe
     timed = [f for f in range(1, 33) if device_timed(f, warmup, 4)]
     assert sorted(device.seen) == [float(f) for f in timed]
     assert s["iteration_timer"]["device_timed_iterations"] == len(timed)
-    assert profiler._sections["forward"].device.count == len(timed)
-    assert [timer._device_timed(i) for i in range(199)] == [profiler._device_timed(i) for i in range(199)]
+    assert profiler._ledger.sections["forward"].device.count == len(timed)
+    assert [timer._device_timed(i) for i in range(199)] == [profiler._device.timed(i) for i in range(199)]
 
 
 @pytest.mark.parametrize("value", [0, -1, 2.5, "8", None, True])

@@ -479,7 +479,7 @@ def test_device_time_per_section_is_per_iteration_like_host_time(tmp_path, monke
         # 1.0 and 1.7 ms, not 2.7
         assert host == pytest.approx(1000.0 * cost, rel=1e-6) and device == pytest.approx(host, rel=1e-6), (
             name, host, device)
-        assert sp._sections[name].device.count == sp._sections[name].host.count == 14, name
+        assert sp._ledger.sections[name].device.count == sp._ledger.sections[name].host.count == 14, name
 
 
 @pytest.mark.parametrize("boundary", ["fetch", "batch_gap"])
@@ -547,8 +547,8 @@ def test_device_time_taken_in_one_iteration_of_four_matches_host_time_with_fewer
         enable_checkpointing=False)
     s = find_summary(tmp_path / "fourth")["section_profiler"]
     assert s["device_timing_every_n_iterations"] == 4
-    assert sp._sections["forward"].device.count == 4 + 7 and every._sections["forward"].device.count == 30
-    assert sp._sections["forward"].host.count == 30
+    assert sp._ledger.sections["forward"].device.count == 4 + 7 and every._ledger.sections["forward"].device.count == 30
+    assert sp._ledger.sections["forward"].host.count == 30
     # forward's device interval holds the user section it ran (the host side carves it out): add it back
     forward, ema = s["sections"]["forward"], s["sections"]["ema"]
     assert forward["device_mean_ms"] == pytest.approx(forward["inclusive_mean_ms"], rel=0.2)
@@ -560,7 +560,7 @@ def test_a_short_run_still_gets_device_times(tmp_path):
     """8 iterations, warm-up 2, one in 32 timed later on: the first 6 counted iterations are all timed."""
     sp = profiler(warmup_steps=2)
     fit(tmp_path, [sp, _SimulatedCountingDevice(sp)], max_epochs=1, enable_checkpointing=False)
-    assert sp._sections["forward"].device.count == 6
+    assert sp._ledger.sections["forward"].device.count == 6
     assert find_summary(tmp_path)["section_profiler"]["sections"]["forward"]["device_mean_ms"] > 0
 
 
@@ -743,9 +743,9 @@ def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatc
     class Watch(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             unfolded.append(len(sp._ledger.unfolded))
-            raw.append(max(len(s.raw) for s in [sp._ledger.iteration, *sp._sections.values()]))
+            raw.append(max(len(s.raw) for s in [sp._ledger.iteration, *sp._ledger.sections.values()]))
             counts.append({name: s.host.count for name, s in [("iteration", sp._ledger.iteration),
-                                                              *sp._sections.items()]})
+                                                              *sp._ledger.sections.items()]})
 
     # no checkpoint: its state_dict puts every raw time into the histograms
     fit(tmp_path, [sp, Watch(), IterationTimer(warmup_steps=0)], model=EverySection(clock), max_epochs=3,
@@ -754,7 +754,7 @@ def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatc
     # limits 8 (whole iterations) to 14 (the sixth section): raw times go in at the first fold (every 4th
     # iteration) where they reach it, so at most 12 wait. Eight phases: the ninth made (checkpointing, last of the
     # automatic sections and not run here) shares the iterations' limit; every section that ran has its own
-    limits = {name: s.limit for name, s in [("iteration", sp._ledger.iteration), *sp._sections.items()]}
+    limits = {name: s.limit for name, s in [("iteration", sp._ledger.iteration), *sp._ledger.sections.items()]}
     assert sorted(limits.values()) == sorted(8 + phase % 8 for phase in range(len(counts[-1])))
     ran = [limit for name, limit in limits.items() if name != "checkpointing"]
     assert len(set(ran)) == len(ran) and limits["checkpointing"] == limits["iteration"] == 8

@@ -5,8 +5,7 @@ checkpointing, user-named sections), with shares and advice, at no device sync. 
 from __future__ import annotations
 
 import os
-from collections import deque
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
@@ -20,10 +19,11 @@ from lightning_perf.callbacks._fetch_marks import FETCH_MARKS as _FETCH_MARKS
 from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks._scalars import WAITING
 from lightning_perf.callbacks._section_checkpoint import read_saved_ledger
+from lightning_perf.callbacks._section_device import SectionDevice
 from lightning_perf.callbacks._section_window import flush_tables, report_window
 from lightning_perf.measure import loader
 from lightning_perf.measure import sections as user_sections
-from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
+from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
 from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, SectionLedger
 from lightning_perf.measure.section_report import BACKWARD_OVER_FORWARD, THRESHOLDS, final_table, insights
 from lightning_perf.measure.section_report import printed_rows as _printed_rows
@@ -94,8 +94,8 @@ class SectionProfiler(PerfCallback):
     """
 
     section_name = "section_profiler"
-    _transient = ("_checkpoint_io", "_strategy", "_fetch_marks", "_previous_sink", "_clock",
-                  "_worker_timer", "_pending_user", "_transfer")
+    _transient = ("_checkpoint_io", "_strategy", "_fetch_marks", "_previous_sink", "_device", "_worker_timer",
+                  "_transfer")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
                  device_timing: bool = True, print_reports: bool = True, summary_path: Optional[str] = None,
@@ -126,8 +126,7 @@ class SectionProfiler(PerfCallback):
         self._stepped = False  # an optimizer step was announced since the last batch end
         self._report_waits = False  # a report fell due at a fetch's start: made at the batch's transfer or start
         self._overhead_s = 0.0  # the hooks' own time
-        self._clock: Optional[DeviceIntervalClock] = None
-        self._pending_user: Deque[user_sections.UserSectionEvents] = deque()  # on CUDA
+        self._device: Optional[SectionDevice] = None  # on CUDA, during a fit
         self._fetches = fetch_marks.FetchCount()  # announced by Lightning's loop (boundary "fetch")
         self._ranks: Optional[Dict[str, Any]] = None
         self._previous_sink: Any = None
@@ -143,10 +142,6 @@ class SectionProfiler(PerfCallback):
         self._workers: Optional[Dict[str, Any]] = None  # the summary's ``workers`` block, made at train end
         self._workers_reason: Optional[str] = None
         self._batches_per_iteration = 1
-
-    @property
-    def _sections(self) -> Dict[str, Any]:
-        return self._ledger.sections
 
     def _is_enabled(self) -> bool:
         value = os.environ.get(ENV_SWITCH) or ""
@@ -165,10 +160,10 @@ class SectionProfiler(PerfCallback):
         window report where one fell due. ``report_later``: closed at a fetch's start, whose wait for the batch the
         report must not lengthen; it is made at the batch's transfer (or its start) instead."""
         ledger = self._ledger
-        if self._clock is not None:
+        if self._device is not None:
             self._mark_or_hold()
             if ledger.fit_iterations % POLL_EVERY == 0:
-                self._poll_device()
+                self._device.poll()
         if ledger.report_due:
             ledger.report_due = False
             self._report_waits = report_later
@@ -186,79 +181,37 @@ class SectionProfiler(PerfCallback):
     def _report_window(self, trainer: Trainer) -> None:  # (the module's _report_table: what the tests replace)
         report_window(trainer, self._ledger, self.print_reports, self._record_failure, _report_table)
 
-    # -- device marks --------------------------------------------------------------------------------------------
+    # -- device marks (``_section_device.SectionDevice``) -------------------------------------------------------
     def _use_clock(self, clock: Optional[DeviceIntervalClock]) -> None:
         """At train start, before the first batch: the device clock of this fit, or none."""
-        self._clock = clock
+        self._device = None if clock is None else SectionDevice(
+            self._ledger, clock, self.warmup_steps, self.device_timing_every_n_iterations)
         self._mark_or_hold()
 
     def _mark_or_hold(self) -> None:
         """Where a switch can end or start a piece timed on the device, the ledger calls the device mark at each
         switch, the step's own at once; elsewhere those are held (``_held``, the ledger's list)."""
-        near = self._near_timed()
+        near = self._device is not None and self._device.near_timed()
         self._ledger.marker = self._mark_device if near else None
         self._held = self._ledger.held if self._active and not near and not self._ledger.manual else None
 
     def _mark_device(self, current: Optional[str], section: Optional[str], end_next: bool, start_next: bool) -> None:
-        """The device side of a switch (the ledger's ``marker``): CUDA events at the same boundaries as the host
-        pieces, each interval labelled with the section and the iteration its host piece belongs to."""
-        ledger = self._ledger
-        if self._clock is None:  # (a copy: its clock is not copied)
-            return
-        fit = ledger.fit_iterations
-        if current is not None and self._device_timed(fit + end_next):  # a timed piece ends here
-            # labelled with the iteration the piece belongs to: device time is summed per iteration, like host
-            self._clock.mark(label=(current, ledger.iterations + end_next, fit + end_next >= self.warmup_steps))
-            if section is not None and not self._device_timed(fit + start_next):
-                self._clock.break_chain()  # the next iterations are not timed: no interval spans them
-        elif section is not None and self._device_timed(fit + start_next):
-            self._clock.mark(counted=False)  # a timed piece starts here (after validation, an untimed one)
-
-    def _near_timed(self) -> bool:
-        """Whether a switch can end or start a piece timed on the device: every piece belongs to this iteration or
-        the next, so one of the two is timed. Elsewhere the ledger calls no marker."""
-        if self._clock is None:
-            return False
-        fit = self._ledger.fit_iterations
-        return self._device_timed(fit) or self._device_timed(fit + 1)
-
-    def _device_timed(self, fit_iteration: int) -> bool:
-        """Whether this iteration of the fit (0-based) is timed on the device (``measure.clock.device_timed``)."""
-        return device_timed(fit_iteration, self.warmup_steps, self.device_timing_every_n_iterations)
-
-    def _poll_device(self, flush: bool = False) -> None:
-        """The device intervals the device has passed (all of them with ``flush``, at the train end) into the ledger;
-        the user sections' event pairs that completed into their sections."""
-        if self._clock is None:
-            return
-        for label, ms in (self._clock.flush_labeled() if flush else self._clock.poll_labeled()):
-            if label is not None:
-                self._ledger.device_interval(label, ms)
-        if flush:
-            self._ledger.device_end()
-        pending = self._pending_user
-        while pending and (flush or pending[0].end.query()):
-            events = pending.popleft()
-            if flush:
-                events.end.synchronize()
-            if events.counted:
-                self._ledger.section(events.name, "user").device.add(float(events.start.elapsed_time(events.end)))
+        """The ledger's ``marker`` (a method of ours, so that a copy's ledger holds no device clock)."""
+        if self._device is not None:  # (a copy: its device clock is not copied)
+            self._device.mark(current, section, end_next, start_next)
 
     # -- events from outside Lightning's hooks -------------------------------------------------------------------
     def section_started(self, name: str) -> Any:
         """Sink for profile_section: nothing to return on the host side (device: an event pair)."""
-        if self._clock is None or not self._device_timed(self._ledger.fit_iterations):
-            return None
-        return self._clock.stamp()
+        return None if self._device is None else self._device.section_started()
 
     def section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
         if not self._active:
             return
         try:
             self._ledger.user_section(name, parent, seconds, failed)
-            if token is not None and self._clock is not None:  # device time of a user section, read later
-                events = user_sections.UserSectionEvents(name, token, self._clock.stamp(), self._ledger.counted)
-                self._pending_user.append(events)
+            if token is not None and self._device is not None:  # device time of a user section, read later
+                self._device.section_ended(name, token)
         except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's section
             self._record_failure("profile_section", err)
 
@@ -512,10 +465,12 @@ class SectionProfiler(PerfCallback):
         if self._report_waits:
             self._report(trainer)
         self._read_workers()
-        self._poll_device(flush=True)
+        if self._device is not None:
+            self._device.poll(flush=True)
         self._ledger.marker = self._held = None  # (the device's events are read: the final row is host time)
         self._ledger.fold()
-        means = [self._sections[n].host.mean if n in self._sections else None for n in AUTO_SECTIONS]
+        sections = self._ledger.sections
+        means = [sections[n].host.mean if n in sections else None for n in AUTO_SECTIONS]
         gather_floats_then(trainer, means, self._set_ranks, self)
 
     def _read_workers(self) -> None:
@@ -591,7 +546,7 @@ class SectionProfiler(PerfCallback):
         if ledger.manual:
             unavailable["forward"] = unavailable["backward"] = unavailable["optimizer_step"] = (
                 "manual optimization: the step is one training_step section")
-        if self._clock is None:
+        if self._device is None:
             unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
         unavailable["synchronization"] = SYNC_REASON
         if ledger.gap_mode and self.data_loading_boundary == "fetch":

@@ -151,8 +151,7 @@ class SectionLedger:
         """The step is done (or, accumulating, the batch): batch-end work belongs to the iteration, which closes where
         the next one starts. In batch_gap mode the gap now running is the wait for the next batch: the next
         iteration's, while what is carved out of it (sections, writes) is this one's."""
-        section = "data_loading" if self.gap_mode else BETWEEN
-        start_next = self.gap_mode if ends_iteration else None
+        section, start_next = self.between_batches(), (self.gap_mode if ends_iteration else None)
         if self.marker is None:
             self.held.append((section, t))
             self.apply_held()
@@ -181,17 +180,14 @@ class SectionLedger:
 
     def fetch_returned(self, t: float) -> None:
         resume, self.fetch_resume = self.fetch_resume, None
-        if resume is None:
-            pass
-        elif self.marker is None:  # (held: see apply_held)
+        if resume is not None and self.marker is None:  # (held: see apply_held)
             self.held.append((resume, t))
-        else:
+        elif resume is not None:
             self.switch(resume, t)
 
     def close(self, t: float) -> None:
-        """The iteration whose step ended (``ending``) closes at ``t``, where the next event of the loop starts: until
-        that event the next iteration is between batches. The profiler's own work at a close (a report, device
-        reads) runs there, never inside a piece the next event starts (a transfer's copy, a forward)."""
+        """The iteration whose step ended (``ending``) closes at ``t``, where the next event of the loop starts (the
+        profiler's own work at a close, a report or device reads, runs there, not in a piece that event starts)."""
         self._close(self.between_batches(), t)
 
     def transfer(self, t: float) -> bool:
@@ -252,9 +248,8 @@ class SectionLedger:
         """Takes ``seconds`` (a user section, a write) off the running piece."""
         if self.held:
             self.apply_held()
-        current = self.current
-        if current is not None:
-            self.piece[current] = self.piece.get(current, 0.0) - seconds
+        if self.current is not None:
+            self.piece[self.current] = self.piece.get(self.current, 0.0) - seconds
 
     def epoch_start(self, t: float) -> None:
         self.switch("data_loading", t)  # the new epoch's iterator (workers starting) and its first fetch

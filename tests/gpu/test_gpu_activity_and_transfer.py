@@ -169,7 +169,7 @@ def test_sections_timed_one_iteration_in_32_match_timing_every_iteration(tmp_pat
         sections = find_summary(root)["section_profiler"]["sections"]
         means[every] = {name: row["device_mean_ms"] for name, row in sections.items()
                         if row["kind"] == "auto" and row["device_mean_ms"]}
-        assert profiler._sections["forward"].device.count == (320 if every == 1 else 32 + 9)
+        assert profiler._ledger.sections["forward"].device.count == (320 if every == 1 else 32 + 9)
     assert {"forward", "backward", "optimizer_step"} <= set(means[32]) and set(means[32]) == set(means[1])
     for name, bound in (("forward", 0.05), ("backward", 0.05), ("optimizer_step", 0.10)):  # the step: ~0.1 ms
         record(f"SectionProfiler {name} device time, one iteration in 32 vs every iteration", means[32][name],

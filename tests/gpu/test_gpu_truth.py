@@ -251,7 +251,7 @@ def test_section_device_times_add_up_to_the_iteration_device_time(tmp_path, reco
     # the same iterations timed on the device (the first 32 counted, then one in 32): 32 + 6 of 200 counted
     timed = sum(1 for f in range(1, 211) if f > 10 and (f - 11 < 32 or (f - 11) % 32 == 0))
     assert s["iteration_timer"]["device_timed_iterations"] == timed == 38
-    assert profiler._sections["forward"].device.count == timed
+    assert profiler._ledger.sections["forward"].device.count == timed
 
 
 class KernelSection(MatmulModel):
