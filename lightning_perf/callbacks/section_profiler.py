@@ -362,9 +362,10 @@ class SectionProfiler(PerfCallback):
             OWN_WORK.add(spent)
             self._overhead_s += spent
 
-    # The hooks of the step path: each reads the clock, records one event in the ledger and counts its own time.
-    # Not @guarded, the same inline: a failure is recorded where it came from, never raised into the step. Applied
-    # at once: holding a step's events in a list saved 0.8 µs a step, under 2 (docs/section_profiler.md, "The ledger").
+    # The hooks of the step path: each reads the clock and records one event in the ledger (batch start: forward;
+    # zero_grad: optimizer_step; before backward: backward; after backward: other; optimizer step: optimizer_step;
+    # batch end: between batches). Not @guarded, the same inline: a failure is recorded where it came from, never
+    # raised into the step. The ledger holds the switches until the batch end (``SectionLedger.apply_held``).
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._active:
             t = now()

@@ -74,7 +74,9 @@ class SectionLedger:
         # the running piece's dict: the open iteration's ``pieces``, or its ``ahead`` for the next one (``next_owner``).
         # What is carved out of the piece (user sections, writes) is taken from it there, at once.
         self.piece = self.open.pieces
-        self.held: List[Tuple[str, float]] = []  # switches of the step's own hooks, held: see apply_held
+        # switches not applied yet (apply_held): while any wait, ``current``, ``t0`` and ``piece`` are behind, and every
+        # method that reads them applies those first (none is held outside the loop, where ``current`` is None)
+        self.held: List[Tuple[str, float]] = []
         self.unfolded: List[Iteration] = []  # closed, counted, not yet folded
         self.slowest = SlowestPieces(SLOWEST_KEPT)
         self.step_offset: Optional[int] = None  # global step - iteration number, this fit (automatic optimization)
