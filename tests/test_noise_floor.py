@@ -273,6 +273,12 @@ def test_a_round_missing_a_run_or_rounds_that_kept_their_speed_fall_back_to_the_
     few = {name: values[:3] for name, values in DRIFTED.items()}  # 3 rounds: 27 relabelings, no blocked interval
     row = _rows(few, done=3)["variant"]
     assert row["_steady_cmp"]["method"] != PAIRED_INTERVAL
+    # below 4 rounds the rounds are not blocks at all: the rounds' F (1 or 2 degrees of freedom) is not measured, and
+    # the A/A ratio that sets the band is the unpaired one however far apart the rounds are
+    for n in (2, 3):
+        few = {name: values[:n] for name, values in DRIFTED.items()}
+        floor = noise_floor(few["copy"], few["baseline"], by_rounds=True)
+        assert floor["round_drift_f"] is None and PAIRED_INTERVAL not in floor["method"], floor
 
 
 def _drifted_matrix(rng, rounds, variant_ratio, round_sd=0.2, sd=0.03):

@@ -41,6 +41,9 @@ RANK_INTERVAL, T_INTERVAL, PAIRED_INTERVAL = "rank interval", "Student's t inter
 #: spread at least 3 times as far as the runs within them. At 3, the unpaired rule keeps its power where the machine
 #: kept its speed, and the blocked one is used wherever the rounds drifted 20% (benchmarks/verdict_power.py).
 ROUND_DRIFT_F = 3.0
+#: Rounds below this are never used as blocks: the least that gives a blocked interval (with two reference setups);
+#: with fewer, the rounds' F has one or two degrees of freedom and passes ROUND_DRIFT_F by chance.
+MIN_BLOCKED_ROUNDS = 4
 
 #: What a verdict can be.
 FASTER, SLOWER, WITHIN_NOISE, NO_VERDICT = "faster", "slower", "within noise", "no verdict"
@@ -86,11 +89,12 @@ def shift_by_rounds(values: Sequence[Optional[float]], reference_setups: Sequenc
     every list ran in round ``i``), every list has a usable run in every round, and the rounds differ (that F at
     least :data:`ROUND_DRIFT_F`), the ratio and interval are the blocked ones
     (:func:`lightning_perf.measure.round_blocks.aligned_rank_shift_ci`), ``method`` :data:`PAIRED_INTERVAL`. Where
-    the rounds are too few for a blocked interval (3 with two reference setups), the unpaired rule stands."""
+    the rounds are fewer than :data:`MIN_BLOCKED_ROUNDS`, the unpaired rule stands (and the F is not measured)."""
     found = shift_between(values, [v for setup in reference_setups for v in setup])
     found["round_drift_f"] = None
     lists = [list(values), *map(list, reference_setups)]
-    if not by_rounds or len({len(x) for x in lists}) != 1 or any(len(_usable(x)) != len(x) for x in lists):
+    if (not by_rounds or len({len(x) for x in lists}) != 1 or len(lists[0]) < MIN_BLOCKED_ROUNDS
+            or any(len(_usable(x)) != len(x) for x in lists)):
         return found
     rows = [list(run) for run in zip(*lists)]
     found["round_drift_f"] = f = round_drift_f(rows)
