@@ -32,6 +32,15 @@ def step(ledger, t, forward=0.004, backward=0.008, optimizer=0.002, clip=0.001):
     return t
 
 
+def fetch_ledger(marker=None):
+    """A ledger whose data loading is the fetch, trained from 0 s with no warm-up, its first epoch started."""
+    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
+    ledger.marker = marker
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    ledger.epoch_start(0.0)
+    return ledger
+
+
 def fetch_iterations(ledger, n, t, fetch=0.003, loop=0.0005, transfer=0.0002, end_work=0.0015):
     """``n`` iterations with the fetch as data loading: fetch, the loop's work to the transfer, the transfer, the
     step, ``end_work`` of batch-end hooks before the next fetch. Returns the time after the last batch-end work."""
@@ -47,9 +56,7 @@ def fetch_iterations(ledger, n, t, fetch=0.003, loop=0.0005, transfer=0.0002, en
 
 
 def test_an_iteration_is_its_pieces_from_its_fetch_to_the_next_fetch():
-    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
-    ledger.train_start(manual=False, global_step=0, t=0.0)
-    ledger.epoch_start(0.0)
+    ledger = fetch_ledger()
     t = fetch_iterations(ledger, 5, 0.0)
     ledger.fetch_started(t)  # closes the fifth
     table = ledger.table()
@@ -156,11 +163,8 @@ def test_the_work_after_the_last_iteration_is_its_own_row():
 
 
 def test_validation_is_off_the_table_and_the_marker_sees_every_change_of_section():
-    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
     marks = []
-    ledger.marker = lambda current, section, end_next, start_next: marks.append((current, section))
-    ledger.train_start(manual=False, global_step=0, t=0.0)
-    ledger.epoch_start(0.0)
+    ledger = fetch_ledger(marker=lambda current, section, end_next, start_next: marks.append((current, section)))
     t = fetch_iterations(ledger, 1, 0.0, end_work=0.001)
     ledger.validation_start(t)
     ledger.validation_end(t + 0.5)
@@ -174,9 +178,7 @@ def test_validation_is_off_the_table_and_the_marker_sees_every_change_of_section
 def test_held_switches_are_applied_in_order_before_a_user_section_or_a_write_is_carved():
     """The step's switches wait in ``held`` until the batch end; a user section or a checkpoint write inside the
     step is carved out of the section it really ran in."""
-    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
-    ledger.train_start(manual=False, global_step=0, t=0.0)
-    ledger.epoch_start(0.0)
+    ledger = fetch_ledger()
     t = fetch_iterations(ledger, 1, 0.0)
     ledger.fetch_started(t)
     ledger.fetch_returned(t + 0.003)
@@ -203,11 +205,8 @@ def test_held_switches_are_applied_in_order_before_a_user_section_or_a_write_is_
 
 def test_with_a_marker_every_switch_is_applied_at_once_and_marked():
     """Where a device mark may be due the ledger holds nothing: each switch reaches the marker when it happens."""
-    ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
     marks = []
-    ledger.marker = lambda current, section, end_next, start_next: marks.append((current, section))
-    ledger.train_start(manual=False, global_step=0, t=0.0)
-    ledger.epoch_start(0.0)
+    ledger = fetch_ledger(marker=lambda current, section, end_next, start_next: marks.append((current, section)))
     fetch_iterations(ledger, 1, 0.0)
     assert not ledger.held
     assert marks[2:] == [("data_loading", BETWEEN), (BETWEEN, "transfer"), ("transfer", "forward"),

@@ -70,9 +70,9 @@ def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], mi
             if r is base or "_steady_rates" not in r:
                 continue
             key = _rates_key(r, basis)
-            reference = [base[key]] + ([aa[key]] if aa is not None and r is not aa else [])
-            cmp = shift_by_rounds(r[key], reference, by_rounds=all(_in_rounds(x, key) for x in [r, base] + (
-                [aa] if aa is not None and r is not aa else [])))
+            references = [base] + ([aa] if aa is not None and r is not aa else [])
+            cmp = shift_by_rounds(r[key], [x[key] for x in references],
+                                  by_rounds=all(_in_rounds(x, key) for x in [r, *references]))
             if cmp["low"] is not None and basis == "end_to_end":
                 r.update(end_to_end_speedup=cmp["ratio"], end_to_end_ci_low=cmp["low"], end_to_end_ci_high=cmp["high"])
             elif cmp["low"] is not None:

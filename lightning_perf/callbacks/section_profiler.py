@@ -258,9 +258,7 @@ class SectionProfiler(PerfCallback):
         if self._active:
             start = now()
             try:
-                ledger = self._ledger
-                own_work = (ledger.ending or self._report_waits) and self._own_work_between_batches(None, start)
-                ledger.transfer(now() if own_work else start)
+                self._ledger.transfer(now() if self._own_work_between_batches(None, start) else start)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
                 self._record_failure("batch_to_device", err)
             self._overhead_s += now() - start
@@ -370,9 +368,7 @@ class SectionProfiler(PerfCallback):
         if self._active:
             t = now()
             try:
-                ledger = self._ledger
-                own_work = (ledger.ending or self._report_waits) and self._own_work_between_batches(trainer, t)
-                ledger.batch_start(now() if own_work else t)
+                self._ledger.batch_start(now() if self._own_work_between_batches(trainer, t) else t)
             except Exception as err:  # noqa: BLE001
                 self._record_failure("on_train_batch_start", err)
             self._overhead_s += now() - t

@@ -91,9 +91,10 @@ def batch_means_ratio_ci(
     return math.exp(diff - half), math.exp(diff + half)
 
 
-def _logs(values: Sequence[float]) -> Optional[List[float]]:
-    """The logs of per-run figures, or None where one is not a finite positive number."""
-    if any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in values):
+def positive_logs(values: Sequence[float]) -> Optional[List[float]]:
+    """The logs of per-run figures, or None where one is not a finite positive number (a bool is not a figure)."""
+    if any(not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
+           for v in values):
         return None
     return [math.log(v) for v in values]
 
@@ -111,7 +112,7 @@ def between_runs_ratio_ci(numerators: Sequence[float], denominators: Sequence[fl
     """
     parts = []
     for values in (numerators, denominators):
-        logs = _logs(values)
+        logs = positive_logs(values)
         if logs is None or len(logs) < 2:
             return None
         mean = sum(logs) / len(logs)
@@ -171,7 +172,7 @@ def shift_ratio_ci(numerators: Sequence[float], denominators: Sequence[float], c
     """
     sides = []
     for values in (numerators, denominators):
-        logs = _logs(values)
+        logs = positive_logs(values)
         if not logs:
             return None
         sides.append(logs)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Sequence, Tuple
 
+from lightning_perf.measure.ratio_ci import positive_logs
+
 __all__ = ["aligned_rank_shift_ci", "round_drift_f"]
 
 
@@ -20,13 +22,10 @@ def _round_logs(values: Sequence[float], references: Sequence[Sequence[float]]) 
     width = len(references[0])
     rounds = []
     for value, refs in zip(values, references):
-        row = [value, *refs]
-        if len(refs) != width or width == 0:
+        logs = positive_logs([value, *refs])
+        if len(refs) != width or width == 0 or logs is None:
             return None
-        if any(not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
-               for v in row):
-            return None
-        rounds.append([math.log(v) for v in row])
+        rounds.append(logs)
     return rounds
 
 

@@ -134,12 +134,19 @@ class SectionLedger:
             self.next_owner = start_next
             self.piece = self.open.ahead if start_next else self.open.pieces
 
+    def _hold(self, section: str, t: float) -> None:
+        """:meth:`switch` to ``section`` at ``t``, held where no marker is set (see :meth:`apply_held`)."""
+        if self.marker is None:
+            self.held.append((section, t))
+        else:
+            self.switch(section, t)
+
     def apply_held(self) -> None:
         """The held switches, in order. Where no marker is set, the switches of a step from its batch's return to its
         end (the fetch's return, the transfer, the batch start, and the step's own hooks, which SectionProfiler appends
-        to ``held`` itself) are held, (section, time) each, and applied at the batch end in one loop; any other event
-        applies them first. Held, a step costs ~10 µs less than with each switch applied at once (three paired fits:
-        -10.2, -11.5, -8.7 µs; ``python benchmarks/toggle_ab.py held-switches --steps 30000 --reps 3``)."""
+        to ``held`` itself) are held, (section, time) each, and applied in one loop by the batch end's switch; any
+        other event applies them first. Held, a step costs ~10 µs less than with each switch applied at once (three paired fits:
+        -12.7, -7.8, -8.5 µs; ``python benchmarks/toggle_ab.py held-switches --steps 30000 --reps 3``)."""
         held = self.held
         current, t0, piece = self.current, self.t0, self.piece
         for section, t in held:
@@ -153,15 +160,11 @@ class SectionLedger:
         """The step is done (or, accumulating, the batch): batch-end work belongs to the iteration, which closes where
         the next one starts. In batch_gap mode the gap now running is the wait for the next batch: the next
         iteration's, while what is carved out of it (sections, writes) is this one's."""
-        section, start_next = self.between_batches(), (self.gap_mode if ends_iteration else None)
-        if self.marker is None:
-            self.held.append((section, t))
-            self.apply_held()
-            if start_next:
-                self.next_owner, self.piece = True, self.open.ahead
-        else:
-            self.switch(section, t, start_next)
-        self.ending = self.ending or ends_iteration
+        if not ends_iteration:
+            self.switch(self.between_batches(), t)
+            return
+        self.switch(self.between_batches(), t, self.gap_mode)
+        self.ending = True
 
     def fetch_started(self, t: float) -> bool:
         """Lightning's fetch of the next batch starts (``data_loading`` until it returns): it closes the iteration whose
@@ -182,10 +185,8 @@ class SectionLedger:
 
     def fetch_returned(self, t: float) -> None:
         resume, self.fetch_resume = self.fetch_resume, None
-        if resume is not None and self.marker is None:  # (held: see apply_held)
-            self.held.append((resume, t))
-        elif resume is not None:
-            self.switch(resume, t)
+        if resume is not None:
+            self._hold(resume, t)
 
     def close(self, t: float) -> None:
         """The iteration whose step ended (``ending``) closes at ``t``, where the next event of the loop starts (the
@@ -199,10 +200,7 @@ class SectionLedger:
         if self.ending:
             self._close("transfer", t)
             return True
-        if self.marker is None:
-            self.held.append(("transfer", t))
-        else:
-            self.switch("transfer", t)
+        self._hold("transfer", t)
         return False
 
     def batch_start(self, t: float) -> bool:
@@ -211,10 +209,7 @@ class SectionLedger:
         if self.ending:
             self._close(section, t)
             return True
-        if self.marker is None:
-            self.held.append((section, t))
-        else:
-            self.switch(section, t)
+        self._hold(section, t)
         return False
 
     def user_section(self, name: str, parent: Optional[str], seconds: float, failed: bool) -> None:
@@ -291,9 +286,11 @@ class SectionLedger:
     def fit_end(self, t: float) -> None:
         """The fit's work after its last iteration closed (epoch-end hooks, the last checkpoint, ``on_train_end``
         hooks, teardown), up to ``t``, in its own row (``final_row``), validation left out."""
+        if self.held:
+            self.apply_held()
         if self.current is not None:  # (no device mark: the device's events were read at the train end)
-            self.marker = None
-            self.switch(None, t)
+            self.piece[self.current] = self.piece.get(self.current, 0.0) + (t - self.t0)
+            self.current = None
         if self.fit_iterations == 0:
             return  # no iteration ended in this fit: there is no "after"
         it = self.open
