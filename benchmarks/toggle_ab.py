@@ -18,6 +18,8 @@ Tricks:
 - ``held-switches``: SectionProfiler's switches from a batch's return to its end held in the ledger's list and
   applied at the batch end (``SectionLedger.apply_held``); off: each applied at once, as where a device mark is due
   (the ledger given a marker that does nothing: ~9 calls of an empty function a step count against off).
+- ``held-to-fold``: the held switches kept across iterations and applied in one loop at the fold (every 64
+  iterations); off: applied by each batch end's switch, with the close's switch at once (the ledger's ``defer``).
 
     python benchmarks/toggle_ab.py suite-guard --steps 50000 --reps 3     # ~1 minute a rep on an idle core
 """
@@ -76,6 +78,10 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
             profiler._ledger.marker = lambda *marks: None
             profiler._held = None
         return [profiler], on, off, True
+    if name == "held-to-fold":
+        profiler = lightning_perf.SectionProfiler()
+        return ([profiler], lambda: setattr(profiler._ledger, "defer", True),
+                lambda: setattr(profiler._ledger, "defer", False), True)
     if name == "step-events":
         profiler = lightning_perf.SectionProfiler()
         if not hasattr(profiler, "_deferring"):
@@ -97,7 +103,7 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
 
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trick", choices=("suite-guard", "suite-key", "step-events", "held-switches"))
+    parser.add_argument("trick", choices=("suite-guard", "suite-key", "step-events", "held-switches", "held-to-fold"))
     parser.add_argument("--steps", type=int, default=50_000, help="steps of each fit (default 50000)")
     parser.add_argument("--reps", type=int, default=3, help="fits, one after the other (default 3)")
     parser.add_argument("--block", type=int, default=7, help="steps per block (default 7, as overhead.py's)")

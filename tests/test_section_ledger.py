@@ -176,7 +176,7 @@ def test_validation_is_off_the_table_and_the_marker_sees_every_change_of_section
 
 
 def test_held_switches_are_applied_in_order_before_a_user_section_or_a_write_is_carved():
-    """The step's switches wait in ``held`` until the batch end; a user section or a checkpoint write inside the
+    """The step's switches wait in ``held`` until the fold; a user section or a checkpoint write inside the
     step is carved out of the section it really ran in."""
     ledger = fetch_ledger()
     t = fetch_iterations(ledger, 1, 0.0)
@@ -186,7 +186,9 @@ def test_held_switches_are_applied_in_order_before_a_user_section_or_a_write_is_
     ledger.batch_start(t + 0.0037)
     step_switch(ledger, "optimizer_step", t + 0.0077)
     step_switch(ledger, "backward", t + 0.0077)
-    assert len(ledger.held) == 5 and ledger.current == "data_loading"  # nothing applied yet
+    assert [section for section, _ in ledger.held[-5:]] == [BETWEEN, "transfer", "forward", "optimizer_step",
+                                                            "backward"]
+    assert ledger.current != "backward"  # nothing applied yet
     ledger.user_section("ema", None, 0.002, False)  # ran inside backward, ends at t + 0.0107
     assert not ledger.held and ledger.current == "backward"
     step_switch(ledger, "other", t + 0.0157)

@@ -76,7 +76,8 @@ class SectionLedger:
         self.piece = self.open.pieces
         # switches not applied yet (apply_held): while any wait, ``current``, ``t0`` and ``piece`` are behind, and every
         # method that reads them applies those first (none is held outside the loop, where ``current`` is None)
-        self.held: List[Tuple[str, float]] = []
+        self.held: List[Tuple[Any, Optional[float]]] = []
+        self.defer = True
         self.unfolded: List[Iteration] = []  # closed, counted, not yet folded
         self.slowest = SlowestPieces(SLOWEST_KEPT)
         self.step_offset: Optional[int] = None  # global step - iteration number, this fit (automatic optimization)
@@ -142,18 +143,21 @@ class SectionLedger:
             self.switch(section, t)
 
     def apply_held(self) -> None:
-        """The held switches, in order. Where no marker is set, the switches of a step from its batch's return to its
-        end (the fetch's return, the transfer, the batch start, and the step's own hooks, which SectionProfiler appends
-        to ``held`` itself) are held, (section, time) each, and applied in one loop by the batch end's switch; any
-        other event applies them first. Held, a step costs ~10 µs less than with each switch applied at once (three paired fits:
-        -12.7, -7.8, -8.5 µs; ``python benchmarks/toggle_ab.py held-switches --steps 30000 --reps 3``)."""
+        """The held switches, in order. Where no marker is set, the switches of the step path (the fetch's return, the
+        transfer, the batch start, the step's own hooks, which SectionProfiler appends to ``held`` itself, the batch
+        end and the close) are held, (section, time) each, with (dict, None) where the running piece's owner changes
+        (a close, a batch end in batch_gap mode), and applied in one loop at the fold (every FOLD_EVERY iterations) or
+        by any other event first. Held, a step costs ~10 µs less than with each switch applied at once (three paired
+        fits: -12.7, -7.8, -8.5 µs; ``python benchmarks/toggle_ab.py held-switches --steps 30000 --reps 3``)."""
         held = self.held
         current, t0, piece = self.current, self.t0, self.piece
-        for section, t in held:
-            if current is not None:
-                piece[current] = piece.get(current, 0.0) + (t - t0)
+        for section, t in held:  # (``current`` is never None here: nothing is held outside the loop)
+            if t is None:
+                piece = section
+                continue
+            piece[current] = piece.get(current, 0.0) + (t - t0)
             current, t0 = section, t
-        self.current, self.t0 = current, t0
+        self.current, self.t0, self.piece = current, t0, piece
         held.clear()
 
     def batch_end(self, t: float, ends_iteration: bool) -> None:
@@ -163,22 +167,28 @@ class SectionLedger:
         if not ends_iteration:
             self.switch(self.between_batches(), t)
             return
-        self.switch(self.between_batches(), t, self.gap_mode)
+        if self.marker is None and self.defer:
+            self.held.append((self.between_batches(), t))
+            if self.gap_mode:
+                self.held.append((self.open.ahead, None))
+            self.next_owner = self.gap_mode
+        else:
+            self.switch(self.between_batches(), t, self.gap_mode)
         self.ending = True
 
     def fetch_started(self, t: float) -> bool:
         """Lightning's fetch of the next batch starts (``data_loading`` until it returns): it closes the iteration whose
         step ended; a fetch inside a step is carved out of the section it ran in. True where an iteration closed."""
-        if self.held:  # (a fetch inside the step: ``dataloader_iter``)
-            self.apply_held()
-        current = self.current
-        if current is None:  # (not in the training loop)
+        if self.current is None and not self.held:  # (not in the training loop)
             self.fetch_resume = None
             return False
         if self.ending:
             self.fetch_resume = BETWEEN
             self._close("data_loading", t)
             return True
+        if self.held:  # (a fetch inside the step: ``dataloader_iter``)
+            self.apply_held()
+        current = self.current
         self.fetch_resume = BETWEEN if current in (BETWEEN, "data_loading") else current
         self.switch("data_loading", t)
         return False
@@ -320,9 +330,13 @@ class SectionLedger:
     def _close(self, section: str, t: float) -> None:
         """The iteration whose step ended closes at ``t``, where ``section`` of the next one starts: its pieces wait
         for the fold; what was timed ahead for the next one (the wait for its batch) starts that one's."""
-        self.switch(section, t, start_next=True)
-        self.ending = False
         it, counted = self.open, self.counted
+        if self.marker is None and self.defer:
+            self.held.append((section, t))
+            self.held.append((it.ahead, None))
+        else:
+            self.switch(section, t, start_next=True)
+        self.ending = False
         it.number = self.iterations
         if counted:
             self.unfolded.append(it)
@@ -332,8 +346,11 @@ class SectionLedger:
                 OWN_WORK.add(now() - start)
         elif not self.unfolded:  # a warm-up iteration's batch-end work is the first counted one's
             self.prev_end, self.last_folded = (it if it.end_pieces else None), it.number + 1
+            if self.held:  # (no fold in the warm-up: what is held stays bounded)
+                self.apply_held()
         self.open, self.next_owner, self.final_calls = Iteration(it.ahead), False, 0
-        self.piece = self.open.pieces
+        if not self.held:  # (else the held owner change sets it)
+            self.piece = self.open.pieces
         self.iterations += 1
         self.fit_iterations += 1
         self.counted = self.fit_iterations >= self.warmup_steps
@@ -343,6 +360,8 @@ class SectionLedger:
     def fold(self, histograms: bool = True) -> None:
         """The closed iterations' pieces into raw times, and those into the window sums and the histograms: before
         every read of a figure. ``histograms=False``: a section's raw times go to its histogram only at its limit."""
+        if self.held:
+            self.apply_held()
         slowest, offset, sections = self.slowest, self.step_offset, self.sections
         for it in self.unfolded:
             total = sum(it.pieces.values()) + it.user_s
