@@ -19,7 +19,8 @@ Tricks:
   applied at the batch end (``SectionLedger.apply_held``); off: each applied at once, as where a device mark is due
   (the ledger given a marker that does nothing: ~9 calls of an empty function a step count against off).
 - ``held-to-fold``: the held switches kept across iterations and applied in one loop at the fold (every 64
-  iterations); off: applied by each batch end's switch, with the close's switch at once (the ledger's ``defer``).
+  iterations); off: applied by each batch end's switch, with the close's switch at once (a checkout whose ledger
+  has that choice, ``defer``: 31a47ce, ``LIGHTNING_PERF_BENCH_SOURCE=<that checkout>``).
 
     python benchmarks/toggle_ab.py suite-guard --steps 50000 --reps 3     # ~1 minute a rep on an idle core
 """
@@ -80,6 +81,8 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
         return [profiler], on, off, True
     if name == "held-to-fold":
         profiler = lightning_perf.SectionProfiler()
+        if not hasattr(profiler._ledger, "defer"):
+            raise SystemExit("held-to-fold: this checkout always holds them to the fold (measure 31a47ce)")
         return ([profiler], lambda: setattr(profiler._ledger, "defer", True),
                 lambda: setattr(profiler._ledger, "defer", False), True)
     if name == "step-events":

@@ -122,6 +122,29 @@ def test_pieces_wait_for_at_most_fold_every_iterations(monkeypatch):
     assert ledger.table()["forward"]["count"] == 20
 
 
+def test_held_switches_wait_at_most_to_the_fold_and_never_in_the_warm_up_or_an_accumulating_batch(monkeypatch):
+    """What is held stays bounded: a warm-up close (no fold follows it) and a batch that does not end its iteration
+    apply it; else the fold, every FOLD_EVERY counted iterations. Each iteration holds 10: the close and its owner
+    change, the fetch's return, the transfer, the batch start, the step's four, the batch end."""
+    monkeypatch.setattr(ledger_module, "FOLD_EVERY", 4)
+    ledger = SectionLedger(warmup_steps=3, report_every_n_steps=10**6, gap_mode=False)
+    ledger.train_start(manual=False, global_step=0, t=0.0)
+    t, held = 0.0, []
+    for _ in range(12):  # (fetch_iterations' steps, the held switches counted after each fetch's start)
+        ledger.fetch_started(t)
+        held.append(len(ledger.held))
+        ledger.fetch_returned(t + 0.003)
+        ledger.transfer(t + 0.0035)
+        t = step(ledger, t + 0.0037) + 0.0015
+    assert held == [0, 0, 0, 0, 10, 20, 30, 0, 10, 20, 30, 0]
+    ledger.fetch_started(t)  # the twelfth closes: 9 counted, one held
+    ledger.fetch_returned(t + 0.003)
+    ledger.batch_start(t + 0.0035)
+    ledger.batch_end(t + 0.0045, ends_iteration=False)  # accumulating: the next batch is the same iteration's
+    assert not ledger.held and ledger.current == BETWEEN
+    assert ledger.table()["forward"]["count"] == 9 and ledger.iterations == 12
+
+
 def test_a_checkpoint_saved_in_batch_end_work_carries_that_iteration_and_loads_back():
     ledger = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
     ledger.train_start(manual=False, global_step=0, t=0.0)

@@ -363,7 +363,7 @@ class SectionProfiler(PerfCallback):
     # The hooks of the step path: each reads the clock and records one event in the ledger (batch start: forward;
     # zero_grad: optimizer_step; before backward: backward; after backward: other; optimizer step: optimizer_step;
     # batch end: between batches). Not @guarded, the same inline: a failure is recorded where it came from, never
-    # raised into the step. The ledger holds the switches until the batch end (``SectionLedger.apply_held``).
+    # raised into the step. The ledger holds the switches until its fold (``SectionLedger.apply_held``).
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._active:
             t = now()
@@ -375,7 +375,7 @@ class SectionProfiler(PerfCallback):
 
     # The hooks inside the step (zero_grad, backward, after backward, optimizer step) switch the section under
     # automatic optimization (under manual optimization the whole step is ``training_step``). Each appends its switch
-    # to the ledger's held ones (``_held``), applied in order at the batch end (``SectionLedger.apply_held``, with
+    # to the ledger's held ones (``_held``), applied in order at its fold (``SectionLedger.apply_held``, with
     # the figure that keeps it); the append itself is not timed into ``overhead_us_per_step``. Where a device mark
     # may be due, at once.
     def _step_switch(self, section: str, hook: str) -> None:

@@ -74,10 +74,10 @@ class SectionLedger:
         # the running piece's dict: the open iteration's ``pieces``, or its ``ahead`` for the next one (``next_owner``).
         # What is carved out of the piece (user sections, writes) is taken from it there, at once.
         self.piece = self.open.pieces
-        # switches not applied yet (apply_held): while any wait, ``current``, ``t0`` and ``piece`` are behind, and every
-        # method that reads them applies those first (none is held outside the loop, where ``current`` is None)
+        # switches not applied yet (apply_held), at most an accumulation's batches or FOLD_EVERY iterations: while any
+        # wait, ``current``, ``t0`` and ``piece`` are behind, and every method that reads them applies those first
+        # (none is held outside the loop, where ``current`` is None)
         self.held: List[Tuple[Any, Optional[float]]] = []
-        self.defer = True
         self.unfolded: List[Iteration] = []  # closed, counted, not yet folded
         self.slowest = SlowestPieces(SLOWEST_KEPT)
         self.step_offset: Optional[int] = None  # global step - iteration number, this fit (automatic optimization)
@@ -148,7 +148,8 @@ class SectionLedger:
         end and the close) are held, (section, time) each, with (dict, None) where the running piece's owner changes
         (a close, a batch end in batch_gap mode), and applied in one loop at the fold (every FOLD_EVERY iterations) or
         by any other event first. Held, a step costs ~10 µs less than with each switch applied at once (three paired
-        fits: -12.7, -7.8, -8.5 µs; ``python benchmarks/toggle_ab.py held-switches --steps 30000 --reps 3``)."""
+        fits: -12.7, -7.8, -8.5 µs; ``python benchmarks/toggle_ab.py held-switches --steps 30000 --reps 3``), and
+        held to the fold, ~5 µs less than applied at each batch end (-3.7, -6.5, -5.4 µs; ``held-to-fold``)."""
         held = self.held
         current, t0, piece = self.current, self.t0, self.piece
         for section, t in held:  # (``current`` is never None here: nothing is held outside the loop)
@@ -167,7 +168,7 @@ class SectionLedger:
         if not ends_iteration:
             self.switch(self.between_batches(), t)
             return
-        if self.marker is None and self.defer:
+        if self.marker is None:
             self.held.append((self.between_batches(), t))
             if self.gap_mode:
                 self.held.append((self.open.ahead, None))
@@ -331,7 +332,7 @@ class SectionLedger:
         """The iteration whose step ended closes at ``t``, where ``section`` of the next one starts: its pieces wait
         for the fold; what was timed ahead for the next one (the wait for its batch) starts that one's."""
         it, counted = self.open, self.counted
-        if self.marker is None and self.defer:
+        if self.marker is None:
             self.held.append((section, t))
             self.held.append((it.ahead, None))
         else:
