@@ -23,9 +23,6 @@ MAX_CALLS_PER_ITERATION = 10_000
 #: IterationTimer's default ``keep_slowest`` (10), so that its kept iterations are found here too.
 SLOWEST_KEPT = 20
 
-#: What a device interval belongs to: (section, iteration 0-based in the run, counted). A plain tuple: a NamedTuple
-#: cost ~0.5 µs more to build (timeit), ~4 µs a step at device_timing_every_n_iterations=1 (about 8 marks a step).
-DeviceLabel = Tuple[str, int, bool]
 #: A device mark, called on each switch that changes the section: (section ending, section starting, whether the
 #: ending piece belongs to the next iteration, whether the starting one does).
 Marker = Callable[[Optional[str], Optional[str], bool, bool], None]
@@ -93,8 +90,6 @@ class SectionLedger:
         self.validation_s = 0.0
         self.validation_runs = 0
         self.val_start: Optional[float] = None
-        self.device_pieces: Dict[str, float] = {}  # device ms per section of the iteration being read
-        self.device_iteration: Optional[int] = None
 
     def section(self, name: str, kind: str = "auto", parent: Optional[str] = None) -> Section:
         sec = self.sections.get(name)
@@ -444,26 +439,3 @@ class SectionLedger:
                 for name, sec in self.sections.items() if name in table}
         medians = {name: median_per_iteration(self.sections[name].host, n, runs[name]) for name in runs}
         return self.slowest.entries(medians, {k: v for k, v in runs.items() if v is not None}, n)
-
-    # -- device time --------------------------------------------------------------------------------------------
-    def device_interval(self, label: DeviceLabel, ms: float) -> None:
-        """A device interval read, labelled by the caller's mark. One device time per section per iteration: the sum
-        of its pieces (optimizer_step and other run twice in an iteration)."""
-        section, iteration, counted = label
-        if iteration != self.device_iteration:  # every piece of the previous iteration has been read
-            self._close_device_iteration()
-            self.device_iteration = iteration
-        if counted:
-            self.device_pieces[section] = self.device_pieces.get(section, 0.0) + ms
-
-    def device_end(self) -> None:
-        """Every interval read: the last closed iteration's go in; the open one's not (nor are its host pieces)."""
-        if self.device_iteration is not None and self.device_iteration < self.iterations:
-            self._close_device_iteration()
-        self.device_pieces = {}
-
-    def _close_device_iteration(self) -> None:
-        for name, ms in self.device_pieces.items():
-            if name in self.sections:
-                self.sections[name].device.add(ms)
-        self.device_pieces = {}
