@@ -399,7 +399,9 @@ def profile_hooks(name: str, steps: int, root: str, top: int = 25) -> None:
 def per_hook(names: List[str], steps: int, root: str) -> None:
     """Median and mean µs of each step hook of each named callback (or ``PerfSuite``, the four defaults in one), timed
     one call at a time in the loop itself: a few Python lines right after the step's torch work cost several times
-    what they cost in a tight loop, and this is where the step path's time goes."""
+    what they cost in a tight loop, and this is where the step path's time goes. SectionProfiler's marks outside
+    the hooks too (its fetch's start and return, where iterations close and fold, its ``batch_to_device`` wrapper,
+    where a due report is made), and each line's µs a step (its calls' sum over the steps)."""
     LOGGER["on"] = False
     bias = clock_bias_s()
     for name in names:
@@ -407,15 +409,23 @@ def per_hook(names: List[str], steps: int, root: str) -> None:
         calls: Dict[str, List[float]] = {hook: [] for hook in step_hooks(cb)}
         for hook, times in calls.items():
             setattr(cb, hook, timed(getattr(cb, hook), times.append))
+        for child in getattr(cb, "callbacks", [cb]):
+            if isinstance(child, lightning_perf.SectionProfiler):  # (bound at its setup: wrapped before it)
+                for mark in ("_fetch_started", "_fetch_stopped", "_batch_transfer", "_report_window"):
+                    times = calls[f"SectionProfiler.{mark}"] = []
+                    setattr(child, mark, timed(getattr(child, mark), times.append))
         run([cb], steps=steps, skip=1, root=root)
         loop = (("the CPU loop" + (" (simulated device)" if DEVICE["simulated"] else "")) if DEVICE["kind"] == "cpu"
                 else f"the {'host' if DEVICE['light'] else 'GPU'}-bound CUDA loop")
         print(f"\n{name}: µs per call inside each step hook, {steps} steps on {loop}, logger=False (less"
               f" {1e6 * bias:.2f} µs of the timing wrapper)")
         for hook, times in calls.items():
-            if len(times) >= steps // 2:
-                print(f"  {hook:<28}{len(times):>7} calls   median {1e6 * (statistics.median(times) - bias):6.2f}"
-                      f"   mean {1e6 * (statistics.mean(times) - bias):6.2f}")
+            if len(times) >= steps // 2 or hook.endswith("_report_window"):
+                print(f"  {hook:<36}{len(times):>7} calls   median {1e6 * (statistics.median(times) - bias):7.2f}"
+                      f"   mean {1e6 * (statistics.mean(times) - bias):7.2f}"
+                      f"   µs a step {1e6 * (sum(times) - bias * len(times)) / steps:6.2f}")
+        if any(hook.startswith("SectionProfiler.") for hook in calls):
+            print("  (a report is made inside the batch_to_device wrapper: its line is part of that one's)")
 
 
 def hook_cost(make: Callable[[], List[Callback]], steps: int, rounds: int, root: str) -> float:
@@ -855,8 +865,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: a ~1 ms CPU step in thread CPU time; cuda: a ~10 ms GPU step in wall time")
     parser.add_argument("--per-hook", metavar="CALLBACK", choices=lightning_perf.CALLBACKS + ("PerfSuite",), nargs="+",
-                        help="instead of the benchmark: median and mean µs of each step hook, timed call by call in"
-                             " the loop")
+                        help="instead of the benchmark: median and mean µs of each step hook (and SectionProfiler's"
+                             " marks), timed call by call in the loop")
     parser.add_argument("--profile", metavar="CALLBACK", choices=lightning_perf.CALLBACKS, nargs="+",
                         help="instead of the benchmark: a cProfile of what these callbacks do inside their step hooks"
                              " (on CUDA, on the light host-bound step)")

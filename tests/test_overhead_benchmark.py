@@ -417,3 +417,28 @@ def test_a_priced_simulated_event_spins_its_price_at_each_record(monkeypatch):
     assert overhead.SimulatedEvent.records == 2 and spent >= 0.004
     assert first.elapsed_time(second) >= 2.0  # ms: the first record's spin lies between the two
     assert first.t - start <= spent - 0.004  # its time read before its spin (both spins came after it)
+
+
+def test_per_hook_times_the_section_profilers_marks_as_its_hooks(tmp_path):
+    """``--per-hook SectionProfiler`` times its fetch marks, transfer wrapper and report too: a copy whose fetch return
+    sleeps 2 ms reads it on that line alone, and each line's µs a step is its calls' mean times their count over the
+    steps."""
+    other = copy_of_package(tmp_path)
+    path = other / "lightning_perf" / "callbacks" / "section_profiler.py"
+    source = path.read_text()
+    mark = "        self._fetch_marks.after()\n"
+    assert source.count(mark) == 1
+    path.write_text(source.replace(mark, mark + "        __import__('time').sleep(0.002)\n"))
+    proc = subprocess.run([sys.executable, SCRIPT, "--per-hook", "SectionProfiler", "--steps", "60"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "LIGHTNING_PERF_BENCH_SOURCE": str(other)})
+    assert proc.returncode == 0, proc.stderr
+    rows = {name: (int(calls), float(median), float(mean), float(per_step)) for name, calls, median, mean, per_step
+            in re.findall(r"^  (\S+)\s+(\d+) calls\s+median\s+([-0-9.]+)\s+mean\s+([-0-9.]+)\s+µs a step\s+([-0-9.]+)",
+                          proc.stdout, re.M)}
+    assert {"on_train_batch_end", "SectionProfiler._fetch_started", "SectionProfiler._batch_transfer",
+            "SectionProfiler._report_window"} <= set(rows), proc.stdout
+    calls, median, mean, per_step = rows["SectionProfiler._fetch_stopped"]
+    assert calls >= 60 and median >= 1990.0 and per_step == pytest.approx(mean * calls / 60, rel=0.01, abs=0.02)
+    assert all(row[1] < 2000.0 for name, row in rows.items() if name not in ("SectionProfiler._fetch_stopped",
+                                                                              "SectionProfiler._report_window"))
