@@ -258,7 +258,8 @@ class SectionProfiler(PerfCallback):
         if self._active:
             start = now()
             try:
-                self._ledger.transfer(now() if self._own_work_between_batches(None, start) else start)
+                ran = self._own_work_between_batches(None, start)  # (a close or a report: the transfer starts after)
+                self._ledger.transfer(now() if ran else start)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
                 self._record_failure("batch_to_device", err)
             self._overhead_s += now() - start
@@ -368,7 +369,8 @@ class SectionProfiler(PerfCallback):
         if self._active:
             t = now()
             try:
-                self._ledger.batch_start(now() if self._own_work_between_batches(trainer, t) else t)
+                ran = self._own_work_between_batches(trainer, t)  # (a close or a report: the batch starts after)
+                self._ledger.batch_start(now() if ran else t)
             except Exception as err:  # noqa: BLE001
                 self._record_failure("on_train_batch_start", err)
             self._overhead_s += now() - t
