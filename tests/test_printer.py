@@ -10,19 +10,19 @@ import time
 import pytest
 
 from lightning_perf import SectionProfiler
-from lightning_perf.callbacks import _printer, section_profiler
+from lightning_perf.callbacks import _printer, _section_window
 from tests.helpers import find_summary, fit
 
 
 def test_the_periodic_tables_come_from_the_printers_thread_in_order_and_before_the_final_table(tmp_path, caplog,
                                                                                                  monkeypatch):
-    build = section_profiler._report_table
+    build = _section_window.report_table
 
     def slow(*args):  # a slow stream: the last tables are still queued when training ends
         time.sleep(0.02)
         return build(*args)
 
-    monkeypatch.setattr(section_profiler, "_report_table", slow)
+    monkeypatch.setattr(_section_window, "report_table", slow)
     with caplog.at_level(logging.INFO):
         fit(tmp_path, [SectionProfiler(warmup_steps=0, report_every_n_steps=2)], max_epochs=2)
     stopped = [i for i, r in enumerate(caplog.records) if r.getMessage().startswith("`Trainer.fit` stopped")]
@@ -40,7 +40,7 @@ def test_a_table_that_fails_is_recorded_and_training_goes_on(tmp_path, monkeypat
     def broken(*args):
         raise ValueError("no table")
 
-    monkeypatch.setattr(section_profiler, "_report_table", broken)
+    monkeypatch.setattr(_section_window, "report_table", broken)
     with pytest.warns(UserWarning, match="measurement failed in `report table`"):
         trainer = fit(tmp_path, [SectionProfiler(warmup_steps=0, report_every_n_steps=2)], max_epochs=1)
     assert trainer.global_step == 8

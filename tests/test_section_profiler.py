@@ -347,7 +347,7 @@ def test_the_printed_table_lists_each_user_section_under_the_section_it_ran_in(t
 def test_the_printed_rows_keep_sections_whose_parents_are_missing_or_in_a_loop():
     """A hand-edited checkpoint may name a parent with no row, or two user sections each other's parent: every row
     is still printed once, those at the top level."""
-    from lightning_perf.callbacks.section_profiler import _printed_rows
+    from lightning_perf.measure.section_report import printed_rows
 
     def row(kind, parent, total):
         return {"kind": kind, "parent": parent, "count": 1, "total_s": total}
@@ -355,7 +355,7 @@ def test_the_printed_rows_keep_sections_whose_parents_are_missing_or_in_a_loop()
     table = {"forward": row("auto", None, 3.0), "a": row("user", "b", 2.0), "b": row("user", "a", 1.0),
              "orphan": row("user", "gone", 0.5), "kid": row("user", "forward", 0.2), "idle": dict(row("auto", None,
                                                                                                       0.0), count=0)}
-    labels = [label for label, _ in _printed_rows(table)]
+    labels = [label for label, _ in printed_rows(table)]
     assert labels == ["forward", "  kid (in forward)", "orphan (in gone)", "a (in b)", "  b (in a)"], labels
 
 

@@ -27,17 +27,16 @@ def info_shown() -> bool:
 
 
 def report_window(trainer: Trainer, ledger: SectionLedger, print_table: bool,
-                  record_failure: Callable[[str, BaseException], None],
-                  table: Callable[..., str] = report_table) -> None:
+                  record_failure: Callable[[str, BaseException], None]) -> None:
     """The ledger's window since the last report (then a new one): logged, and where ``print_table`` printed as
-    ``table`` builds it (``section_report.report_table``) on the printer's thread, whose failure is recorded as the
-    ``report table``'s."""
+    ``section_report.report_table`` builds it, on the printer's thread, whose failure is recorded as the ``report
+    table``'s."""
     iters, metrics, rows = ledger.take_window()
     if not iters:
         return
     log_scalars(trainer, metrics)
     if print_table and trainer.is_global_zero and info_shown():
-        PRINTER.put(table, (trainer.global_step, iters, metrics["time/iteration_ms"], rows),
+        PRINTER.put(report_table, (trainer.global_step, iters, metrics["time/iteration_ms"], rows),
                     lambda err: record_failure("report table", err))
 
 

@@ -26,14 +26,11 @@ from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
 from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, SectionLedger
 from lightning_perf.measure.section_report import BACKWARD_OVER_FORWARD, THRESHOLDS, final_table, insights
-from lightning_perf.measure.section_report import printed_rows as _printed_rows
-from lightning_perf.measure.section_report import report_table as _report_table
 from lightning_perf.measure.section_report import slowest_section
 from lightning_perf.measure.section_state import ledger_state, load_ledger
 from lightning_perf.measure.tail import OWN_WORK
 
-__all__ = ["SectionProfiler", "AUTO_SECTIONS", "MANUAL_SECTIONS", "BETWEEN", "BACKWARD_OVER_FORWARD",
-           "_printed_rows", "_report_table"]
+__all__ = ["SectionProfiler", "AUTO_SECTIONS", "MANUAL_SECTIONS", "BETWEEN", "BACKWARD_OVER_FORWARD"]
 
 ENV_SWITCH = "LIGHTNING_PERF_PROFILE"
 BOUNDARIES = ("fetch", "batch_gap")
@@ -178,8 +175,8 @@ class SectionProfiler(PerfCallback):
             self._report_window(trainer)
             OWN_WORK.add(now() - start)
 
-    def _report_window(self, trainer: Trainer) -> None:  # (the module's _report_table: what the tests replace)
-        report_window(trainer, self._ledger, self.print_reports, self._record_failure, _report_table)
+    def _report_window(self, trainer: Trainer) -> None:
+        report_window(trainer, self._ledger, self.print_reports, self._record_failure)
 
     # -- device marks (``_section_device.SectionDevice``) -------------------------------------------------------
     def _use_clock(self, clock: Optional[DeviceIntervalClock]) -> None:
