@@ -229,6 +229,49 @@ def test_validation_is_timed_outside_the_table(tmp_path):
     assert sp["validation"]["runs"] == 4 and sp["validation"]["total_s"] > 0
 
 
+class SectionInValidation(TinyModel):
+    def validation_step(self, batch, batch_idx):
+        with profile_section("val_sampling"):
+            time.sleep(0.003)
+        return super().validation_step(batch, batch_idx)
+
+
+class TrainingWall(Callback):
+    """Our own clock: the training's wall time less its validations' (the sanity check is before the start)."""
+
+    def __init__(self):
+        self.start = self.end = self.validation = 0.0
+        self.val_start = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.start = time.perf_counter()
+
+    def on_validation_start(self, trainer, pl_module):
+        self.val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module):
+        if self.start:
+            self.validation += time.perf_counter() - self.val_start
+
+    def on_train_end(self, trainer, pl_module):
+        self.end = time.perf_counter()
+
+
+def test_a_section_in_validation_or_the_sanity_check_is_the_validations_not_an_iterations(tmp_path):
+    """A profile_section in validation_step (the sanity check's too, before the first iteration) ran in no training
+    section: it is validation time, in no iteration, so the iterations add up to no more than the training's wall
+    time less its validations (3 ms a validation batch, 4 batches a validation, 4 validations and the sanity check's
+    one batch would be ~51 ms over)."""
+    wall = TrainingWall()
+    fit(tmp_path, [profiler(), wall], model=SectionInValidation(), max_epochs=2, val_check_interval=4)
+    sp = find_summary(tmp_path)["section_profiler"]
+    assert sp["validation"]["runs"] == 4 and sp["validation"]["total_s"] >= 4 * 4 * 0.003
+    assert "val_sampling" not in sp["sections"] and "val_sampling" not in sp["after_last_iteration"]["sections"]
+    assert not any("val_sampling" in it["sections_ms"] for it in sp["slowest_iterations"])
+    iterations_s = sp["iterations"] * sp["iteration_ms"]["mean"] / 1000.0
+    assert iterations_s <= wall.end - wall.start - wall.validation
+
+
 def test_periodic_reports_are_logged_and_printed(tmp_path, caplog):
     import logging
 

@@ -206,8 +206,8 @@ class SectionProfiler(PerfCallback):
         if not self._active:
             return
         try:
-            self._ledger.user_section(name, parent, seconds, failed)
-            if token is not None and self._device is not None:  # device time of a user section, read later
+            counted = self._ledger.user_section(name, parent, seconds, failed)  # (not in a validation)
+            if counted and token is not None and self._device is not None:  # device time of a user section, read later
                 self._device.section_ended(name, token)
         except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's section
             self._record_failure("profile_section", err)

@@ -218,8 +218,11 @@ class SectionLedger:
         self._hold(section, t)
         return False
 
-    def user_section(self, name: str, parent: Optional[str], seconds: float, failed: bool) -> None:
-        """A user section ended: a top-level one is carved out of the automatic piece it ran in (its parent)."""
+    def user_section(self, name: str, parent: Optional[str], seconds: float, failed: bool) -> bool:
+        """A user section ended: a top-level one is carved out of the automatic piece it ran in (its parent). False
+        where none runs (a validation, the sanity check, before the loop): it is no iteration's."""
+        if self.current is None and not self.held:
+            return False
         it = self.open
         if self.ending:  # a batch-end hook's section, nested ones with their parents: IterationTimer's next
             it.end_pieces[name] = it.end_pieces.get(name, 0.0) + seconds
@@ -234,6 +237,7 @@ class SectionLedger:
         self.section(name, "user", parent)
         if len(it.calls) < MAX_CALLS_PER_ITERATION:
             it.calls.append((name, seconds, failed))
+        return True
 
     def checkpoint(self, seconds: float) -> None:
         """A checkpoint write or removal: carved out of the running piece, its own ``checkpointing`` piece."""
