@@ -130,12 +130,16 @@ class SectionLedger:
             self.next_owner = start_next
             self.piece = self.open.ahead if start_next else self.open.pieces
 
-    def _hold(self, section: str, t: float) -> None:
-        """:meth:`switch` to ``section`` at ``t``, held where no marker is set (see :meth:`apply_held`)."""
-        if self.marker is None:
-            self.held.append((section, t))
-        else:
-            self.switch(section, t)
+    def _hold(self, section: str, t: float, start_next: Optional[bool] = None) -> None:
+        """:meth:`switch` to ``section`` at ``t``, held where no marker is set (see :meth:`apply_held`), with the change
+        of the running piece's owner where ``start_next`` makes one."""
+        if self.marker is not None:
+            self.switch(section, t, start_next)
+            return
+        self.held.append((section, t))
+        if start_next is not None and start_next != self.next_owner:
+            self.next_owner = start_next
+            self.held.append((self.open.ahead if start_next else self.open.pieces, None))
 
     def apply_held(self) -> None:
         """The held switches, in order. Where no marker is set, the switches of the step path (the fetch's return, the
@@ -163,13 +167,7 @@ class SectionLedger:
         if not ends_iteration:
             self.switch(self.between_batches(), t)
             return
-        if self.marker is None:
-            self.held.append((self.between_batches(), t))
-            if self.gap_mode:
-                self.held.append((self.open.ahead, None))
-            self.next_owner = self.gap_mode
-        else:
-            self.switch(self.between_batches(), t, self.gap_mode)
+        self._hold(self.between_batches(), t, self.gap_mode)
         self.ending = True
 
     def fetch_started(self, t: float) -> bool:
@@ -331,11 +329,7 @@ class SectionLedger:
         """The iteration whose step ended closes at ``t``, where ``section`` of the next one starts: its pieces wait
         for the fold; what was timed ahead for the next one (the wait for its batch) starts that one's."""
         it, counted = self.open, self.counted
-        if self.marker is None:
-            self.held.append((section, t))
-            self.held.append((it.ahead, None))
-        else:
-            self.switch(section, t, start_next=True)
+        self._hold(section, t, start_next=True)
         self.ending = False
         it.number = self.iterations
         if counted:
