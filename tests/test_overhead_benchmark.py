@@ -14,14 +14,27 @@ ROOT = os.path.dirname(TESTS)
 SCRIPT = os.path.join(ROOT, "benchmarks", "overhead.py")
 
 
-def bench(*args, timeout=600):
+def bench(*args, timeout=600, env=None):
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def copy_of_package(tmp_path):
     other = tmp_path / "other checkout"  # a space in the path
     shutil.copytree(os.path.join(ROOT, "lightning_perf"), other / "lightning_perf")
+    return other
+
+
+def copy_that_sleeps(tmp_path, module, line, seconds, before=False):
+    """A copy of the package whose ``module`` (a path under lightning_perf/) sleeps ``seconds`` right after ``line``
+    (which it holds once), or right before it."""
+    other = copy_of_package(tmp_path)
+    path = other / "lightning_perf" / module
+    source = path.read_text()
+    assert source.count(line) == 1
+    indent = line[:len(line) - len(line.lstrip())]
+    sleep = f"{indent}__import__('time').sleep({seconds})\n"
+    path.write_text(source.replace(line, sleep + line if before else line + sleep))
     return other
 
 
@@ -45,12 +58,7 @@ def test_bad_against_is_one_line_and_exit_2(tmp_path, capsys):
 def test_against_measures_the_other_checkout_in_runs_alternating_with_this_one(tmp_path):
     """A copy of the package whose IterationTimer sleeps 10 ms in a step hook: its figure holds the sleep, this
     checkout's does not, so each side ran its own code."""
-    other = copy_of_package(tmp_path)
-    path = other / "lightning_perf" / "callbacks" / "iteration_timer.py"
-    source = path.read_text()
-    hook = "        self._stepped = True\n"
-    assert source.count(hook) == 1
-    path.write_text(source.replace(hook, hook + "        __import__('time').sleep(0.010)\n"))
+    other = copy_that_sleeps(tmp_path, "callbacks/iteration_timer.py", "        self._stepped = True\n", 0.010)
     proc = bench("--hooks-only", "IterationTimer", "--against", str(other), "--steps", "10", "--rounds", "1")
     assert proc.returncode == 0, proc.stderr
     rows = dict(re.findall(r"^  IterationTimer\s+(this checkout|--against)\s+median\s+([0-9.]+)", proc.stdout, re.M))
@@ -71,12 +79,8 @@ def test_the_simulated_device_runs_the_cuda_path_and_goes_to_the_other_checkout_
     # 5 rounds of 100 steps, a warm-up of 5: 34 timed iterations (5 to 36, 37, 69), about 9 marks each (7 before the
     # fetch was data loading: its start and its return are two boundaries more)
     assert 5 * 34 * 5 <= records <= 5 * 34 * 11, proc.stdout
-    other = copy_of_package(tmp_path)
-    path = other / "lightning_perf" / "callbacks" / "_section_device.py"
-    source = path.read_text()
     mark = "        if current is not None and self.timed(fit + end_next):  # a timed piece ends here\n"
-    assert source.count(mark) == 1
-    path.write_text(source.replace(mark, "        __import__('time').sleep(0.010)\n" + mark))
+    other = copy_that_sleeps(tmp_path, "callbacks/_section_device.py", mark, 0.010, before=True)
     proc = bench("--hooks-only", "SectionProfiler", "--simulated-device", "--against", str(other), "--steps", "10",
                  "--rounds", "1")
     assert proc.returncode == 0, proc.stderr
@@ -423,15 +427,9 @@ def test_per_hook_times_the_section_profilers_marks_as_its_hooks(tmp_path):
     """``--per-hook SectionProfiler`` times its fetch marks, transfer wrapper and report too: a copy whose fetch return
     sleeps 2 ms reads it on that line alone, and each line's µs a step is its calls' mean times their count over the
     steps."""
-    other = copy_of_package(tmp_path)
-    path = other / "lightning_perf" / "callbacks" / "section_profiler.py"
-    source = path.read_text()
-    mark = "        self._fetch_marks.after()\n"
-    assert source.count(mark) == 1
-    path.write_text(source.replace(mark, mark + "        __import__('time').sleep(0.002)\n"))
-    proc = subprocess.run([sys.executable, SCRIPT, "--per-hook", "SectionProfiler", "--steps", "60"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "LIGHTNING_PERF_BENCH_SOURCE": str(other)})
+    other = copy_that_sleeps(tmp_path, "callbacks/section_profiler.py", "        self._fetch_marks.after()\n", 0.002)
+    proc = bench("--per-hook", "SectionProfiler", "--steps", "60",
+                 env={**os.environ, "LIGHTNING_PERF_BENCH_SOURCE": str(other)})
     assert proc.returncode == 0, proc.stderr
     rows = {name: (int(calls), float(median), float(mean), float(per_step)) for name, calls, median, mean, per_step
             in re.findall(r"^  (\S+)\s+(\d+) calls\s+median\s+([-0-9.]+)\s+mean\s+([-0-9.]+)\s+µs a step\s+([-0-9.]+)",
