@@ -94,6 +94,42 @@ def test_leak_detector_ignores_a_step_up_then_flat():
     assert any(det.add(100.0 + 0.5 * i) for i in range(60))  # 50 MB per 100 iterations
 
 
+def _fed(values, **kwargs):
+    """A detector given ``values`` one a reading: (whether it warned, its verdict)."""
+    det = LeakDetector(**kwargs)
+    warned = any([det.add(v) for v in values])
+    return warned, det.result()
+
+
+@pytest.mark.parametrize("iterations", [1_000, 100_000])
+def test_the_leak_verdict_is_growth_that_continues_on_closed_form_allocations(iterations):
+    """0.5 MB a reading is 50 MB per 100 iterations. Steady growth is a leak at exactly that rate; the same growth
+    for the first 300 readings, then flat, and a sawtooth of the same slope cleared every 100 readings warn while they
+    rise but are no leak; the detector keeps at most HISTORY window means whatever the length."""
+    settings = dict(window=10, windows=4, threshold_mb_per_100=1.0, warmup=0)
+    warned, steady = _fed([100.0 + 0.5 * i for i in range(iterations)], **settings)
+    assert warned and steady["suspected"] is True and steady["growth_stopped"] is False
+    assert steady["rate_mb_per_100_iters"] == pytest.approx(50.0)
+    warned, plateau = _fed([100.0 + 0.5 * min(i, 300) for i in range(iterations)], **settings)
+    assert warned and plateau["suspected"] is False and plateau["growth_stopped"] is True
+    assert plateau["rate_mb_per_100_iters"] == pytest.approx(0.0, abs=1e-6)
+    warned, saw = _fed([100.0 + 0.5 * (i % 100) for i in range(iterations)], **settings)
+    assert warned and saw["suspected"] is False and saw["growth_stopped"] is True
+    det = LeakDetector(**settings)
+    for i in range(iterations):
+        det.add(float(i))
+    assert len(det._history) < LeakDetector.HISTORY
+
+
+def test_a_leak_that_stops_rising_is_no_leak_and_a_short_steady_one_still_is():
+    """Growth up to the last quarter of the phase, then flat for it: not a leak (it stopped); 6 windows of steady
+    growth (the fewest the verdict reads, a short evaluation): a leak."""
+    settings = dict(window=10, windows=4, threshold_mb_per_100=1.0, warmup=0)
+    assert _fed([100.0 + 0.5 * min(i, 750) for i in range(1000)], **settings)[1]["suspected"] is False
+    assert _fed([100.0 + 0.5 * i for i in range(60)], **settings)[1]["suspected"] is True
+    assert _fed([100.0 + 0.5 * i for i in range(30)], **settings)[1]["suspected"] is False  # 3 windows: too few
+
+
 def test_leak_detector_read_every_4th_iteration_keeps_its_windows_and_rate_in_iterations():
     """A reading every 4th iteration of memory growing 8 MB per iteration: the rate is 800 MB per 100 iterations
     (not per 100 readings), found after the same number of iterations as reading every iteration."""
@@ -256,6 +292,38 @@ def test_simulated_allocator_leak_is_read_from_the_nested_stats_every_16th_itera
     assert leak["suspected"] is True and leak["rate_mb_per_100_iters"] == pytest.approx(800.0)
     assert leak["iterations_per_sample"] == 16 and leak["samples"] == 200 // 16
     assert getattr(simulated_gpu, "flat_reads", 0) == 0  # never the slow torch.cuda.memory_allocated
+
+
+class LeakThenStop(SimulatedGpuModel):
+    def training_step(self, batch, batch_idx):
+        if self.global_step < 150:
+            self.cuda.alloc(8)  # 8 MB kept in each of the first 150 iterations (a cache filling), then nothing
+        return super().training_step(batch, batch_idx)
+
+
+class Sawtooth(SimulatedGpuModel):
+    def training_step(self, batch, batch_idx):
+        self.cuda.alloc(8)
+        if self.global_step % 20 == 19:
+            self.cuda.free(8 * 20)  # 8 MB kept an iteration, all let go every 20
+        return super().training_step(batch, batch_idx)
+
+
+def test_allocations_that_rise_then_stop_or_rise_and_fall_are_no_leak(tmp_path, simulated_gpu, caplog):
+    """The allocator's exact count: 8 MB an iteration for 150 of 800 iterations warns while it rises (800 MB per
+    100), then is flat: no leak, its growth stopped, a floor slope of 0; a sawtooth of 20 iterations: no leak."""
+    with caplog.at_level("INFO"), pytest.warns(UserWarning, match="a leak is suspected if it goes on"):
+        fit(tmp_path / "stop", [VRAMMonitor(nvml=False)], model=LeakThenStop(), max_epochs=None, max_steps=800,
+            limit_val_batches=0)
+    v = find_summary(tmp_path / "stop")["vram"]
+    assert v["leak_suspected"] is False and v["leak"]["train"]["suspected"] is False
+    assert v["leak"]["train"]["growth_stopped"] is True and v["leak"]["train"]["rate_mb_per_100_iters"] == 0.0
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("VRAMMonitor ("))
+    assert line.endswith("; no leak (memory rose in train, then stopped)"), line
+    fit(tmp_path / "saw", [VRAMMonitor(nvml=False)], model=Sawtooth(), max_epochs=None, max_steps=800,
+        limit_val_batches=0)
+    leak = find_summary(tmp_path / "saw")["vram"]["leak"]["train"]
+    assert leak["suspected"] is False, leak
 
 
 def test_simulated_allocator_gives_phase_peaks_and_keeps_the_lifetime_peak(tmp_path, simulated_gpu, monkeypatch):

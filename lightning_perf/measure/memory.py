@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 MB = 1024.0 * 1024.0
 
@@ -242,15 +242,27 @@ class PeakSampler:
 
 # -- leak detection -------------------------------------------------------------------------------------------------
 class LeakDetector:
-    """Flags a sustained rise of memory measured at the same point of an iteration, in O(1) memory.
+    """Tells memory that keeps growing (a leak) from memory that grew and stopped, in O(1) memory.
 
-    Values are averaged over windows of ``window`` iterations after ``warmup`` iterations. A leak is suspected when
-    ``windows`` consecutive window means each rise and the rise across them is at least ``threshold_mb_per_100``
-    MB per 100 iterations. Memory that steps up once (a cache filling) and then stays flat is not a leak.
+    Values are averaged over windows of ``window`` iterations after ``warmup`` iterations. Two readings of them:
+
+    - **while the phase runs** (:meth:`add` returns True once): ``windows`` consecutive window means each rise and
+      the rise across them is at least ``threshold_mb_per_100`` MB per 100 iterations: growth so far, worth a warning;
+    - **the verdict** (:meth:`result`, ``suspected``): a leak is growth that continues. It is read on the floor of
+      the later half of the window means seen (at least ``windows`` of them; :meth:`trend`): the floor rises by at
+      least the threshold, and still rises by half of it at the end. Memory that rose and then stayed flat (a first
+      epoch, a cache filling, workers starting) is not a leak (``growth_stopped`` where the warning fired), nor is
+      memory that rises and falls again (a sawtooth whose teeth are shorter than an eighth of the phase: its troughs
+      stay level).
+
+    The window means are kept in at most :attr:`HISTORY` entries: when full, neighbours are merged and each entry
+    spans twice the windows, so a phase of any length costs the same memory.
 
     ``stride``: the caller reads memory once every ``stride`` iterations (a read of the CUDA allocator costs tens of
     microseconds) and passes each reading to :meth:`add`; windows, warm-up and the rate stay in iterations.
     """
+
+    HISTORY = 64
 
     def __init__(self, window: int = 25, windows: int = 4, threshold_mb_per_100: float = 2.0, warmup: int = 10,
                  stride: int = 1) -> None:
@@ -264,12 +276,15 @@ class LeakDetector:
         self._sum = 0.0
         self._n = 0
         self._means: Deque[float] = deque(maxlen=self.windows)
-        self.suspected = False
+        self.suspected = False  # the warning's reading: growth so far
         self.rate_mb_per_100: Optional[float] = None
         self.max_rate_mb_per_100: Optional[float] = None
+        self._history: List[float] = []  # window means, each entry the mean of `_span` windows
+        self._span = 1
+        self._merge_sum, self._merge_n = 0.0, 0
 
     def add(self, mb: float) -> bool:
-        """Adds one sample; returns True the first time a leak becomes suspected."""
+        """Adds one sample; returns True the first time the growth so far is worth a warning."""
         self.seen += 1
         if self.seen * self.stride <= self.warmup:
             return False
@@ -277,7 +292,9 @@ class LeakDetector:
         self._n += 1
         if self._n < self._per_window:
             return False
-        self._means.append(self._sum / self._n)
+        mean = self._sum / self._n
+        self._means.append(mean)
+        self._keep(mean)
         self._sum, self._n = 0.0, 0
         if len(self._means) < self.windows:
             return False
@@ -291,10 +308,47 @@ class LeakDetector:
             return True
         return False
 
+    def _keep(self, mean: float) -> None:
+        self._merge_sum += mean
+        self._merge_n += 1
+        if self._merge_n < self._span:
+            return
+        self._history.append(self._merge_sum / self._merge_n)
+        self._merge_sum, self._merge_n = 0.0, 0
+        if len(self._history) >= self.HISTORY:
+            pairs = zip(self._history[0::2], self._history[1::2])
+            self._history = [(a + b) / 2.0 for a, b in pairs]
+            self._span *= 2
+
+    def trend(self) -> Optional[Dict[str, float]]:
+        """The floor of the later half, MB per 100 iterations: that half in 4 equal chunks, each chunk's lowest window
+        mean (a sawtooth's troughs stay level, a leak's rise), ``later`` the least-squares slope of the 4 floors and
+        ``recent`` the rise from the third to the fourth. None before ``windows`` window means."""
+        if len(self._history) < self.windows:
+            return None
+        later = self._history[-max(self.windows, len(self._history) // 2):]
+        chunk = max(1, len(later) // 4)
+        later = later[-4 * chunk:]
+        floors = [min(later[i * chunk:(i + 1) * chunk]) for i in range(len(later) // chunk)]
+        iterations = chunk * self._span * self._per_window * self.stride  # between two floors
+        return {"later": 100.0 * _slope(floors) / iterations, "recent": 100.0 * (floors[-1] - floors[-2]) / iterations}
+
     def result(self) -> Dict[str, Any]:
+        trend = self.trend()
+        continuing = (trend is not None and trend["later"] > 0.0 and trend["later"] >= self.threshold
+                      and trend["recent"] >= 0.5 * self.threshold)
         return {
-            "suspected": self.suspected,
-            "rate_mb_per_100_iters": self.max_rate_mb_per_100 if self.suspected else self.rate_mb_per_100,
+            "suspected": continuing,
+            "rate_mb_per_100_iters": trend["later"] if trend is not None else self.rate_mb_per_100,
+            "growth_stopped": self.suspected and not continuing,
             "samples": self.seen,
             "iterations_per_sample": self.stride,
         }
+
+
+def _slope(values: List[float]) -> float:
+    """Least-squares slope of ``values`` against 0, 1, 2, ... (per entry)."""
+    n = len(values)
+    x_mean, y_mean = (n - 1) / 2.0, sum(values) / n
+    sxx = sum((i - x_mean) ** 2 for i in range(n))
+    return sum((i - x_mean) * (v - y_mean) for i, v in enumerate(values)) / sxx if sxx else 0.0

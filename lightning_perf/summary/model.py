@@ -409,8 +409,10 @@ class PhaseMemory(Section):
 
 
 class Leak(Section):
-    suspected: Flag = None
-    rate_mb_per_100_iters: Real = Field(None, description="negative when memory shrinks")
+    suspected: Flag = Field(None, description="growth that continues: the floor of the phase's later half rises")
+    rate_mb_per_100_iters: Real = Field(None, description="the slope of that floor; negative when memory shrinks")
+    growth_stopped: Flag = Field(None, description="memory rose enough to warn while the phase ran, then stopped"
+                                                   " rising: no leak")
     samples: Count = None
     iterations_per_sample: Count = None
 
