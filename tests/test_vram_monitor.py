@@ -406,6 +406,40 @@ def test_resume_keeps_earlier_peaks(tmp_path, simulated_gpu, monkeypatch):
     assert v["phases"]["validation"]["peak_allocated_mb"] == pytest.approx(3500)  # from before the resume
 
 
+class TrainSpike(SimulatedGpuModel):
+    """A 1098 MB spike in the 3rd training step (seed 001's worry: a peak a resumed run would not see again)."""
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 2:
+            self.cuda.alloc(1098)
+            self.cuda.free(1098)
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_checkpoint_written_mid_phase_keeps_the_open_phases_peak_for_the_resumed_run(tmp_path, simulated_gpu):
+    """The uninterrupted run's train peak (weights 500 + the spike 1098 MB, the allocator's exact count) equals the
+    peak of a run stopped after a checkpoint written at step 5 inside training and resumed without the spike."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from helpers import trainer_kwargs
+
+    fit(tmp_path / "whole", [VRAMMonitor(nvml=False)], model=TrainSpike(), max_epochs=None, max_steps=8,
+        limit_val_batches=0)
+    whole = find_summary(tmp_path / "whole")["vram"]["phases"]["train"]["peak_allocated_mb"]
+    assert whole == pytest.approx(500 + 1098)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, save_top_k=-1)
+    fit(tmp_path / "first", [VRAMMonitor(nvml=False), ckpt], model=TrainSpike(), max_epochs=None, max_steps=5,
+        limit_val_batches=0)
+    (path,) = (tmp_path / "ckpt").glob("*step=5*.ckpt")
+    assert torch.load(path, weights_only=False)["callbacks"]  # the monitor's state is in it
+    trainer = Trainer(callbacks=[VRAMMonitor(nvml=False)],
+                      **trainer_kwargs(tmp_path / "resumed", max_epochs=None, max_steps=8, limit_val_batches=0))
+    trainer.fit(SimulatedGpuModel(), ckpt_path=str(path))
+    resumed = find_summary(tmp_path / "resumed")["vram"]["phases"]["train"]["peak_allocated_mb"]
+    assert resumed == pytest.approx(whole)
+
+
 @pytest.mark.gpu
 def test_real_gpu_eval_spike_is_seen(tmp_path):
     class GpuBigVal(TinyModel):

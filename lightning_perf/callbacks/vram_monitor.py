@@ -266,6 +266,14 @@ class VRAMMonitor(HookPhases, PerfCallback):
         self._check_headroom(phase, held)
         log_scalars(trainer, self._phase_metrics(phase))
 
+    def _peaks_so_far(self, phase: str) -> Dict[str, Optional[float]]:
+        """During ``phase``: its held peaks raised by what the probes hold so far (no sync)."""
+        held = dict(self._phases.get(phase, {}))
+        if self._allocator is not None:
+            _hold_max(held, self._allocator.current_peaks())
+        _hold_max(held, self._sampled_peaks(phase))
+        return held
+
     def _sampled_peaks(self, phase: str) -> Dict[str, Optional[float]]:
         """The sampler's peak-held values of ``phase``, under their summary names."""
         if self._sampler is None:
@@ -286,11 +294,7 @@ class VRAMMonitor(HookPhases, PerfCallback):
         return usage_pct(held, self._total_mb, self._allocator is not None)
 
     def _phase_metrics(self, phase: str, live: bool = False) -> Dict[str, Optional[float]]:
-        held = dict(self._phases.get(phase, {}))
-        if live:  # during the phase: what the probes hold so far, no sync
-            if self._allocator is not None:
-                _hold_max(held, self._allocator.current_peaks())
-            _hold_max(held, self._sampled_peaks(phase))
+        held = self._peaks_so_far(phase) if live else dict(self._phases.get(phase, {}))
         prefix = f"vram/{_EVAL_KEY[phase]}_"
         metrics: Dict[str, Optional[float]] = {}
         if self._allocator is not None:
@@ -514,7 +518,15 @@ class VRAMMonitor(HookPhases, PerfCallback):
         }
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"phases": self.peaks, "lifetime": dict(self._lifetime)}
+        """The peaks so far, the open phase's included: a checkpoint written mid-phase (every N training steps) keeps
+        the peak its phase reached before it, which a resumed run could not see again."""
+        phases = self.peaks
+        if self._phase is not None:
+            try:
+                phases[self._phase] = self._peaks_so_far(self._phase)
+            except Exception as err:  # noqa: BLE001 - a checkpoint is never lost to a memory read
+                self._record_failure("state_dict", err)
+        return {"phases": phases, "lifetime": dict(self._lifetime)}
 
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
