@@ -134,6 +134,7 @@ class ABTrial(PerfCallback):
         self._iteration = 0
         self._arm = OFF
         self._last: Optional[float] = None
+        self._samples: Optional[int] = 0  # the iteration in progress, every micro-batch's (None: a size unknown)
         self._broken = False
         self._last_step = -1
         self._switches = 0
@@ -251,6 +252,8 @@ class ABTrial(PerfCallback):
         try:
             if self._status != "running":
                 return
+            size, samples = _batch_size(batch), self._samples
+            self._samples = None if size is None or samples is None else samples + size
             if pl_module.automatic_optimization:
                 step = trainer.global_step
                 if step == self._last_step:
@@ -264,8 +267,8 @@ class ABTrial(PerfCallback):
                 torch.cuda.synchronize(self._cuda)
             t = clock.now()
             if counted and not self._broken and self._last is not None:
-                self._blocks.add(block, t - self._last, _batch_size(batch))
-            self._broken = False
+                self._blocks.add(block, t - self._last, self._samples)
+            self._broken, self._samples = False, 0
             self._iteration = i + 1
             arm = self.schedule.arm(i + 1)
             if arm is None:
