@@ -4,6 +4,8 @@ interval and its effect on validation quality."""
 from __future__ import annotations
 
 import itertools
+import os
+import traceback
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -39,6 +41,12 @@ def _batch_size(batch: Any) -> Optional[int]:
         else:
             return None
     return None
+
+
+def _raised_at(err: BaseException) -> str:
+    """`` at model.py:42``: where the error was raised (its traceback's last frame), or nothing."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
 
 
 def speed_words(speedup: float, low: float, high: float) -> str:
@@ -176,8 +184,7 @@ class ABTrial(PerfCallback):
         self._last_step = trainer.global_step
         device = trainer.strategy.root_device
         self._cuda = device if device.type == "cuda" else None
-        if self.change.around_step is not None:
-            self._wrap_step(pl_module)
+        self._wrap_step(pl_module)  # every change: a step that raises under it is handled (_step_raised)
         self._status = "running"
         first = self.schedule.arm(0)
         if first == ON:
@@ -185,8 +192,9 @@ class ABTrial(PerfCallback):
         self._last = clock.now()
 
     def _wrap_step(self, pl_module: LightningModule) -> None:
-        """``training_step`` runs inside the change's ``around_step`` while the change is on; the module's own
-        method comes back at the trial's end (an instance attribute: the class is not touched)."""
+        """``training_step`` runs inside the change's ``around_step`` (where it has one) while the change is on, and a
+        step that raises under the change is handled here (:meth:`_step_raised`); the module's own method comes back
+        at the trial's end (an instance attribute: the class is not touched)."""
         self._held_step = pl_module.__dict__.get("training_step")
         inner = pl_module.training_step
         trial = self
@@ -195,19 +203,39 @@ class ABTrial(PerfCallback):
             if trial._arm != ON:
                 return inner(*args, **kwargs)
             try:
-                return trial.change.around_step(inner, args, kwargs)
-            except Exception as err:  # noqa: BLE001 - the change broke the step: the trial stops, training goes on
-                what = f"{type(err).__name__}: {error_message(err)}"
-                trial._stop(f"training_step raised under the change ({what})")
-                try:
-                    return inner(*args, **kwargs)
-                except Exception:
-                    trial._reason = (f"training_step raised under the change ({what}) and again without it: the"
-                                     " step's own error, not the change's")
-                    raise
+                around = trial.change.around_step
+                return inner(*args, **kwargs) if around is None else around(inner, args, kwargs)
+            except Exception as err:  # noqa: BLE001 - the step broke under the change: the trial stops
+                return trial._step_raised(err, inner, args, kwargs)
 
         self._wrapper = training_step
         pl_module.training_step = training_step
+
+    def _step_raised(self, err: Exception, inner: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """The trial stops and the change goes off. Under automatic optimization ``training_step`` holds the forward
+        and the loss only (backward and the optimizer step come after it returns), so the step is run again without
+        the change: training goes on, or, where it raises again, that error is the step's own and goes to the fit.
+        Under manual optimization the step may have stepped an optimizer before it raised, and a change that cannot
+        be switched off would run it under the change again: there it is not run again, and the error goes to the
+        fit."""
+        what = f"training_step raised under the change ({type(err).__name__}: {error_message(err)}{_raised_at(err)})"
+        if not self._module.automatic_optimization:
+            self._stop(f"{what}; under manual optimization the step is not run again (it may have stepped an"
+                       " optimizer already)", after="raises")
+            raise err
+        self._stop(what, warn=False)
+        if self._arm == ON:  # it could not be switched off: a second run would be under the change again
+            self._warn_stopped("raises")
+            raise err
+        self._reason = f"{what}; that step ran again without the change"
+        try:
+            out = inner(*args, **kwargs)
+        except Exception:
+            self._reason = f"{what} and again without it: the step's own error, not the change's"
+            self._warn_stopped("raises")
+            raise
+        self._warn_stopped("goes_on")
+        return out
 
     def _unwrap_step(self) -> None:
         module, self._wrapper, wrapper = self._module, None, self._wrapper
@@ -220,32 +248,48 @@ class ABTrial(PerfCallback):
 
     # -- the blocks ----------------------------------------------------------------------------------------------
     def _switch(self, arm: str) -> bool:
-        """Switches the change to ``arm`` between two iterations, timed apart; a change that raises is switched
-        back off and the trial stops (False)."""
+        """Switches the change to ``arm`` between two iterations, timed apart; a change that raises stops the trial
+        (False): one that raised switching on is left off; one that raised switching off is not tried again (it
+        stays on)."""
         start = clock.now()
         try:
             (self.change.on if arm == ON else self.change.off)(self._module)
         except Exception as err:  # noqa: BLE001 - a measurement never raises into training
-            self._stop(f"switching the change {arm} raised {type(err).__name__}: {error_message(err)}")
+            self._stop(f"switching the change {arm} raised {type(err).__name__}: {error_message(err)}",
+                       off_failed=arm == OFF)
             return False
         self._switch_s += clock.now() - start
         self._switches += 1
         self._arm = arm
         return True
 
-    def _stop(self, reason: str) -> None:
-        """Ends the trial early: the change goes off (what fails here is recorded too), the reason is kept."""
-        self._status, self._reason = "stopped", reason
-        self._warn_once("stopped", f"the trial of {self.change_name!r} stopped: {reason}. Training goes on with the"
-                                   " change off.")
-        if self._arm == ON:
-            self._arm = OFF
+    def _stop(self, reason: str, after: str = "goes_on", warn: bool = True, off_failed: bool = False) -> None:
+        """Ends the trial early: the change goes off (unless switching it off is what failed), the reason is kept and
+        said in one warning; ``after``: what the fit does next (:meth:`_warn_stopped`)."""
+        self._status = "stopped"
+        if self._arm == ON and not off_failed:
             try:
                 self.change.off(self._module)
+                self._arm = OFF
             except Exception as err:  # noqa: BLE001
-                self._reason += f"; switching it off raised {type(err).__name__}: {error_message(err)}"
+                reason += f"; switching it off raised {type(err).__name__}: {error_message(err)}"
+                off_failed = True
+        if off_failed:
+            reason += "; the change stays on (ABTrial cannot switch it off)"
+        self._reason = reason
         self._last = None
         self._unwrap_step()
+        if warn:
+            self._warn_stopped(after)
+
+    def _warn_stopped(self, after: str) -> None:
+        """The one warning of a stopped trial, in words that match what the fit does next: ``goes_on`` (training goes
+        on), ``raises`` (the fit stops with an error) or ``ended``."""
+        state = "on" if self._arm == ON else "off"
+        then = {"goes_on": f"Training goes on with the change {state}.",
+                "raises": f"The change is {state}; the fit stops with that error."}.get(after,
+                                                                                        f"The change is {state}.")
+        self._warn_once("stopped", f"the trial of {self.change_name!r} stopped: {self._reason}. {then}")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -286,13 +330,14 @@ class ABTrial(PerfCallback):
 
     # -- the end -------------------------------------------------------------------------------------------------
     def _finish(self, trainer: Trainer, pl_module: LightningModule, status: str) -> None:
-        if self._arm == ON:
-            self._switch(OFF)
+        switched_off = self._arm != ON or self._switch(OFF)
         self._unwrap_step()
         if self._status == "running":
             self._status = status
         self._last = None
-        if self.quality_batches:
+        if self.quality_batches and not switched_off:
+            self._quality_reason = "the change could not be switched off, so the arms cannot be compared"
+        elif self.quality_batches:
             self._score_quality(trainer, pl_module)
         result = self._result()
         if result.get("speedup") is not None:
@@ -317,12 +362,12 @@ class ABTrial(PerfCallback):
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._status == "running":
-            self._stop(f"the fit raised {type(exception).__name__}")
+            self._stop(f"the fit raised {type(exception).__name__}: {error_message(exception)}", after="raises")
         self._write_summary(trainer, exception)
 
     def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         if self._status == "running":
-            self._stop("the fit ended without its end hooks")
+            self._stop("the fit ended without its end hooks", after="ended")
         self._unwrap_step()
         super().teardown(trainer, pl_module, stage)
 
