@@ -1,13 +1,22 @@
 """ABTrial under adversarial use (issue 63): a user change whose step raises, gradient accumulation's samples, a
-switch_off that raises. Real CPU fits; the virtual clock where figures are compared."""
+resume from a checkpoint, a switch_off that raises. Real CPU fits; the virtual clock where figures are compared."""
 
 import pytest
-from helpers import ManualModel, PacedModel, TinyModel, find_summary, fit, make_loader, use_virtual_clock
+from helpers import (ManualModel, PacedModel, TinyModel, find_summary, fit, make_loader, trainer_kwargs,
+                     use_virtual_clock)
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_perf import ABTrial, IterationTimer
 
 #: warmup 2, blocks of 2, 4 blocks, ABBA: iterations 0 off, 1 on, 2-3 off, 4-5 on, 6-7 on, 8-9 off.
 SMALL = dict(warmup=2, block=2, blocks=4, order="abba", quality_batches=0)
+
+
+def resume(tmp_path, callbacks, ckpt, model=None, weights_only=None, **overrides):
+    trainer = Trainer(callbacks=callbacks, **trainer_kwargs(tmp_path, **overrides))
+    trainer.fit(model or TinyModel(), ckpt_path=str(ckpt), weights_only=weights_only)
+    return trainer
 
 
 def trial_warnings(recwarn):
@@ -136,6 +145,72 @@ def test_with_gradient_accumulation_every_micro_batch_s_samples_are_counted(tmp_
     assert summary["iteration_timer"]["samples_per_s"] == pytest.approx(section["arms"]["off"]["samples_per_s"])
 
 
+class PacedExtra(PacedModel):
+    """Each step costs 10 ms on the virtual clock, 5% more with ``extra`` on."""
+
+    def __init__(self, clock):
+        super().__init__(clock, 0.01)
+        self.extra = False
+
+    def training_step(self, batch, batch_idx):
+        self.step_s = 0.01 * (1.05 if self.extra else 1.0)
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self):
+        return make_loader(n=4096)
+
+
+def extra_on(trainer, module):
+    module.extra = True
+
+
+def extra_off(trainer, module):
+    module.extra = False
+
+
+def test_a_resume_mid_trial_continues_the_trial_from_the_checkpoint(tmp_path, monkeypatch, recwarn):
+    clock = use_virtual_clock(monkeypatch)
+    kwargs = dict(switch_on=extra_on, switch_off=extra_off, warmup=10, block=10, blocks=8, quality_batches=0)
+    common = dict(limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=50)
+    saver = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=35, save_top_k=-1)
+    first = ABTrial("extra_step", **kwargs)
+    assert first.schedule.arm(35) == "on"  # the resumed process must switch the change on for the rest of its block
+    fit(tmp_path / "a", [first, saver], model=PacedExtra(clock), max_steps=35, **common)
+    (ckpt,) = (tmp_path / "ckpt").iterdir()
+    model = PacedExtra(clock)
+    recwarn.clear()
+    trial = ABTrial("extra_step", **kwargs)
+    # weights_only=False: the paced model's hyperparameters hold the test's clock
+    trainer = resume(tmp_path / "b", [trial], ckpt, model=model, weights_only=False,
+                     max_steps=trial.schedule.total + 5, **common)
+    assert trainer.global_step == 95
+    assert not [w for w in trial_warnings(recwarn) if "state" in w]
+    section = find_summary(tmp_path / "b")["trial"]
+    assert section["status"] == "done" and section["pairs"] == 4 and section["blocks"] == 4 * 2
+    assert section["time_ratio"] == pytest.approx(1.05, rel=1e-9)  # the resumed block ran under its own arm
+    # 8 blocks of 9 counted iterations, less the first after the resume (it holds the resume's start-up)
+    assert section["arms"]["off"]["iterations"] + section["arms"]["on"]["iterations"] == 8 * 9 - 1
+    assert "checkpoint_state" not in (section.get("unavailable") or {})
+    assert model.extra is False
+
+
+def test_a_trial_done_before_the_checkpoint_is_kept_not_run_again(tmp_path, recwarn):
+    saver = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=12, save_top_k=-1)
+    first = ABTrial("nothing", switch_on=nothing, switch_off=nothing, **SMALL)
+    fit(tmp_path / "a", [first, saver], max_steps=12, max_epochs=10, limit_val_batches=0, num_sanity_val_steps=0)
+    before = find_summary(tmp_path / "a")["trial"]
+    (ckpt,) = (tmp_path / "ckpt").iterdir()
+    recwarn.clear()
+    calls = []
+    trial = ABTrial("nothing", switch_on=lambda t, m: calls.append("on"), switch_off=nothing, **SMALL)
+    resume(tmp_path / "b", [trial], ckpt, max_steps=16, max_epochs=10, limit_val_batches=0, num_sanity_val_steps=0)
+    after = find_summary(tmp_path / "b")["trial"]
+    assert not calls and not trial_warnings(recwarn)
+    assert after["status"] == "done"
+    for key in ("pairs", "pair_off_ms", "pair_on_ms", "time_ratio", "switches", "arms"):
+        assert after[key] == before[key]
+
+
 def test_a_switch_off_that_raises_is_reported_once_saying_the_change_stays_on(tmp_path, recwarn):
     def off(trainer, module):
         raise ValueError("cannot undo the change")
@@ -172,3 +247,19 @@ def test_a_switch_off_that_raises_at_the_trial_s_end_skips_the_quality_pass(tmp_
     assert "could not be switched off" in section["unavailable"]["quality"]
     (warning,) = trial_warnings(recwarn)
     assert warning.endswith("Training goes on with the change on.")
+
+
+def test_a_resume_with_another_trial_says_it_starts_afresh(tmp_path, recwarn):
+    saver = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=5, save_top_k=-1)
+    first = ABTrial("nothing", switch_on=nothing, switch_off=nothing, **SMALL)
+    fit(tmp_path / "a", [first, saver], max_steps=5, max_epochs=10, limit_val_batches=0, num_sanity_val_steps=0)
+    (ckpt,) = (tmp_path / "ckpt").iterdir()
+    recwarn.clear()
+    trial = ABTrial("nothing", switch_on=nothing, switch_off=nothing, **{**SMALL, "blocks": 6})
+    resume(tmp_path / "b", [trial], ckpt, max_steps=5 + 14, max_epochs=10, limit_val_batches=0,
+           num_sanity_val_steps=0)
+    (warning,) = trial_warnings(recwarn)
+    assert "on the schedule [2, 2, 4, 'abba', 1, 0]" in warning and "It starts fresh" in warning
+    section = find_summary(tmp_path / "b")["trial"]
+    assert section["status"] == "done" and section["pairs"] == 3  # the whole trial, after the resume
+    assert "could not be read" in section["unavailable"]["checkpoint_state"]

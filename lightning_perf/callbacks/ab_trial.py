@@ -13,8 +13,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import error_message
 from lightning_perf.errors import PerfConfigError
 from lightning_perf.measure import clock
@@ -25,6 +26,8 @@ from lightning_perf.summary.baseline import DEFAULT_TOLERANCE
 from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
 
 #: What each built-in change targets: the diagnosis verdict whose ceiling its gain is read beside.
+#: The trial's statuses (docs/trials.md); a longer fit resumed from an ``incomplete`` one goes on with it.
+STATUSES = ("not-started", "running", "done", "incomplete", "stopped")
 TARGETS = {"cudnn_benchmark": "compute-bound", "tf32": "compute-bound", "matmul_precision": "compute-bound",
            "channels_last": "compute-bound", "autocast_bf16": "compute-bound", "autocast_fp16": "compute-bound"}
 
@@ -68,6 +71,7 @@ class ABTrial(PerfCallback):
     (docs/trials.md). After the last block the change is off and stays off; where the run has a validation loop,
     its first ``quality_batches`` batches are scored once under each arm (the QualityGate's image metrics where
     one is in the run, and whatever ``validation_step`` logs) and compared within the gate's tolerance.
+    A resume from a checkpoint saved mid-trial goes on with the trial; one that had ended is kept as it was.
 
     Args:
         change: a built-in change (``cudnn_benchmark``, ``tf32``, ``matmul_precision``, ``channels_last``,
@@ -178,17 +182,21 @@ class ABTrial(PerfCallback):
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._reason is not None:  # refused at set-up (record_refusal): nothing to switch
-            return
+        if self._status in ("done", "stopped") or self._reason is not None:
+            return  # refused at set-up (record_refusal), or a trial that ended before the checkpoint resumed from
         self._module, self._trainer = pl_module, trainer
         self._last_step = trainer.global_step
         device = trainer.strategy.root_device
         self._cuda = device if device.type == "cuda" else None
+        first = self.schedule.arm(self._iteration)  # not 0 after a resume mid-trial (load_state_dict)
+        if first is None:
+            return
         self._wrap_step(pl_module)  # every change: a step that raises under it is handled (_step_raised)
         self._status = "running"
-        first = self.schedule.arm(0)
         if first == ON:
             self._switch(ON)
+        self._broken = self._iteration > 0  # a resume: its first iteration holds the fit's start-up
+        self._samples = 0
         self._last = clock.now()
 
     def _wrap_step(self, pl_module: LightningModule) -> None:
@@ -370,6 +378,55 @@ class ABTrial(PerfCallback):
             self._stop("the fit ended without its end hooks", after="ended")
         self._unwrap_step()
         super().teardown(trainer, pl_module, stage)
+
+    # -- checkpoint state --------------------------------------------------------------------------------------------
+    def _schedule_key(self) -> List[Any]:
+        s = self.schedule
+        return [s.warmup, s.block, s.blocks, s.order, s.settle, s.seed]
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What a resume needs to go on with the trial (or to keep one that ended): where it is and its blocks."""
+        blocks = self._blocks
+        return {"change": self.change_name, "schedule": self._schedule_key(), "status": self._status,
+                "reason": self._reason, "iteration": self._iteration, "block_seconds": list(blocks.seconds),
+                "block_iterations": list(blocks.iterations), "block_samples": list(blocks.samples),
+                "switches": self._switches, "switch_s": self._switch_s, "quality": self._quality,
+                "quality_reason": self._quality_reason}
+
+    @reads_state
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        s = StateReader(state_dict)
+        change, schedule = s.text("change"), s.data.get("schedule")
+        if change != self.change_name or list(schedule or ()) != self._schedule_key():
+            raise StateError(f"it is a trial of {change!r} on the schedule {schedule}, this one is of"
+                             f" {self.change_name!r} on {self._schedule_key()} (warmup, block, blocks, order, settle,"
+                             " seed)")
+        status = s.text("status", allow_none=False)
+        if status not in STATUSES:
+            raise StateError(f"status is {status!r}, expected one of {', '.join(STATUSES)}")
+        iteration = s.count("iteration")
+        n = self.schedule.blocks
+        lists = {key: s.data.get(key) for key in ("block_seconds", "block_iterations", "block_samples")}
+        if any(not isinstance(v, list) or len(v) != n for v in lists.values()) or iteration > self.schedule.total:
+            raise StateError(f"its blocks or iteration ({iteration}) do not fit the schedule of {n} blocks")
+        blocks = TrialBlocks(self.schedule)
+        for i in range(n):
+            item = StateReader({"s": lists["block_seconds"][i], "n": lists["block_iterations"][i],
+                                "k": lists["block_samples"][i]}, f"block {i}")
+            blocks.seconds[i], blocks.iterations[i] = item.number("s"), item.count("n")
+            blocks.samples[i] = None if item.data["k"] is None else item.count("k")
+        quality = s.data.get("quality")
+        if quality is not None and not isinstance(quality, dict):
+            raise StateError(f"quality is a {type(quality).__name__}, expected a dict or None")
+        switches, switch_s = s.count("switches"), s.number("switch_s")
+        reason, quality_reason = s.text("reason"), s.text("quality_reason")
+        if status == "not-started" or (self._status == "not-started" and self._reason is not None):
+            return  # nothing measured yet, or this run refused the change at set-up: its refusal stands
+        if status == "incomplete":  # the last fit ended first: this one goes on with the trial
+            status, reason, quality, quality_reason = "running", None, None, None
+        self._status, self._reason, self._iteration, self._blocks = status, reason, iteration, blocks
+        self._switches, self._switch_s, self._quality, self._quality_reason = (switches, switch_s, quality,
+                                                                               quality_reason)
 
     # -- quality per arm -----------------------------------------------------------------------------------------
     def _gate(self, trainer: Trainer) -> Any:
