@@ -4,6 +4,8 @@ interval and its effect on validation quality."""
 from __future__ import annotations
 
 import itertools
+import os
+import traceback
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -11,8 +13,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded
+from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.callbacks._summary_book import error_message
 from lightning_perf.errors import PerfConfigError
 from lightning_perf.measure import clock
@@ -23,6 +26,8 @@ from lightning_perf.summary.baseline import DEFAULT_TOLERANCE
 from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
 
 #: What each built-in change targets: the diagnosis verdict whose ceiling its gain is read beside.
+#: The trial's statuses (docs/trials.md); a longer fit resumed from an ``incomplete`` one goes on with it.
+STATUSES = ("not-started", "running", "done", "incomplete", "stopped")
 TARGETS = {"cudnn_benchmark": "compute-bound", "tf32": "compute-bound", "matmul_precision": "compute-bound",
            "channels_last": "compute-bound", "autocast_bf16": "compute-bound", "autocast_fp16": "compute-bound"}
 
@@ -39,6 +44,12 @@ def _batch_size(batch: Any) -> Optional[int]:
         else:
             return None
     return None
+
+
+def _raised_at(err: BaseException) -> str:
+    """`` at model.py:42``: where the error was raised (its traceback's last frame), or nothing."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
 
 
 def speed_words(speedup: float, low: float, high: float) -> str:
@@ -60,6 +71,7 @@ class ABTrial(PerfCallback):
     (docs/trials.md). After the last block the change is off and stays off; where the run has a validation loop,
     its first ``quality_batches`` batches are scored once under each arm (the QualityGate's image metrics where
     one is in the run, and whatever ``validation_step`` logs) and compared within the gate's tolerance.
+    A resume from a checkpoint saved mid-trial goes on with the trial; one that had ended is kept as it was.
 
     Args:
         change: a built-in change (``cudnn_benchmark``, ``tf32``, ``matmul_precision``, ``channels_last``,
@@ -134,6 +146,7 @@ class ABTrial(PerfCallback):
         self._iteration = 0
         self._arm = OFF
         self._last: Optional[float] = None
+        self._samples: Optional[int] = 0  # the iteration in progress, every micro-batch's (None: a size unknown)
         self._broken = False
         self._last_step = -1
         self._switches = 0
@@ -169,23 +182,27 @@ class ABTrial(PerfCallback):
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._reason is not None:  # refused at set-up (record_refusal): nothing to switch
-            return
+        if self._status in ("done", "stopped") or self._reason is not None:
+            return  # refused at set-up (record_refusal), or a trial that ended before the checkpoint resumed from
         self._module, self._trainer = pl_module, trainer
         self._last_step = trainer.global_step
         device = trainer.strategy.root_device
         self._cuda = device if device.type == "cuda" else None
-        if self.change.around_step is not None:
-            self._wrap_step(pl_module)
+        first = self.schedule.arm(self._iteration)  # not 0 after a resume mid-trial (load_state_dict)
+        if first is None:
+            return
+        self._wrap_step(pl_module)  # every change: a step that raises under it is handled (_step_raised)
         self._status = "running"
-        first = self.schedule.arm(0)
         if first == ON:
             self._switch(ON)
+        self._broken = self._iteration > 0  # a resume: its first iteration holds the fit's start-up
+        self._samples = 0
         self._last = clock.now()
 
     def _wrap_step(self, pl_module: LightningModule) -> None:
-        """``training_step`` runs inside the change's ``around_step`` while the change is on; the module's own
-        method comes back at the trial's end (an instance attribute: the class is not touched)."""
+        """``training_step`` runs inside the change's ``around_step`` (where it has one) while the change is on, and a
+        step that raises under the change is handled here (:meth:`_step_raised`); the module's own method comes back
+        at the trial's end (an instance attribute: the class is not touched)."""
         self._held_step = pl_module.__dict__.get("training_step")
         inner = pl_module.training_step
         trial = self
@@ -194,19 +211,39 @@ class ABTrial(PerfCallback):
             if trial._arm != ON:
                 return inner(*args, **kwargs)
             try:
-                return trial.change.around_step(inner, args, kwargs)
-            except Exception as err:  # noqa: BLE001 - the change broke the step: the trial stops, training goes on
-                what = f"{type(err).__name__}: {error_message(err)}"
-                trial._stop(f"training_step raised under the change ({what})")
-                try:
-                    return inner(*args, **kwargs)
-                except Exception:
-                    trial._reason = (f"training_step raised under the change ({what}) and again without it: the"
-                                     " step's own error, not the change's")
-                    raise
+                around = trial.change.around_step
+                return inner(*args, **kwargs) if around is None else around(inner, args, kwargs)
+            except Exception as err:  # noqa: BLE001 - the step broke under the change: the trial stops
+                return trial._step_raised(err, inner, args, kwargs)
 
         self._wrapper = training_step
         pl_module.training_step = training_step
+
+    def _step_raised(self, err: Exception, inner: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """The trial stops and the change goes off. Under automatic optimization ``training_step`` holds the forward
+        and the loss only (backward and the optimizer step come after it returns), so the step is run again without
+        the change: training goes on, or, where it raises again, that error is the step's own and goes to the fit.
+        Under manual optimization the step may have stepped an optimizer before it raised, and a change that cannot
+        be switched off would run it under the change again: there it is not run again, and the error goes to the
+        fit."""
+        what = f"training_step raised under the change ({type(err).__name__}: {error_message(err)}{_raised_at(err)})"
+        if not self._module.automatic_optimization:
+            self._stop(f"{what}; under manual optimization the step is not run again (it may have stepped an"
+                       " optimizer already)", after="raises")
+            raise err
+        self._stop(what, warn=False)
+        if self._arm == ON:  # it could not be switched off: a second run would be under the change again
+            self._warn_stopped("raises")
+            raise err
+        self._reason = f"{what}; that step ran again without the change"
+        try:
+            out = inner(*args, **kwargs)
+        except Exception:
+            self._reason = f"{what} and again without it: the step's own error, not the change's"
+            self._warn_stopped("raises")
+            raise
+        self._warn_stopped("goes_on")
+        return out
 
     def _unwrap_step(self) -> None:
         module, self._wrapper, wrapper = self._module, None, self._wrapper
@@ -219,38 +256,56 @@ class ABTrial(PerfCallback):
 
     # -- the blocks ----------------------------------------------------------------------------------------------
     def _switch(self, arm: str) -> bool:
-        """Switches the change to ``arm`` between two iterations, timed apart; a change that raises is switched
-        back off and the trial stops (False)."""
+        """Switches the change to ``arm`` between two iterations, timed apart; a change that raises stops the trial
+        (False): one that raised switching on is left off; one that raised switching off is not tried again (it
+        stays on)."""
         start = clock.now()
         try:
             (self.change.on if arm == ON else self.change.off)(self._module)
         except Exception as err:  # noqa: BLE001 - a measurement never raises into training
-            self._stop(f"switching the change {arm} raised {type(err).__name__}: {error_message(err)}")
+            self._stop(f"switching the change {arm} raised {type(err).__name__}: {error_message(err)}",
+                       off_failed=arm == OFF)
             return False
         self._switch_s += clock.now() - start
         self._switches += 1
         self._arm = arm
         return True
 
-    def _stop(self, reason: str) -> None:
-        """Ends the trial early: the change goes off (what fails here is recorded too), the reason is kept."""
-        self._status, self._reason = "stopped", reason
-        self._warn_once("stopped", f"the trial of {self.change_name!r} stopped: {reason}. Training goes on with the"
-                                   " change off.")
-        if self._arm == ON:
-            self._arm = OFF
+    def _stop(self, reason: str, after: str = "goes_on", warn: bool = True, off_failed: bool = False) -> None:
+        """Ends the trial early: the change goes off (unless switching it off is what failed), the reason is kept and
+        said in one warning; ``after``: what the fit does next (:meth:`_warn_stopped`)."""
+        self._status = "stopped"
+        if self._arm == ON and not off_failed:
             try:
                 self.change.off(self._module)
+                self._arm = OFF
             except Exception as err:  # noqa: BLE001
-                self._reason += f"; switching it off raised {type(err).__name__}: {error_message(err)}"
+                reason += f"; switching it off raised {type(err).__name__}: {error_message(err)}"
+                off_failed = True
+        if off_failed:
+            reason += "; the change stays on (ABTrial cannot switch it off)"
+        self._reason = reason
         self._last = None
         self._unwrap_step()
+        if warn:
+            self._warn_stopped(after)
+
+    def _warn_stopped(self, after: str) -> None:
+        """The one warning of a stopped trial, in words that match what the fit does next: ``goes_on`` (training goes
+        on), ``raises`` (the fit stops with an error) or ``ended``."""
+        state = "on" if self._arm == ON else "off"
+        then = {"goes_on": f"Training goes on with the change {state}.",
+                "raises": f"The change is {state}; the fit stops with that error."}.get(after,
+                                                                                        f"The change is {state}.")
+        self._warn_once("stopped", f"the trial of {self.change_name!r} stopped: {self._reason}. {then}")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         try:
             if self._status != "running":
                 return
+            size, samples = _batch_size(batch), self._samples
+            self._samples = None if size is None or samples is None else samples + size
             if pl_module.automatic_optimization:
                 step = trainer.global_step
                 if step == self._last_step:
@@ -264,8 +319,8 @@ class ABTrial(PerfCallback):
                 torch.cuda.synchronize(self._cuda)
             t = clock.now()
             if counted and not self._broken and self._last is not None:
-                self._blocks.add(block, t - self._last, _batch_size(batch))
-            self._broken = False
+                self._blocks.add(block, t - self._last, self._samples)
+            self._broken, self._samples = False, 0
             self._iteration = i + 1
             arm = self.schedule.arm(i + 1)
             if arm is None:
@@ -283,13 +338,14 @@ class ABTrial(PerfCallback):
 
     # -- the end -------------------------------------------------------------------------------------------------
     def _finish(self, trainer: Trainer, pl_module: LightningModule, status: str) -> None:
-        if self._arm == ON:
-            self._switch(OFF)
+        switched_off = self._arm != ON or self._switch(OFF)
         self._unwrap_step()
         if self._status == "running":
             self._status = status
         self._last = None
-        if self.quality_batches:
+        if self.quality_batches and not switched_off:
+            self._quality_reason = "the change could not be switched off, so the arms cannot be compared"
+        elif self.quality_batches:
             self._score_quality(trainer, pl_module)
         result = self._result()
         if result.get("speedup") is not None:
@@ -314,14 +370,63 @@ class ABTrial(PerfCallback):
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._status == "running":
-            self._stop(f"the fit raised {type(exception).__name__}")
+            self._stop(f"the fit raised {type(exception).__name__}: {error_message(exception)}", after="raises")
         self._write_summary(trainer, exception)
 
     def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         if self._status == "running":
-            self._stop("the fit ended without its end hooks")
+            self._stop("the fit ended without its end hooks", after="ended")
         self._unwrap_step()
         super().teardown(trainer, pl_module, stage)
+
+    # -- checkpoint state --------------------------------------------------------------------------------------------
+    def _schedule_key(self) -> List[Any]:
+        s = self.schedule
+        return [s.warmup, s.block, s.blocks, s.order, s.settle, s.seed]
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What a resume needs to go on with the trial (or to keep one that ended): where it is and its blocks."""
+        blocks = self._blocks
+        return {"change": self.change_name, "schedule": self._schedule_key(), "status": self._status,
+                "reason": self._reason, "iteration": self._iteration, "block_seconds": list(blocks.seconds),
+                "block_iterations": list(blocks.iterations), "block_samples": list(blocks.samples),
+                "switches": self._switches, "switch_s": self._switch_s, "quality": self._quality,
+                "quality_reason": self._quality_reason}
+
+    @reads_state
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        s = StateReader(state_dict)
+        change, schedule = s.text("change"), s.data.get("schedule")
+        if change != self.change_name or list(schedule or ()) != self._schedule_key():
+            raise StateError(f"it is a trial of {change!r} on the schedule {schedule}, this one is of"
+                             f" {self.change_name!r} on {self._schedule_key()} (warmup, block, blocks, order, settle,"
+                             " seed)")
+        status = s.text("status", allow_none=False)
+        if status not in STATUSES:
+            raise StateError(f"status is {status!r}, expected one of {', '.join(STATUSES)}")
+        iteration = s.count("iteration")
+        n = self.schedule.blocks
+        lists = {key: s.data.get(key) for key in ("block_seconds", "block_iterations", "block_samples")}
+        if any(not isinstance(v, list) or len(v) != n for v in lists.values()) or iteration > self.schedule.total:
+            raise StateError(f"its blocks or iteration ({iteration}) do not fit the schedule of {n} blocks")
+        blocks = TrialBlocks(self.schedule)
+        for i in range(n):
+            item = StateReader({"s": lists["block_seconds"][i], "n": lists["block_iterations"][i],
+                                "k": lists["block_samples"][i]}, f"block {i}")
+            blocks.seconds[i], blocks.iterations[i] = item.number("s"), item.count("n")
+            blocks.samples[i] = None if item.data["k"] is None else item.count("k")
+        quality = s.data.get("quality")
+        if quality is not None and not isinstance(quality, dict):
+            raise StateError(f"quality is a {type(quality).__name__}, expected a dict or None")
+        switches, switch_s = s.count("switches"), s.number("switch_s")
+        reason, quality_reason = s.text("reason"), s.text("quality_reason")
+        if status == "not-started" or (self._status == "not-started" and self._reason is not None):
+            return  # nothing measured yet, or this run refused the change at set-up: its refusal stands
+        if status == "incomplete":  # the last fit ended first: this one goes on with the trial
+            status, reason, quality, quality_reason = "running", None, None, None
+        self._status, self._reason, self._iteration, self._blocks = status, reason, iteration, blocks
+        self._switches, self._switch_s, self._quality, self._quality_reason = (switches, switch_s, quality,
+                                                                               quality_reason)
 
     # -- quality per arm -----------------------------------------------------------------------------------------
     def _gate(self, trainer: Trainer) -> Any:
