@@ -287,7 +287,7 @@ def test_a_clean_evaluation_runs_without_global_module_hooks_after_its_first_bat
 def _watch(found):
     from lightning_perf.measure.autograd import EvalForwardWatch
 
-    return EvalForwardWatch(lambda site, hook, module, saved, fixed: found.append((module, saved)),
+    return EvalForwardWatch(lambda site, hook, module, saved, fixed, model: found.append((module, saved)),
                             lambda hook: False)
 
 
@@ -338,7 +338,7 @@ def test_a_replaced_torch_hook_dict_is_found_again_at_the_next_phase_start(monke
     from lightning_perf.measure import autograd
 
     found = []
-    watch = autograd.EvalForwardWatch(lambda site, hook, module, saved, fixed: found.append(module),
+    watch = autograd.EvalForwardWatch(lambda site, hook, module, saved, fixed, model: found.append(module),
                                       lambda hook: False)
     evaluated = nn.Linear(4, 4).eval()
     watch.arm()
@@ -401,7 +401,7 @@ class _Collect:
     def __init__(self, found):
         self.found = found
 
-    def __call__(self, site, hook, module, saved, fixed):
+    def __call__(self, site, hook, module, saved, fixed, model):
         self.found.append(module)
 
 
@@ -420,7 +420,7 @@ def test_arming_between_steps_puts_one_hook_in_and_takes_it_out(monkeypatch, tor
     hooks = nn.modules.module._global_forward_pre_hooks
     before = dict(hooks)
     found = []
-    watch = autograd.EvalForwardWatch(lambda site, hook, module, saved, fixed: found.append(module),
+    watch = autograd.EvalForwardWatch(lambda site, hook, module, saved, fixed, model: found.append(module),
                                       lambda hook: False)
     evaluated = nn.Linear(4, 4).eval()
     ids = set()

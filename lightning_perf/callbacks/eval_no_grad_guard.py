@@ -18,9 +18,11 @@ from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.errors import PerfCheckFailed
 from lightning_perf.measure.autograd import EvalForwardWatch, calling_site, find_retained_graphs
 from lightning_perf.measure.phases import add_listener, remove_listener
-from lightning_perf.measure.train_mode import MAX_MODULE_NAMES, TrainModeWatch
+from lightning_perf.measure.train_mode import MAX_MODULE_NAMES, RUNNING_STATS, TrainModeWatch, mode_dependent
 
 MODES = ("warn", "raise", "fix")
+#: The phase of a training-mode finding a training hook ran without `phase("eval_in_train_hooks")` around it.
+TRAIN_HOOKS = "train_hooks"
 MB = 1024.0 * 1024.0
 TRAIN_MODE_FIX = ("Call `model.eval()` before evaluating and `model.train()` after (Lightning does it around its"
                   " evaluation loops; a hook or step that calls `train()` undoes it).")
@@ -54,13 +56,20 @@ def train_mode_message(result: Dict[str, Any]) -> str:
     if result["random_active"]:
         effects.append("dropout was active")
     where = (f"{result['site'] or 'code'} ran `phase({result['phase']!r})`" if result["phase"] == "eval_in_train_hooks"
-             else f"{result['phase']} ran")
+             else f"{result['site'] or 'code'} ran the LightningModule's modules between training steps"
+             if result["phase"] == TRAIN_HOOKS else f"{result['phase']} ran")
     forwards = result["forwards"]
     counted = ("forwards not counted" if forwards is None else f"{forwards} forward{'s' if forwards != 1 else ''}")
     if result["uncounted"]:
         counted += f" ({', '.join(result['uncounted'][:MAX_MODULE_NAMES])} inside torch.compile: not counted)"
     return (f"{where} with {len(modules)} module{'s' if len(modules) != 1 else ''} in training mode ({listed}):"
             f" {counted}; {' and '.join(effects)}. {TRAIN_MODE_FIX}")
+
+
+def _how(training_mode: bool) -> str:
+    return ("with autograd on between training steps, in training mode (evaluation in a training hook;"
+            " `self.net.eval()` leaves the module around it in training mode)" if training_mode
+            else "in eval mode with autograd on")
 
 
 class EvalNoGradGuard(PerfCallback):
@@ -80,6 +89,12 @@ class EvalNoGradGuard(PerfCallback):
     the phase, the site (the hook that opened the phase), how many forwards, which modules (qualified names) and
     whether BatchNorm's running statistics changed (its ``num_batches_tracked`` counters, read at the phase's start
     and end).
+
+    Between training steps (from its ``on_train_batch_end`` to the next batch's start) a forward of the
+    LightningModule or of one of its modules with parameters is evaluation whatever the modes: with autograd on it
+    is a finding (``training_mode`` where the module was in training mode: ``self.net.eval(); self(x)``), and with
+    BatchNorm or Dropout in training mode a training-mode finding of phase ``train_hooks``, with or without a
+    ``phase`` mark.
 
     Args:
         mode: ``"warn"`` one warning per site with the fix; ``"raise"`` fail at the first finding (for CI);
@@ -104,7 +119,7 @@ class EvalNoGradGuard(PerfCallback):
     """
 
     section_name = "eval_no_grad_guard"
-    _transient = ("_module_ref",)
+    _transient = ("_module_ref", "_model_ids", "_mode_modules", "_ids_after_eval")
 
     def __init__(self, mode: str = "warn", allow: Optional[Sequence[str]] = None, scan_retained: bool = True,
                  summary_path: Optional[str] = None, run_name: Optional[str] = None,
@@ -132,6 +147,10 @@ class EvalNoGradGuard(PerfCallback):
         self._in_phase = False  # watching a `phase("eval_in_train_hooks")` the user's code opened
         self._watch = EvalForwardWatch(self._on_finding, self._is_allowed, fix=(mode == "fix"),
                                        hooks=frozenset(hooks), owners=(Callback, LightningModule, LightningDataModule))
+        self._watch.on_model_forward = self._on_model_forward
+        self._model_ids: Any = None  # the LightningModule's modules with parameters, found at the train start
+        self._mode_modules: Dict[int, List[Any]] = {}  # top-level module id -> its mode-dependent modules
+        self._ids_after_eval: Any = None  # the watch's model ids to give back when an evaluation run ends
         self._reset()
 
     def _reset(self) -> None:
@@ -149,26 +168,28 @@ class EvalNoGradGuard(PerfCallback):
         return hook is not None and hook in self.allow
 
     # -- findings ------------------------------------------------------------------------------------------------
-    def _on_finding(self, site: str, hook: Optional[str], module: str, saved: int, fixed: bool) -> None:
+    def _on_finding(self, site: str, hook: Optional[str], module: str, saved: int, fixed: bool,
+                    training_mode: bool = False) -> None:
         key = (site, module)
         entry = self._findings.get(key)
         first = entry is None
         if first:
             entry = self._findings[key] = {"site": site, "hook": hook, "module": module, "count": 0,
-                                           "saved_for_backward_bytes": 0, "fixed": fixed}
+                                           "saved_for_backward_bytes": 0, "fixed": fixed,
+                                           "training_mode": training_mode}
         entry["count"] += 1
         entry["saved_for_backward_bytes"] += saved
         self._events += 1
         if fixed:
             if first:
-                self._warn_once(f"fix:{site}", f"{site} ran {module}.forward in eval mode with autograd on;"
+                self._warn_once(f"fix:{site}", f"{site} ran {module}.forward {_how(training_mode)};"
                                 " mode='fix' ran it under torch.no_grad() (and will each time).")
             return
         allow_it = (f"`EvalNoGradGuard(allow=[{hook!r}])` or `with lightning_perf.allow_grad_in_eval():`" if hook else
                     "`with lightning_perf.allow_grad_in_eval():` (no Callback or LightningModule hook method was on"
                     " the stack, so `allow=` cannot name this site)")
         message = (
-            f"{site} ran {module}.forward in eval mode with autograd on: {_fmt_bytes(saved)} of activations were"
+            f"{site} ran {module}.forward {_how(training_mode)}: {_fmt_bytes(saved)} of activations were"
             " kept for a backward that never ran. Wrap the evaluation in `with torch.no_grad():` (or"
             f" torch.inference_mode()). If gradients are wanted here, allow it with {allow_it}."
         )
@@ -224,14 +245,16 @@ class EvalNoGradGuard(PerfCallback):
         if result is not None:
             self._on_train_mode_finding(result, can_raise)
 
-    def _on_train_mode_finding(self, result: Dict[str, Any], can_raise: bool) -> None:
+    def _on_train_mode_finding(self, result: Dict[str, Any], can_raise: bool, runs: int = 1) -> None:
+        """``runs``: evaluation runs this finding ends (0 for a forward between training steps, which is counted in
+        ``forwards`` alone)."""
         phase, site = result["phase"], result["site"]
         entry = self._train_mode_findings.get((phase, site))
         if entry is None:
             entry = self._train_mode_findings[(phase, site)] = {
                 "phase": phase, "site": site, "runs": 0, "forwards": None, "modules": [], "module_types": [],
                 "module_count": 0, "running_stats_changed": False, "uncounted": []}
-        entry["runs"] += 1
+        entry["runs"] += runs
         if result["forwards"] is not None:
             entry["forwards"] = (entry["forwards"] or 0) + result["forwards"]
         for name in result["uncounted"]:
@@ -252,6 +275,37 @@ class EvalNoGradGuard(PerfCallback):
             self._pending_failure = self._pending_failure or failure
             return
         self._warn_once(f"train_mode:{phase}:{site}", message)
+
+    def _on_model_forward(self, module: Any) -> None:
+        """A top-level forward of the LightningModule's modules between training steps (the watch calls it): the
+        modes of its mode-dependent modules, read from their flags (listed once per top-level module); in training
+        mode, a finding of phase ``train_hooks`` at the calling site. Inside `phase("eval_in_train_hooks")` the
+        phase's own check counts them. Never raises: ``mode="raise"`` raises at the next hook that can."""
+        if not self.check_train_mode or self._in_phase:
+            return
+        try:
+            listed = self._mode_modules.get(id(module))
+            if listed is None:
+                listed = self._mode_modules[id(module)] = self._mode_dependent_of(module)
+            training = [(name, m, kind) for name, m, kind in listed if m.training]
+            if not training:
+                return
+            site, _ = calling_site(self._watch.hooks, self._watch.owners)
+            self._on_train_mode_finding({
+                "phase": TRAIN_HOOKS, "site": site, "forwards": 1,
+                "modules": {name: (type(m).__name__, 1) for name, m, _ in training},
+                "running_stats_changed": any(kind == RUNNING_STATS for _, _, kind in training),
+                "random_active": any(kind != RUNNING_STATS for _, _, kind in training), "uncounted": []},
+                can_raise=False, runs=0)
+        except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+            self._train_mode_failed("a forward between training steps", err)
+
+    def _mode_dependent_of(self, module: Any) -> List[Any]:
+        """(name within the LightningModule, module, kind) of each mode-dependent module under ``module``."""
+        root = self._module_ref() if self._module_ref is not None else None
+        prefix = next((n for n, m in root.named_modules() if m is module), "") if root is not None else ""
+        return [(".".join(p for p in (prefix, name) if p), m, mode_dependent(m))
+                for name, m in module.named_modules() if mode_dependent(m)]
 
     def _raise_pending(self) -> None:
         failure, self._pending_failure = self._pending_failure, None
@@ -305,12 +359,18 @@ class EvalNoGradGuard(PerfCallback):
         # read once, after the module's own setup, configure_model and on_fit_start could set it: a property costs
         # ~1 µs right after a backward
         self._automatic = pl_module.automatic_optimization
+        # The modules a forward between training steps is evaluation of: those with parameters (a metric's update
+        # in a batch-end hook builds no graph and is no evaluation).
+        self._model_ids = frozenset(id(m) for m in pl_module.modules() if next(m.parameters(), None) is not None)
+        self._mode_modules = {}
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._pending_failure is not None:  # mode="raise": found in a phase the last batch's hooks opened
             self._raise_pending()
         try:
-            self._watch.disarm()  # the training step's own forward takes PyTorch's fast path
+            watch = self._watch
+            watch.disarm()  # the training step's own forward takes PyTorch's fast path
+            watch.model_ids = None
         except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
             self._record_failure("on_train_batch_start", err)
 
@@ -330,6 +390,9 @@ class EvalNoGradGuard(PerfCallback):
             watch = self._watch
             if not watch.armed:  # armed after the backward already, under automatic optimization
                 watch.arm()
+            # From here to the next batch's start the LightningModule's own forwards are evaluation too (not from
+            # the backward on: an optimizer's closure may run the training step again inside its step).
+            watch.model_ids = self._model_ids
         except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
             self._record_failure("on_train_batch_end", err)
 
@@ -351,6 +414,8 @@ class EvalNoGradGuard(PerfCallback):
 
     def _eval_run_start(self, pl_module: LightningModule, phase: str) -> None:
         self._eval_batches = 0
+        # Lightning's evaluation runs have checks of their own; validation inside fit gives the gap back after it
+        self._ids_after_eval, self._watch.model_ids = self._watch.model_ids, None
         self._watch.refresh()
         self._start_train_mode(pl_module, phase)  # after Lightning's model.eval(), before the first batch
 
@@ -385,6 +450,7 @@ class EvalNoGradGuard(PerfCallback):
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._watch.arm()  # back to watching what runs between training steps
+        self._watch.model_ids, self._ids_after_eval = self._ids_after_eval, None
         self._stop_train_mode()  # before Lightning's model.train()
 
     @guarded
@@ -429,12 +495,14 @@ class EvalNoGradGuard(PerfCallback):
     @guarded
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._watch.disarm()
+        self._watch.model_ids = None
         self._end_watching()
         self._flush_summary(trainer)
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._watch.disarm()  # no teardown hook follows an exception
+        self._watch.model_ids = None
         self._end_watching()
         self._write_summary(trainer, exception)
 
@@ -512,7 +580,8 @@ class EvalNoGradGuard(PerfCallback):
         for f in s.records("findings"):
             entry = {"site": f.text("site", allow_none=False), "hook": f.text("hook"),
                      "module": f.text("module", allow_none=False), "count": f.count("count"),
-                     "saved_for_backward_bytes": f.count("saved_for_backward_bytes"), "fixed": f.flag("fixed")}
+                     "saved_for_backward_bytes": f.count("saved_for_backward_bytes"), "fixed": f.flag("fixed"),
+                     "training_mode": f.flag("training_mode")}
             if entry["site"] is None or entry["module"] is None:
                 raise StateError(f"{f.where} lacks its site or module")
             findings[(entry["site"], entry["module"])] = {**f.data, **entry}

@@ -73,15 +73,22 @@ class EvalForwardWatch:
     that sums the bytes autograd saves (distinct storages). With ``fix=True`` such a forward runs under
     ``torch.no_grad()`` instead.
 
+    Between training steps the guard also names the LightningModule's modules (``model_ids``: those with
+    parameters): a top-level forward of one of them there is evaluation in a training hook whatever its mode
+    (``self.net.eval(); self(x)`` runs a module in training mode around an eval-mode one), so it is an offending
+    forward when autograd is on, and ``on_model_forward`` sees each such forward first (the guard's training-mode
+    check). Outside the training step only: the step's own forwards run with the watch disarmed.
+
     Args:
-        on_finding: called after each offending forward with (site, hook, module class name, saved bytes, fixed).
+        on_finding: called after each offending forward with (site, hook, module class name, saved bytes, fixed,
+            whether the module was in training mode: one of the LightningModule's, between training steps).
         is_allowed: (hook name or None) -> whether this site is allowed to run with grad on.
         fix: run offending forwards under ``torch.no_grad()``.
         hooks: method names that are hooks (a site is named after the innermost one on the stack).
         owners: the types whose methods of those names are hooks (callbacks, modules).
     """
 
-    def __init__(self, on_finding: Callable[[str, Optional[str], str, int, bool], None],
+    def __init__(self, on_finding: Callable[[str, Optional[str], str, int, bool, bool], None],
                  is_allowed: Callable[[Optional[str]], bool], fix: bool = False,
                  hooks: FrozenSet[str] = frozenset(), owners: Tuple[type, ...] = ()) -> None:
         self.on_finding = on_finding
@@ -98,6 +105,10 @@ class EvalForwardWatch:
         self._outer_handle: Any = None  # its one-shot forward hook
         self._depth = 0  # re-entrant calls of that module
         self._active: Optional[Dict[str, Any]] = None
+        #: ids of the LightningModule's modules with parameters while between training steps, else None (set by
+        #: the guard); and what sees each top-level forward of one of them there.
+        self.model_ids: Optional[FrozenSet[int]] = None
+        self.on_model_forward: Optional[Callable[[nn.Module], None]] = None
 
     def arm(self) -> None:
         """One global forward pre-hook; the end of a top-level forward is seen by a hook on that module alone,
@@ -151,7 +162,8 @@ class EvalForwardWatch:
     def __getstate__(self) -> Dict[str, Any]:
         """A copy starts disarmed, holding none of torch's hooks or dicts: it registers its own at its first arm."""
         state = self.__dict__.copy()
-        state.update(_hooks=None, _handle=None, _outer=None, _outer_handle=None, _active=None, armed=False, _depth=0)
+        state.update(_hooks=None, _handle=None, _outer=None, _outer_handle=None, _active=None, armed=False, _depth=0,
+                     model_ids=None)
         return state
 
     def _end_outer(self) -> Optional[Dict[str, Any]]:
@@ -168,7 +180,10 @@ class EvalForwardWatch:
             return
         self._outer, self._depth = module, 1
         self._outer_handle = module.register_forward_hook(self._post, always_call=True)
-        if module.training or not torch.is_grad_enabled() or grad_in_eval_allowed():
+        model = self.model_ids is not None and id(module) in self.model_ids
+        if model and self.on_model_forward is not None:
+            self.on_model_forward(module)
+        if (module.training and not model) or not torch.is_grad_enabled() or grad_in_eval_allowed():
             return
         site, hook = calling_site(self.hooks, self.owners)
         if self.is_allowed(hook):
@@ -191,7 +206,8 @@ class EvalForwardWatch:
             ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
             self._counter = counter
         ctx.__enter__()
-        self._active = {"ctx": ctx, "site": site, "hook": hook, "module": type(module).__name__}
+        self._active = {"ctx": ctx, "site": site, "hook": hook, "module": type(module).__name__,
+                        "training": module.training}
 
     def _close(self) -> Dict[str, Any]:
         active, self._active = self._active, None
@@ -207,7 +223,7 @@ class EvalForwardWatch:
         active = self._end_outer()
         if active is not None:
             saved = 0 if self.fix else self._counter["bytes"]
-            self.on_finding(active["site"], active["hook"], active["module"], saved, self.fix)
+            self.on_finding(active["site"], active["hook"], active["module"], saved, self.fix, active["training"])
 
 
 def graph_saved_bytes(tensor: torch.Tensor, seen: Set[int], max_nodes: int = 10_000) -> int:

@@ -720,9 +720,12 @@ class GradFinding(Section):
     site: Text = Field(None, description="the hook that ran the forward, `Class.method`")
     hook: Text = Field(None, description="the Lightning hook on the stack, null when none was")
     module: Text = Field(None, description="the module's class")
-    count: Count = Field(None, description="forwards in eval mode with autograd on")
+    count: Count = Field(None, description="forwards with autograd on: in eval mode, or of the LightningModule's"
+                                           " modules between training steps")
     saved_for_backward_mb: MB = None
     fixed: Flag = Field(None, description="`mode='fix'` ran them under `torch.no_grad()`")
+    training_mode: Flag = Field(None, description="the module was in training mode: a forward of the"
+                                                  " LightningModule's modules between training steps")
 
 
 class RetainedGraph(Section):
@@ -734,9 +737,12 @@ class RetainedGraph(Section):
 
 
 class TrainModeFinding(Section):
-    phase: Text = Field(None, description="`validation`, `test`, `predict` or `eval_in_train_hooks`")
-    site: Text = Field(None, description="the hook that opened `eval_in_train_hooks`; null for Lightning's loops")
-    runs: Count = Field(None, description="evaluation runs of this phase and site that ran modules in training mode")
+    phase: Text = Field(None, description="`validation`, `test`, `predict`, `eval_in_train_hooks` or `train_hooks`"
+                                          " (a training hook's forward of the LightningModule's modules, unmarked)")
+    site: Text = Field(None, description="the hook that opened `eval_in_train_hooks` or ran the `train_hooks`"
+                                         " forward; null for Lightning's loops")
+    runs: Count = Field(None, description="evaluation runs of this phase and site that ran modules in training mode"
+                                          " (0 for `train_hooks`: its forwards are counted)")
     forwards: Count = Field(None, description="training-mode forwards of the module that had most, summed over runs;"
                                                " null where none could be counted")
     modules: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(
