@@ -181,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_float,
         metavar="PCT",
         help="exit 1 when the candidate is more than PCT percent slower than the base (the headline speed), or when"
-        " that cannot be decided (no measured iterations, no iteration_timer section, a run that did not complete)"
+        " that cannot be decided (no measured iterations, no iteration_timer section, a run that did not complete,"
+        " repeats included; samples per iteration known for one run only)"
         " (default: no gate)",
     )
 
@@ -474,18 +475,25 @@ def _flush_stdout() -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from lightning_perf.summary.compare import FORMATTERS, compare_summaries, default_names
+    from lightning_perf.summary.compare import (FORMATTERS, compare_summaries, default_names, distinct_runs,
+                                                labelled_runs)
     from lightning_perf.summary.io import read_summary
 
     base, candidate = read_summary(args.base), read_summary(args.candidate)
     if args.html:
         _check_output(args.html, "--html")
-    repeats = {side: [read_summary(path) for path in paths]
-               for side, paths in (("base", args.base_repeats or []), ("candidate", args.candidate_repeats or []))}
+    # every run of each side as (path, where it was given, summary); a run given twice is counted once
+    sides, dropped = distinct_runs({
+        "base": [(args.base, "BASE", base)]
+        + [(path, "--base-repeats", read_summary(path)) for path in args.base_repeats or []],
+        "candidate": [(args.candidate, "CANDIDATE", candidate)]
+        + [(path, "--candidate-repeats", read_summary(path)) for path in args.candidate_repeats or []]})
     names = args.names or default_names(args.base, args.candidate, [base, candidate])
     result = compare_summaries(base, candidate, iterations=args.iterations, base_name=names[0],
                                candidate_name=names[1], min_effect_pct=args.min_effect,
-                               base_repeats=repeats["base"], candidate_repeats=repeats["candidate"])
+                               base_repeats=[r[2] for r in sides["base"][1:]],
+                               candidate_repeats=[r[2] for r in sides["candidate"][1:]])
+    result["notes"][:0] = dropped
     _say(FORMATTERS[args.format](result))
     if args.html:
         from lightning_perf.summary.html_report import compare_html
@@ -494,11 +502,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         _say(f"HTML written to {args.html}", sys.stderr)
     if args.fail_if_slower is None:
         return EXIT_OK
-    undecided = [f"{name} run status is {run.status!r}" for name, run in
-                 ((names[0], base), (names[1], candidate)) if run.status != "completed"]
+    # every run counts: a failed repeat must not let the gate pass on the others
+    runs = labelled_runs([r[2] for r in sides["base"]], [r[2] for r in sides["candidate"]], *names)
+    undecided = [f"{name} run status is {run.status!r} ({path})"
+                 for (name, run), (path, _, _) in zip(runs, sides["base"] + sides["candidate"])
+                 if run.status != "completed"]
     slower = result["candidate_slower_pct"]
     if slower is None or not math.isfinite(slower):
         undecided.append(next((n for n in result["notes"] if n.startswith("speedup unavailable")), "no speedup"))
+    elif result["samples_per_iter_unknown"]:
+        undecided.append(f"samples per iteration are unknown for {result['samples_per_iter_unknown'][0]} and known"
+                         " for the other run: the it/s ratio is not known to be like for like")
     if undecided:
         _say(f"lightning-perf: --fail-if-slower cannot decide: {'; '.join(undecided)}", sys.stderr)
         return EXIT_SLOWER

@@ -29,6 +29,7 @@ from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_compute
 from lightning_perf.summary.trial_view import trial_lines, trial_results
 from lightning_perf.summary.energy import ENERGY_LABELS, energy_change, energy_lines, fmt_energy
 from lightning_perf.summary.model import PerfSummary, as_summary
+from lightning_perf.summary.schema import SummaryError
 from lightning_perf.summary.projection import project_time, warmup_cost
 
 
@@ -50,7 +51,10 @@ def _no_speed(name: str, run: PerfSummary, mean: Optional[float]) -> Optional[st
     if mean is None:
         return f"{name} has no measured iterations"
     measured = run.iteration_timer.measured_iterations
-    if measured is not None and measured < 1:  # None: a schema-1 file, which has no such count
+    if measured is None and run.schema_version >= 2:  # schema 1 has no such count; schema 2 always writes it
+        return (f"{name} is a schema-{run.schema_version} summary without `iteration_timer.measured_iterations`:"
+                f" its mean ms/iter ({mean!r}) has no count of iterations behind it and cannot decide")
+    if measured is not None and measured < 1:
         return (f"{name} has 0 measured iterations behind its mean ms/iter ({mean!r}): a figure without the"
                 " iterations behind it cannot decide")
     if not (0.0 < mean < math.inf):
@@ -127,9 +131,10 @@ def between_runs_note(base: PerfSummary, candidate: PerfSummary) -> Optional[str
 
 
 def run_speed(run: PerfSummary, basis: str) -> Optional[float]:
-    """One run's speed on the headline's basis (it/s, or samples/s): from its mean ms/iter, None where unmeasured."""
+    """One run's speed on the headline's basis (it/s, or samples/s): from its mean ms/iter, None where unmeasured
+    or where its mean could not be a side of the headline (:func:`_no_speed`)."""
     s = speed(run)
-    if s["measured_iterations"] == 0:
+    if _no_speed("run", run, s["ms_per_iter_mean"]) is not None:
         return None
     per_s = ratio(1000.0, s["ms_per_iter_mean"])
     if per_s is None or basis != "samples/s":
@@ -176,6 +181,38 @@ def contention_notes(runs: Sequence[tuple]) -> List[str]:
     return notes
 
 
+def labelled_runs(base_runs: Sequence[PerfSummary], candidate_runs: Sequence[PerfSummary], base_name: str = "base",
+                  candidate_name: str = "candidate") -> List[tuple]:
+    """(name, run) of every run of both sides: ``base``, ``base repeat 2``, ..., then the candidate's."""
+    return [(name if i == 0 else f"{name} repeat {i + 1}", run)
+            for name, runs in ((base_name, base_runs), (candidate_name, candidate_runs)) for i, run in enumerate(runs)]
+
+
+def distinct_runs(sides: Dict[str, List[tuple]]) -> tuple:
+    """Each side's runs with a run given twice (the same file, or a copy of it under another name) kept once, and a
+    note per run dropped. ``sides``: ``base`` and ``candidate``, each a list of (path, option, summary), the first
+    run first; the option names where the path was given (``BASE``, ``--base-repeats``). A second copy of a run
+    would count as a run of its own, and two runs with no spread between them narrow the between-run interval.
+    With repeats, a run on both sides is refused (:class:`SummaryError`): one run cannot measure both setups."""
+    kept: Dict[str, List[tuple]] = {side: [] for side in sides}
+    notes: List[str] = []
+    for side, runs in sides.items():
+        for path, option, run in runs:
+            twin = next((k for k in kept[side] if k[2] == run), None)
+            if twin is None:
+                kept[side].append((path, option, run))
+            else:
+                notes.append(f"{path} is the same run as {twin[0]} (the same summary, given as {option} and as"
+                             f" {twin[1]}): counted once")
+    if len(kept.get("base", ())) + len(kept.get("candidate", ())) > 2:
+        for path, option, run in kept.get("base", ()):
+            twin = next((k for k in kept.get("candidate", ()) if k[2] == run), None)
+            if twin is not None:
+                raise SummaryError(f"{path} ({option}) and {twin[0]} ({twin[1]}) are the same run, given on both"
+                                   " sides: a run measures one setup; pass each run on its own side only")
+    return kept, notes
+
+
 def compare_summaries(
     base: SummaryLike,
     candidate: SummaryLike,
@@ -191,14 +228,16 @@ def compare_summaries(
     between runs was not measured; ``speedup_beyond_within_run_noise`` says whether the change is beyond the noise
     inside the runs). With ``base_repeats`` and ``candidate_repeats`` (more runs of the same two setups), the speedup,
     its interval and ``speedup_significant`` are :func:`repeats_headline`'s, between runs; the other figures are the
-    first pair's."""
+    first pair's, and every run that did not complete, repeats included, gets a note. ``samples_per_iter_unknown``:
+    the run whose samples per iteration are unknown where the other's are known (the basis is then it/s, and a
+    change of batch size would not show), else empty."""
     base, candidate = as_summary(base, base_name), as_summary(candidate, candidate_name)
     base_runs = [base] + [as_summary(r, f"{base_name} repeat {i + 2}") for i, r in enumerate(base_repeats)]
     candidate_runs = [candidate] + [as_summary(r, f"{candidate_name} repeat {i + 2}")
                                     for i, r in enumerate(candidate_repeats)]
     b, c = speed(base), speed(candidate)
     notes: List[str] = []
-    for name, run in ((base_name, base), (candidate_name, candidate)):
+    for name, run in labelled_runs(base_runs, candidate_runs, base_name, candidate_name):
         if run.status != "completed":
             notes.append(f"{name} run status is {run.status!r}: its figures cover only part of a run")
     devices = (base.run.device, candidate.run.device)
@@ -239,6 +278,12 @@ def compare_summaries(
             f" {c['samples_per_iter']:.1f}): the speedup is the samples/s ratio; it/s and time to N iterations"
             " are not like for like"
         )
+    # one side's samples unknown: it/s is the only basis, and a change of batch size would not show in it
+    samples_unknown = [name for name, run, other in ((base_name, b, c), (candidate_name, c, b))
+                       if not run["samples_per_iter"] and other["samples_per_iter"]]
+    if samples_unknown and speedup is not None:
+        notes.append(f"the speedup's basis is it/s because samples per iteration are unknown for {samples_unknown[0]}"
+                     " (known for the other run): were the batch sizes different, it/s would not be like for like")
     sample_speedup = ratio(c["samples_per_s"], b["samples_per_s"])
 
     def timer_dict(run: PerfSummary) -> Dict[str, Any]:
@@ -288,6 +333,7 @@ def compare_summaries(
         "change_pct": None if speedup is None else 100.0 * (speedup - 1.0),
         "typical_iteration_speedup": head["typical_speedup"],
         "samples_per_s_speedup": sample_speedup,
+        "samples_per_iter_unknown": samples_unknown,
         "candidate_slower_pct": None if not speedup else 100.0 * (1.0 / speedup - 1.0),
         "iterations": iterations,
         "time_to_iterations_s": {"base": train_times["base"], "candidate": train_times["candidate"]},

@@ -54,10 +54,12 @@ def _refuse(reason: str) -> PydanticCustomError:
     return PydanticCustomError("summary_field", "{reason}", {"reason": reason})
 
 
-def _number(integer: bool = False, ge: Optional[float] = None, null: bool = True) -> Callable[[Any], Any]:
+def _number(integer: bool = False, ge: Optional[float] = None, null: bool = True,
+            le: Optional[float] = None) -> Callable[[Any], Any]:
     """The check of one numeric field: the type first (booleans are no numbers), then finite, then the range."""
     kind = ("an integer" if integer else "a number") + (" or null" if null else "")
-    rule = f"{'an integer' if integer else 'a finite number'}" + (f" >= {ge:g}" if ge is not None else "")
+    rule = f"{'an integer' if integer else 'a finite number'}" + (
+        f" from {ge:g} to {le:g}" if ge is not None and le is not None else f" >= {ge:g}" if ge is not None else "")
 
     def check(value: Any) -> Any:
         if value is None and null:
@@ -73,7 +75,7 @@ def _number(integer: bool = False, ge: Optional[float] = None, null: bool = True
                 if not value.is_integer() or abs(value) > MAX_INT:
                     raise _refuse(f"must be {rule}, got {show(value)}")
                 value = int(value)
-        if ge is not None and value < ge:
+        if (ge is not None and value < ge) or (le is not None and value > le):
             raise _refuse(f"must be {rule}, got {show(value)}")
         return value
 
@@ -111,6 +113,8 @@ def _seq(value: Any) -> Any:
 FiniteFloat = Annotated[float, AllowInfNan(False)]
 Real = Annotated[Optional[FiniteFloat], BeforeValidator(_number())]
 NonNegative = Annotated[Optional[Annotated[FiniteFloat, Ge(0)]], BeforeValidator(_number(ge=0))]
+#: A share of a whole (of the wall time, of the samples, of the cores): what the writer clamps to 0..100.
+Share = Annotated[Optional[Annotated[FiniteFloat, Ge(0), Le(100)]], BeforeValidator(_number(ge=0, le=100))]
 Count = Annotated[Optional[Annotated[int, Ge(0), Le(MAX_INT)]], BeforeValidator(_number(integer=True, ge=0))]
 Positive = Annotated[Optional[Annotated[int, Ge(1), Le(MAX_INT)]], BeforeValidator(_number(integer=True, ge=1))]
 Integer = Annotated[Optional[Annotated[int, Ge(-MAX_INT), Le(MAX_INT)]], BeforeValidator(_number(integer=True))]
@@ -423,20 +427,27 @@ class Reading(Section):
     samples: Count = None
 
 
+class ShareReading(Reading):
+    """A reading of a share of time, samples or cores: 0 to 100, as the sampler clamps it."""
+
+    mean: Share = None
+    p5: Share = Field(None, description="5th percentile: 5% of the samples were at or below it")
+
+
 class PhaseActivity(Section):
-    gpu_util_pct: Obj(Reading) = Field(None, description="NVML: % of time a kernel was running")
-    mem_util_pct: Obj(Reading) = Field(None, description="NVML: % of time device memory was read or written")
+    gpu_util_pct: Obj(ShareReading) = Field(None, description="NVML: % of time a kernel was running")
+    mem_util_pct: Obj(ShareReading) = Field(None, description="NVML: % of time device memory was read or written")
     power_w: Obj(Reading) = None
     sm_clock_mhz: Obj(Reading) = None
     temperature_c: Obj(Reading) = None
     process_cpu_cores: Obj(Reading) = Field(None, description="psutil: cores this process kept busy")
-    host_cpu_pct: Obj(Reading) = Field(None, description="psutil: % of all logical cores busy")
-    host_steal_pct: Obj(Reading) = Field(None, description="psutil: % of the machine's CPU time a hypervisor gave"
-                                         " to other machines (Linux)")
-    cpu_wait_pct: Obj(Reading) = Field(None, description="schedstat: % of wall time the training thread was ready"
-                                       " to run but waited for a CPU")
-    gpu_throttled_pct: Obj(Reading) = Field(None, description="NVML: % of samples in which the board slowed its"
-                                            " clocks for power or heat")
+    host_cpu_pct: Obj(ShareReading) = Field(None, description="psutil: % of all logical cores busy")
+    host_steal_pct: Obj(ShareReading) = Field(None, description="psutil: % of the machine's CPU time a hypervisor"
+                                              " gave to other machines (Linux)")
+    cpu_wait_pct: Obj(ShareReading) = Field(None, description="schedstat: % of wall time the training thread was"
+                                            " ready to run but waited for a CPU")
+    gpu_throttled_pct: Obj(ShareReading) = Field(None, description="NVML: % of samples in which the board slowed"
+                                                 " its clocks for power or heat")
 
 
 class PhaseEnergy(Section):
