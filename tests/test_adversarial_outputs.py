@@ -1,0 +1,83 @@
+"""Adversarial inputs to what the suite writes and draws: a huge run name in `report --plot`, a `javascript:` path in
+`report --html`, a CSV field past the csv module's limit in `bench --from-csv` and `bench-compare`, and a StepTrace
+trace that a file-size limit cuts short (issue 63)."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+
+from helpers import fit
+from lightning_perf import IterationTimer
+from lightning_perf.bench.sweep import CSV_COLUMNS
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+
+def cli(*args, timeout=60):
+    """The real command in a subprocess; ``timeout`` is a hang guard, not a measurement."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "lightning_perf.cli", *args], capture_output=True, text=True,
+                          cwd=TESTS, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory):
+    """One real summary (a short fit with IterationTimer), as a dict to change and write again."""
+    root = tmp_path_factory.mktemp("fit")
+    path = os.path.join(str(root), "perf_summary.json")
+    fit(root, [IterationTimer(warmup_steps=1, summary_path=path)], max_epochs=1, logger=False,
+        enable_checkpointing=False)
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def write(data, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    return path
+
+
+# -- 16: a CSV field over the csv module's 131,072 characters -----------------------------------------------------
+
+def huge_field_csv(path):
+    row = {key: "" for key in CSV_COLUMNS}
+    row.update(timestamp="2026-01-01T00:00:00", mode="inference", tile_size="64", batch_size="1", device="cpu",
+               precision="32", avg_time_ms="1.0", std_time_ms="0.1", throughput_samples_per_sec="1000",
+               pixels_per_sec="4096000", sweep_id="s1", error="x" * 200_000)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerow(row)
+    return path
+
+
+@pytest.mark.parametrize("command", [["bench", "--from-csv", "{csv}"], ["bench-compare", "{csv}", "{csv}"]])
+def test_a_csv_field_over_the_csv_limit_is_one_line_and_exit_2(tmp_path, command):
+    path = huge_field_csv(os.path.join(str(tmp_path), "huge.csv"))
+    proc = cli(*[arg.format(csv=path) for arg in command])
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    what = "--from-csv" if command[0] == "bench" else "OLD"
+    assert lines[0].startswith(f"lightning-perf: error: {what} {path!r} line 2: ")
+    assert "131072" in lines[0] and len(lines[0]) < 400
+
+
+def test_bench_appending_to_a_csv_whose_header_is_past_the_csv_limit_is_one_line_and_exit_2(tmp_path):
+    path = os.path.join(str(tmp_path), "huge.csv")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("x" * 200_000 + ",y\n")
+    proc = cli("bench", "--model", "bench_models:small_conv", "--input-sizes", "16", "--batch-sizes", "1",
+               "--warmup", "0", "--iters", "1", "--device", "cpu", "--no-progress", "--csv", path, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"lightning-perf: error: --csv {path!r} is not a lightning-perf bench CSV (")
+    assert "131072" in lines[0] and os.path.getsize(path) == 200_003  # nothing appended
