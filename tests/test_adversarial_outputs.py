@@ -44,6 +44,47 @@ def write(data, path):
     return path
 
 
+# -- 14: report --html and a path that is a javascript: (or other scheme's) URL --------------------------------------
+
+class Links(HTMLParser):
+    def __init__(self, text):
+        super().__init__(convert_charrefs=True)
+        self.links, self.code = [], []
+        self._in_code = False
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self.links.append(dict(attrs).get("href"))
+        self._in_code = tag == "code"
+
+    def handle_endtag(self, tag):
+        self._in_code = False
+
+    def handle_data(self, data):
+        if self._in_code:
+            self.code.append(data)
+
+
+def test_report_html_shows_a_path_with_a_scheme_as_text_not_as_a_link(summary, tmp_path):
+    bad = ["javascript:alert(document.domain)", " JavaScript:alert(1)", "java\tscript:alert(2)",
+           "\x01javascript:alert(3)", "data:text/html,<script>alert(4)</script>", "vbscript:msgbox(5)",
+           "https://example.com/x.json", "\\\\host\\share\\trace.json", "C:\\traces\\step.json"]
+    good = ["traces/step5.json", "/tmp/oom/snapshot.pickle", "traces/step:5.json"]
+    data = json.loads(json.dumps(summary))
+    data["iteration_timer"]["evidence"] = {"paths": bad + good}
+    path = write(data, os.path.join(str(tmp_path), "run", "perf_summary.json"))
+    page_path = os.path.join(str(tmp_path), "report.html")
+    proc = cli("report", path, "--html", page_path)
+    assert proc.returncode == 0, proc.stderr
+    with open(page_path, encoding="utf-8") as fh:
+        page = Links(fh.read())
+    assert page.links == ["traces/step5.json", "file:///tmp/oom/snapshot.pickle", "traces/step:5.json"]
+    shown = "".join(page.code)
+    for value in bad:
+        assert value in shown
+
+
 # -- 16: a CSV field over the csv module's 131,072 characters -----------------------------------------------------
 
 def huge_field_csv(path):
