@@ -44,6 +44,49 @@ def write(data, path):
     return path
 
 
+# -- 6: report --plot with a 100,000-character run name -------------------------------------------------------------
+
+def test_report_plot_shortens_a_huge_run_name_in_the_plot_and_keeps_it_in_the_table(summary, tmp_path, monkeypatch,
+                                                                                       capsys):
+    pytest.importorskip("matplotlib")
+    from lightning_perf import cli as cli_module
+    from lightning_perf.bench import plots
+
+    long_a, long_b = "a" * 99_990 + "-base$fp32", "a" * 99_990 + "-cand$amp!"  # alike but for their ends
+    paths = []
+    for name, long in (("base", long_a), ("cand", long_b)):
+        data = json.loads(json.dumps(summary))
+        data["run"]["name"] = long
+        paths.append(write(data, os.path.join(str(tmp_path), name, "perf_summary.json")))
+    drawn = []
+    real = plots.plot_report
+
+    def spy(rows, path):  # what the plot is given to draw: the bars' labels and the first panel's title
+        drawn.extend(row["run"] for row in rows)
+        return real(rows, path)
+
+    monkeypatch.setattr(plots, "plot_report", spy)
+    png = os.path.join(str(tmp_path), "report.png")
+    assert cli_module.main(["report", *paths, "--plot", png]) == 0
+    out = capsys.readouterr().out
+    assert long_a in out and long_b in out  # the table keeps the full names
+    with open(png, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    # short labels, still told apart by their ends, `$` still escaped for matplotlib
+    assert len(drawn) == 2 and all(len(label.replace("\\$", "$")) <= 40 for label in drawn)
+    assert drawn == [plots.plot_label(long_a), plots.plot_label(long_b)]
+    assert drawn[0].startswith("aaaa") and drawn[0].endswith("-base\\$fp32") and "\u2026" in drawn[0]
+    assert drawn[1].endswith("-cand\\$amp!") and len(set(drawn)) == 2
+
+
+def test_plot_label_leaves_a_short_name_as_it_is():
+    from lightning_perf.bench.plots import plot_label
+
+    assert plot_label("amp $x") == "amp \\$x"
+    assert plot_label("x" * 40) == "x" * 40
+    assert len(plot_label("x" * 41)) == 40
+
+
 # -- 14: report --html and a path that is a javascript: (or other scheme's) URL --------------------------------------
 
 class Links(HTMLParser):
