@@ -165,3 +165,45 @@ def test_bench_appending_to_a_csv_whose_header_is_past_the_csv_limit_is_one_line
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith(f"lightning-perf: error: --csv {path!r} is not a lightning-perf bench CSV (")
     assert "131072" in lines[0] and os.path.getsize(path) == 200_003  # nothing appended
+
+
+# -- 12: StepTrace under a file-size limit ---------------------------------------------------------------------------
+
+LIMITED_FIT = """
+import os, resource, signal, sys
+sys.path.insert(0, {tests!r})
+from helpers import fit
+from lightning_perf import IterationTimer, StepTrace
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of ending the process
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY))
+fit({root!r}, [IterationTimer(warmup_steps=1), StepTrace(steps=[2, 3], trace_dir={traces!r})], max_epochs=1,
+    logger=False, enable_checkpointing=False)
+"""
+
+
+def test_a_trace_cut_by_a_file_size_limit_is_not_claimed(tmp_path):
+    # 40 kB: the summary (~11 kB) fits, the trace of two steps (~100 kB on CPU) does not
+    root, traces = str(tmp_path / "run"), str(tmp_path / "traces")
+    os.makedirs(traces)
+    stale = os.path.join(traces, "step_2-3.pt.trace.json")  # an earlier run's trace must not pass for this one's
+    with open(stale, "w") as fh:
+        fh.write('{"traceEvents": []}')
+    script = LIMITED_FIT.format(tests=TESTS, limit=40_000, root=root, traces=traces)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=TESTS, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(root, "perf_summary.json"), encoding="utf-8") as fh:
+        data = json.load(fh)
+    (capture,) = data["step_trace"]["captures"]
+    assert capture["complete"] is False and capture["path"] is None
+    assert (capture["first_step"], capture["last_step"]) == (2, 3)
+    assert "step_2-3.pt.trace.json" in capture["write_error"]
+    assert capture["top_ops"]  # what the profiler saw is still told
+    assert os.listdir(traces) == []  # no truncated .tmp, no stale file left
+    output = proc.stdout + proc.stderr
+    assert "traced to" not in output and "see trace" not in output
+    assert output.count("StepTrace: the trace of steps 2-3 could not be written") == 1
+    assert not any("see trace" in line for line in data["diagnosis"]["evidence"])
+    assert not any("trace" in entry for entry in data["iteration_timer"]["tail"]["slowest"])
