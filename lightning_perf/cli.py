@@ -523,13 +523,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _plain_label(text: str) -> str:
-    """A run name as a plot label: ``$`` escaped so matplotlib does not parse it as math text, unencodable
-    characters (a lone surrogate) replaced."""
-    text = text.encode("utf-8", errors="replace").decode("utf-8")
-    return text.replace("$", r"\$")
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
     from lightning_perf.summary.fields import run_names
     from lightning_perf.summary.io import read_summary
@@ -556,10 +549,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
         _write_text(args.html, "--html", report_html(summaries, names, args.notes, args.change_vs, args.column, notes))
         _say(f"HTML written to {args.html}", sys.stderr)
     if args.plot:
-        from lightning_perf.bench.plots import plot_report
+        from lightning_perf.bench.plots import plot_label, plot_report
 
-        labels = [_plain_label(name) for name in names]
-        if len(set(labels)) < len(labels):  # a bar per run, even where two names read alike once escaped
+        labels = [plot_label(name) for name in names]  # the table above keeps the whole names
+        if len(set(labels)) < len(labels):  # a bar per run, even where two names read alike once escaped or cut
             labels = [f"{label} ({i})" for i, label in enumerate(labels, start=1)]
         try:
             plot_report([dict(row, run=label) for row, label in zip(rows, labels)], args.plot)

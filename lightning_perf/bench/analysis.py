@@ -26,15 +26,22 @@ MATCH_ON = ("mode", "tile_size", "batch_size", "precision", "device")
 def read_csv(path: str) -> List[Dict[str, Any]]:
     """The rows of a sweep CSV, typed as :func:`~lightning_perf.bench.sweep.run_sweep` returns them, in file order.
     A CSV written before sweeps had ids is read as one sweep, ``sweep_id`` ``legacy``."""
+    raw: List[Dict[str, str]] = []
+    line = 1  # the header's, then each row's (as the errors below count them)
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             if reader.fieldnames not in (CSV_COLUMNS, LEGACY_COLUMNS):
                 raise BenchError(f"{path!r} is not a lightning-perf bench CSV (its header differs from this version's"
                                  f" {len(CSV_COLUMNS)} columns)")
-            raw = list(reader)
+            line = 2
+            for r in reader:
+                raw.append(r)
+                line += 1
     except FileNotFoundError:
         raise BenchError(f"{path!r}: no such file") from None
+    except csv.Error as err:  # a field over the csv module's 131,072 characters: not a file we wrote
+        raise BenchError(f"{path!r} line {line}: not a lightning-perf bench CSV ({err})") from None
     except (OSError, UnicodeDecodeError) as err:
         raise BenchError(f"{path!r}: cannot read: {err}") from None
     rows = []

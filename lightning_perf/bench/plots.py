@@ -6,6 +6,22 @@ from collections import defaultdict
 from typing import Any, Dict, List
 
 
+#: Most characters of a run name on a plot (the report's table keeps the whole name): matplotlib lays out every
+#: character of a label, and a 100,000-character name took it most of a minute.
+PLOT_LABEL_CHARS = 40
+
+
+def plot_label(name: str, limit: int = PLOT_LABEL_CHARS) -> str:
+    """A run name as a plot label: at most ``limit`` characters, its start and end kept around an ellipsis (names
+    alike but for their ends stay apart), ``$`` escaped so matplotlib does not parse it as math text, unencodable
+    characters (a lone surrogate) replaced."""
+    text = name.encode("utf-8", errors="replace").decode("utf-8")
+    if len(text) > limit:
+        head = limit // 2
+        text = text[:head] + "\u2026" + text[len(text) - (limit - head - 1):]
+    return text.replace("$", r"\$")
+
+
 def _pyplot() -> Any:
     try:
         import matplotlib

@@ -102,8 +102,11 @@ def check_csv(path: str) -> bool:
     """True when ``path`` exists with our header (rows will be appended); BenchError when its header differs."""
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return False
-    with open(path, newline="", encoding="utf-8") as fh:
-        header = next(csv.reader(fh), [])
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+    except (csv.Error, UnicodeDecodeError) as err:  # a field over the csv module's limit, bytes that are no UTF-8
+        raise BenchError(f"--csv {path!r} is not a lightning-perf bench CSV ({err}); write to a new file") from None
     if header == LEGACY_COLUMNS:  # appending would leave the old rows without a sweep id: they would mix again
         raise BenchError(f"--csv {path!r} was written before sweeps had ids (no sweep_id column); it is still read by"
                          " --from-csv and bench-compare, but new rows need a new file: pass another --csv")

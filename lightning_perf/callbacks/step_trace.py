@@ -231,18 +231,24 @@ class StepTrace(PerfCallback):
         last_seen = last if complete else max(first, self._step)
         path = os.path.abspath(os.path.join(self._dir, trace_name(first, last_seen, self._rank)))
         try:
-            ops = finish_capture(prof, path)
+            ops, problem = finish_capture(prof, path)
         except Exception as err:  # noqa: BLE001 - a trace that cannot be written never stops training
             self._record_failure("trace", err)
             return
         cost = now() - began
         OWN_WORK.add(cost)
         self._captures.append({
-            "path": path, "first_step": first, "last_step": last_seen, "complete": complete,
+            "path": None if problem else path, "first_step": first, "last_step": last_seen,
+            "complete": complete and problem is None, "write_error": problem,
             "trigger": "slow" if trigger else "requested", **(trigger or {"slow_step": None, "slow_ms": None,
                                                                           "median_ms": None}),
             "captured_ms": 1000.0 * captured_s, "start_ms": 1000.0 * self._start_cost, "write_ms": 1000.0 * cost,
             "top_ops": ops})
+        if problem is not None:  # the capture's top ops stay in the summary; no file is claimed, logged or linked
+            self._warn_once("trace_written", f"the trace of steps {first}-{last_seen} could not be written:"
+                                             f" {problem}. Training goes on; the summary keeps the capture's top ops"
+                                             " and this reason (step_trace.captures[].write_error).")
+            return
         if trainer is None or trainer.is_global_zero:
             rank_zero_info(f"StepTrace: steps {first}-{last_seen} traced to {path}" + (
                 f" (after step {trigger['slow_step']} took {trigger['slow_ms']:.1f} ms, the median"

@@ -3,8 +3,9 @@ the most time. No Lightning import here; nothing here runs on a step that is not
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 #: Ops kept in the summary for each capture, by their own (self) time.
 TOP_OPS = 10
@@ -30,12 +31,48 @@ def start_capture(on_cuda: bool, record_shapes: bool, with_stack: bool) -> Any:
     return prof
 
 
-def finish_capture(prof: Any, path: str) -> List[Dict[str, Any]]:
-    """Stops ``prof``, writes its trace to ``path`` (folders made) and returns the top ops by self time."""
+def finish_capture(prof: Any, path: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """Stops ``prof``, writes its trace to ``path`` (folders made) and returns the top ops by self time, and None, or
+    why no whole trace is at ``path`` (then nothing is left there, nor torch's ``.tmp``)."""
     prof.stop()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _remove(path)  # an earlier run's trace of the same steps would pass for this one's
     prof.export_chrome_trace(path)
-    return top_ops(prof)
+    problem = trace_problem(path)
+    if problem is not None:
+        for left in (path, path + ".tmp"):
+            with contextlib.suppress(OSError):
+                _remove(left)
+    return top_ops(prof), problem
+
+
+def trace_problem(path: str) -> Optional[str]:
+    """Why ``path`` is no whole trace, or None. torch's export does not raise where the file cannot be written (a
+    full disk, a file-size limit): it leaves a cut ``.tmp`` and no file. The check is of the file's ends (a JSON
+    object or array that closes), not a parse: a trace of many steps runs to hundreds of MB."""
+    tmp = " (a cut .tmp was left: a full disk or a file-size limit?)" if os.path.exists(path + ".tmp") else ""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(64).lstrip()[:1]
+            fh.seek(max(0, size - 64))
+            tail = fh.read().rstrip()[-1:]
+    except FileNotFoundError:
+        return f"torch's export wrote no file at {path}{tmp}"
+    except OSError as err:
+        return f"{path} cannot be read back: {err}"
+    if not size:
+        return f"torch's export left {path} empty{tmp}"
+    if (head, tail) not in ((b"{", b"}"), (b"[", b"]")):
+        return f"torch's export left {path} cut short ({size} bytes, its JSON does not close){tmp}"
+    return None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def top_ops(prof: Any, k: int = TOP_OPS) -> List[Dict[str, Any]]:

@@ -21,7 +21,9 @@ def link_traces(data: Dict[str, Any]) -> None:
     """Each of IterationTimer's kept slow iterations gets ``trace``: the capture that holds it (``covers: this``),
     else the one that started right after it (``covers: next``, a capture its slowness triggered)."""
     tail = read_field(data.get("iteration_timer"), "tail")
-    captures = read_field(data.get("step_trace"), "captures")
+    captures = read_field(data.get("step_trace"), "captures") or ()
+    # a capture whose trace could not be written (path null) links nothing
+    captures = [c for c in captures if isinstance(c, dict) and c.get("path")]
     if not isinstance(tail, dict) or not captures:
         return
     for entry in tail.get("slowest") or ():
@@ -47,7 +49,7 @@ def _steps(capture: Any) -> str:
 
 def trace_lines(section: Any) -> List[str]:
     """One line per capture: slow-triggered ones first."""
-    captures = [c for c in (read_field(section, "captures") or []) if c is not None]
+    captures = [c for c in (read_field(section, "captures") or []) if c is not None and read_field(c, "path")]
     captures.sort(key=lambda c: read_field(c, "trigger") != "slow")
     out = []
     for capture in captures:

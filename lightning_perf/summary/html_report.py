@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from lightning_perf.summary.compare import _section_ms, format_text, memory_texts, tail_text
@@ -22,6 +23,10 @@ HISTOGRAM_BINS = 30
 FILE_KEYS = ("path", "paths", "trace", "snapshot", "html", "file")
 #: A snapshot block (a key holding ``snapshot``) is shown as JSON up to this many characters.
 SNAPSHOT_CHARS = 6000
+#: A URL's scheme (the URL standard's), and what a browser drops from an href before it looks for one.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+_URL_IGNORED = re.compile(r"[\t\n\r]")
+_URL_LEADING = "".join(chr(c) for c in range(0x21))
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2330;max-width:1200px}
@@ -128,8 +133,12 @@ def evidence_files(data: Any, where: str = "") -> Iterator[Tuple[str, str]]:
 
 
 def _link(path: str) -> str:
-    """A link to a local file; a URL (nothing this report should fetch or point at) is shown as text only."""
-    if "://" in path or path.startswith("//"):
+    """A link to a local file: an absolute path as ``file://``, a relative one relative to the page. What a browser
+    would read as anything else is shown as text only: a URL of any scheme (``https:``, ``javascript:``, ``data:``,
+    a drive letter's ``C:``) and a ``//host`` or ``\\\\host`` path, nothing this report should fetch, run or point at."""
+    # as a browser reads an href: leading spaces and control characters dropped, tabs and line breaks anywhere
+    plain = _URL_IGNORED.sub("", path).lstrip(_URL_LEADING)
+    if _SCHEME.match(plain) or "://" in plain or (len(plain) > 1 and plain[0] in "/\\" and plain[1] in "/\\"):
         return f"<code>{esc(path)}</code>"
     href = ("file://" + path) if path.startswith("/") else path
     return f'<a href="{esc(href)}">{esc(path)}</a>'

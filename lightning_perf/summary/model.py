@@ -517,10 +517,13 @@ class TraceOp(Section):
 
 
 class TraceCapture(Section):
-    path: Text = Field(None, description="the Chrome/Perfetto JSON trace")
+    path: Text = Field(None, description="the Chrome/Perfetto JSON trace (null where it could not be written)")
     first_step: Count = None
     last_step: Count = None
-    complete: Flag = Field(None, description="false where the run ended or failed inside the window")
+    complete: Flag = Field(None, description="false where the run ended or failed inside the window, or the trace"
+                                             " could not be written")
+    write_error: Text = Field(None, description="why the trace could not be written (a full disk, a file-size"
+                                                " limit: the file was missing or cut short, and is removed)")
     trigger: Text = Field(None, description="`requested` (`steps`) or `slow` (after an iteration over `slow_factor`"
                                             " x the median)")
     slow_step: Count = Field(None, description="for `slow`: the slow iteration's step")
