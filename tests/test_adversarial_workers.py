@@ -1,5 +1,6 @@
 """SectionProfiler's DataLoader workers under adversarial review: whether they compute or wait (their CPU share,
-timed inside them, against closed-form expectations) and the advice that follows."""
+timed inside them, against closed-form expectations) and the advice that follows; the ``workers`` block when a fit
+stops on a worker's error; the synchronization reason of a single-device run."""
 
 from __future__ import annotations
 
@@ -136,3 +137,29 @@ def test_the_saturated_advice_tells_computing_from_waiting(cpu_pct, core_wait_pc
     assert words in advice, advice
     if cpu_pct is not None:
         assert f"{cpu_pct:.0f}%" in advice, advice
+
+
+@pytest.mark.parametrize("fail_at", [0, 120])
+def test_a_worker_error_leaves_the_workers_block_or_its_reason(tmp_path, fail_at):
+    """A dataset that raises in a worker (on its first item, or after some iterations) stops the fit; the summary
+    written at the failure has the workers' figures up to it, and a reason for every one that is null (before: the
+    block was null and nothing said why)."""
+    with pytest.raises(ValueError, match="is broken"):
+        workers_fit(tmp_path, FailingItems(160, fail_at))
+    summary = find_summary(tmp_path)
+    assert summary["status"] != "ok"
+    section = summary["section_profiler"]
+    row = section["workers"]
+    assert row is not None and row["num_workers"] == 2, section
+    nulls = [k for k, v in row.items() if v is None]
+    assert not nulls or "workers" in section["unavailable"], (row, section["unavailable"])
+    if fail_at:
+        assert row["batches"] >= 10 and row["busy_ms_per_batch"] > 0 and row["cpu_pct"] is not None, row
+
+
+def test_the_synchronization_reason_of_a_single_device_run_does_not_speak_of_ddp(tmp_path):
+    """One CPU device: no gradients are synchronized between devices, and the reason says that, not DDP's."""
+    fit(tmp_path, [SectionProfiler(warmup_steps=1, print_reports=False)], max_epochs=1, limit_val_batches=0,
+        num_sanity_val_steps=0, enable_checkpointing=False)
+    reason = find_summary(tmp_path)["section_profiler"]["unavailable"]["synchronization"]
+    assert "DDP" not in reason and "single device" in reason, reason
