@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import IterationTimer, SectionProfiler
+from lightning_perf.measure.loader import computing_pct
 
 WARMUP = 5
 
@@ -197,7 +198,7 @@ def test_with_workers_their_own_time_is_reported_beside_the_wait(tmp_path):
     insight = next(i for i in section["insights"] if i.startswith("Data loading"))
     if not waits:
         assert "more workers would gain nothing" in insight
-    elif row["busy_pct"] >= 80 and row["cpu_pct"] + (row["core_wait_pct"] or 0.0) < 50:  # (sleeping items)
+    elif row["busy_pct"] >= 80 and computing_pct(row["cpu_pct"], row["core_wait_pct"]) < 50:  # (sleeping items)
         assert "more workers can help" in insight, insight
     elif row["busy_pct"] >= 80:
         assert "saturated" in insight and ("add workers" in insight) == (row["cpu_count"] > 2), insight
