@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import IterationTimer, SectionProfiler
+from lightning_perf.measure.loader import computing_pct
 
 WARMUP = 5
 
@@ -180,8 +181,9 @@ def test_with_workers_their_own_time_is_reported_beside_the_wait(tmp_path):
     loop's wait is still the DataLoader's ``__next__``. ``busy_pct`` is what making an iteration's batch takes of the
     two workers' time at the loop's measured pace, and the advice follows it: saturated workers (the loop goes at
     their pace) get "add workers" where there are more cores than workers, else "make loading cheaper"; workers
-    busy a small part of the time while the loop waits get "more workers will not help" (on a loaded machine the
-    step may be the slower part: which case a run is in is not asserted, only that the words fit the figures)."""
+    busy a small part of the time while the loop waits get "more workers will not help"; busy workers that mostly
+    wait (these items sleep) get "more workers can help" (on a loaded machine the step may be the slower part: which
+    case a run is in is not asserted, only that the words fit the figures)."""
     spent, shared = [], multiprocessing.Array("d", 2)
     loader = ClockedLoader(SelfTimedItems(256, 0.002, shared), batch_size=8, num_workers=2, spent=spent)
     summary, section, loader_ms = clocked_fit(tmp_path, loader, spent)
@@ -196,6 +198,8 @@ def test_with_workers_their_own_time_is_reported_beside_the_wait(tmp_path):
     insight = next(i for i in section["insights"] if i.startswith("Data loading"))
     if not waits:
         assert "more workers would gain nothing" in insight
+    elif row["busy_pct"] >= 80 and computing_pct(row["cpu_pct"], row["core_wait_pct"]) < 50:  # (sleeping items)
+        assert "more workers can help" in insight, insight
     elif row["busy_pct"] >= 80:
         assert "saturated" in insight and ("add workers" in insight) == (row["cpu_count"] > 2), insight
     else:

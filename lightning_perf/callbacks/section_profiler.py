@@ -38,6 +38,8 @@ SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, 
                " part of `backward`; timing it apart would need a DDP communication hook installed on your model,"
                " which a measurement must not do. `ranks` shows each rank's sections: a straggler's data loading or"
                " forward is what the others wait for.")
+SINGLE_DEVICE_SYNC_REASON = ("no separate section: a run on a single device has no gradients to synchronize with"
+                             " other devices")
 
 
 class SectionProfiler(PerfCallback):
@@ -138,7 +140,9 @@ class SectionProfiler(PerfCallback):
         self._loaders: Any = None  # trainer.train_dataloader at train start
         self._workers: Optional[Dict[str, Any]] = None  # the summary's ``workers`` block, made at train end
         self._workers_reason: Optional[str] = None
+        self._workers_at_stop = False  # read at an exception: a null block has its reason even before an iteration
         self._batches_per_iteration = 1
+        self._world_size: Optional[int] = None  # the fit's processes, at setup
 
     def _is_enabled(self) -> bool:
         value = os.environ.get(ENV_SWITCH) or ""
@@ -285,6 +289,7 @@ class SectionProfiler(PerfCallback):
             return
         self._carry_or_reset(trainer, self._reset)
         self._start_run(trainer)
+        self._world_size = int(trainer.world_size)
         if not self._is_enabled():
             self._disabled_reason = f"disabled (enabled={self.enabled}, {ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
             return
@@ -476,6 +481,20 @@ class SectionProfiler(PerfCallback):
             self._worker_timer, self._loaders, self._batches_per_iteration, self._ledger.iteration.host.mean,
             self._workers_reason)
 
+    def _read_workers_at_the_stop(self, trainer: Trainer, exception: BaseException) -> None:
+        """The ``workers`` block up to an exception (a worker's error, a crash), from what the workers timed so far;
+        where there is none, why. A failure here is recorded: the summary of the failed fit still comes."""
+        self._workers_at_stop = True
+        try:
+            if self._loaders is None:  # (training had not started: the loaders may be made already)
+                self._loaders = getattr(trainer, "train_dataloader", None)
+            self._read_workers()
+            if self._workers is None:
+                self._workers_reason = (f"the fit stopped ({type(exception).__name__}) before its training"
+                                        " DataLoader was there: no workers' figures")
+        except Exception as err:  # noqa: BLE001
+            self._record_failure("workers at the exception", err)
+
     def _set_ranks(self, rows: Rows) -> None:
         self._ranks = {name: spread_across_ranks([r[i] for r in rows]) for i, name in enumerate(AUTO_SECTIONS)
                        if any(r[i] is not None for r in rows)}
@@ -496,6 +515,8 @@ class SectionProfiler(PerfCallback):
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._flush_tables()
+        if self._active and self._workers is None:  # (stopped before the end of training, where they are read)
+            self._read_workers_at_the_stop(trainer, exception)
         self._restore()  # no teardown hook follows an exception
         self._write_summary(trainer, exception)
 
@@ -544,12 +565,13 @@ class SectionProfiler(PerfCallback):
                 "manual optimization: the step is one training_step section")
         if self._device is None:
             unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
-        unavailable["synchronization"] = SYNC_REASON
+        unavailable["synchronization"] = SINGLE_DEVICE_SYNC_REASON if self._world_size == 1 else SYNC_REASON
         if ledger.gap_mode and self.data_loading_boundary == "fetch":
             unavailable["data_loading_fetch"] = fetch_marks.GAP_REASON
         if self._checkpoint_reason:
             unavailable["checkpointing"] = self._checkpoint_reason
-        if self._active and self._workers_reason and (self._workers is not None or ledger.iteration.host.count):
+        if self._active and self._workers_reason and (self._workers is not None or ledger.iteration.host.count
+                                                      or self._workers_at_stop):
             unavailable["workers"] = self._workers_reason
         if self._active and ledger.final_row is None:
             unavailable["after_last_iteration"] = (

@@ -19,7 +19,7 @@ BETWEEN_BATCHES_PCT = 15.0
 THRESHOLDS = {"data_loading_pct": DATA_LOADING_PCT, "backward_over_forward": BACKWARD_OVER_FORWARD,
               "optimizer_pct": OPTIMIZER_PCT, "forward_pct": FORWARD_PCT, "checkpointing_pct": CHECKPOINT_PCT,
               "host_over_device": HOST_OVER_DEVICE, "between_batches_pct": BETWEEN_BATCHES_PCT,
-              "workers_busy_pct": loader.WORKERS_BUSY_PCT}
+              "workers_busy_pct": loader.WORKERS_BUSY_PCT, "workers_cpu_pct": loader.WORKERS_CPU_PCT}
 
 
 def printed_rows(table: Dict[str, Dict[str, Any]]) -> List[tuple]:

@@ -700,6 +700,10 @@ class LoaderWorkers(Section):
     busy_ms_per_batch: Ms = Field(None, description="a worker's fetch and collate time per batch, mean")
     busy_pct: Pct = Field(None, description="making the batches of an iteration, % of the workers' time at the loop's"
                                             " pace (100 or more: saturated)")
+    cpu_pct: Pct = Field(None, description="the workers' CPU time in their fetch and collate (the fetching thread's),"
+                                           " % of that time (near 100: computing; near 0: waiting on sleep or I/O)")
+    core_wait_pct: Pct = Field(None, description="the fetching thread's time ready to run but waiting for a core, %"
+                                                 " of the fetch and collate time (Linux's schedstat; null elsewhere)")
     cpu_count: Count = Field(None, description="the cores this process may run on")
 
 
