@@ -709,6 +709,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         if path and os.path.isdir(path):
             _say(f"lightning-perf: error: {what} {path!r} is a directory; expected {expected}", sys.stderr)
             return EXIT_ERROR
+        if path and special_kind(path) is not None:  # never opened: reading a named pipe blocks until a writer comes
+            _say(f"lightning-perf: error: {what} {path!r} is {special_kind(path)}, not a regular file; expected"
+                 f" {expected}", sys.stderr)
+            return EXIT_ERROR
         if path and not os.path.isfile(path):
             _say(f"lightning-perf: error: {what} {path!r}: no such file", sys.stderr)
             return EXIT_ERROR
