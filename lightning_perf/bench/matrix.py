@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -19,6 +18,7 @@ from lightning_perf._attach import read_manifest
 from lightning_perf.bench.matrix_trial import add_trial_column, trial_findings
 from lightning_perf.bench.matrix_verdicts import add_verdicts, best_words, floor_cell, verdict_cell, verdict_findings
 from lightning_perf.bench.noise_floor import MIN_EFFECT_PCT
+from lightning_perf.bench.process_group import run_in_group
 from lightning_perf.bench.rounds import check_repeats, run_rounds
 from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, verdict
@@ -270,11 +270,8 @@ def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, con
         env = variant_env(summary_path, manifest, threads, trial)
         start = time.perf_counter()
         with open(os.path.join(run_dir, "output.log"), "w") as out:
-            try:
-                proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
-                code: Optional[int] = proc.returncode
-            except subprocess.TimeoutExpired:
-                code = None
+            # in a group of its own: a timeout or a Ctrl-C ends every process the variant started
+            code: Optional[int] = run_in_group(cmd, out, env, timeout_s)
         wall = time.perf_counter() - start
         events = read_manifest(manifest)
     finally:

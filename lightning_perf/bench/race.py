@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -27,6 +26,7 @@ from lightning_perf.bench.noise_floor import (
     ratio_text,
     shift_by_rounds,
 )
+from lightning_perf.bench.process_group import run_in_group
 from lightning_perf.bench.rounds import run_rounds, rounds_line
 from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.compare import compare_summaries, format_text, run_speed
@@ -96,28 +96,28 @@ def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], tim
     if os.path.isfile(summary_path):  # an earlier race's file: this run writes its own
         os.unlink(summary_path)
     manifest = os.path.join(run_dir, ".lightning_perf_manifest.jsonl")
-    open(manifest, "w").close()
     # fill: a Trainer with lightning_perf callbacks of its own keeps them (and gets the others), as in the matrix
     env = command_env(os.environ, callbacks, out=os.path.abspath(run_dir), name=name, baseline=None,
                       manifest=manifest, fill=True)
     env = thread_env(env, threads)
     log(f"[race] {name}: {' '.join(shlex.quote(a) for a in argv)}")
-    start = time.perf_counter()
     code: Optional[int]
-    with open(os.path.join(run_dir, "output.log"), "w") as out:
-        try:
-            code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            code = None
-        except OSError as err:
-            out.write(f"lightning-perf race: cannot run {argv[0]!r}: {err.strerror or err}\n")
-            code = 127
-    wall = time.perf_counter() - start
-    events = read_manifest(manifest)
     try:
-        os.unlink(manifest)
-    except OSError:
-        pass
+        open(manifest, "w").close()
+        start = time.perf_counter()
+        with open(os.path.join(run_dir, "output.log"), "w") as out:
+            try:  # in a group of its own: a timeout or a Ctrl-C ends every process of the command (bash -c '...')
+                code = run_in_group(argv, out, env, timeout_s)
+            except OSError as err:
+                out.write(f"lightning-perf race: cannot run {argv[0]!r}: {err.strerror or err}\n")
+                code = 127
+        wall = time.perf_counter() - start
+        events = read_manifest(manifest)
+    finally:  # also after a Ctrl-C, once the run has ended: nothing writes to it any more
+        try:
+            os.unlink(manifest)
+        except OSError:
+            pass
     result: Dict[str, Any] = {"name": name, "exit_code": code, "wall_s": wall, "summary_path": summary_path,
                               "summary": None, "problem": None}
     elsewhere = written_elsewhere(events, summary_path)
