@@ -13,7 +13,7 @@ import signal
 import subprocess
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
-__all__ = ["GRACE_S", "Stopped", "run_in_group", "stops_as_interrupts"]
+__all__ = ["GRACE_S", "Stopped", "run_in_group", "signal_name", "stops_as_interrupts"]
 
 #: Seconds an interrupted run has to write its summary and end before its group is killed.
 GRACE_S = 30.0
