@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Set, Tuple, TextIO
 
-from lightning_perf.bench.rounds import DEFAULT_REPEATS
+from lightning_perf.bench.rounds import DEFAULT_REPEATS, NothingFinished
 from lightning_perf.bench.sweep_rounds import DEFAULT_ROUNDS
 from lightning_perf.measure.trial import BUILT_IN_CHANGES
 from lightning_perf.summary.io import probe_folder, special_kind
@@ -716,6 +716,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         if path and os.path.isdir(path):
             _say(f"lightning-perf: error: {what} {path!r} is a directory; expected {expected}", sys.stderr)
             return EXIT_ERROR
+        if path and special_kind(path) is not None:  # never opened: reading a named pipe blocks until a writer comes
+            _say(f"lightning-perf: error: {what} {path!r} is {special_kind(path)}, not a regular file; expected"
+                 f" {expected}", sys.stderr)
+            return EXIT_ERROR
         if path and not os.path.isfile(path):
             _say(f"lightning-perf: error: {what} {path!r}: no such file", sys.stderr)
             return EXIT_ERROR
@@ -729,9 +733,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         _say(f"lightning-perf: error: {err}", sys.stderr)
         return EXIT_ERROR
     threads = _chosen_threads(args.threads, "matrix")
-    results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
-                         log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget,
-                         threads=threads, trial=args.trial)
+    try:
+        results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
+                             log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget,
+                             threads=threads, trial=args.trial)
+    except NothingFinished as stop:
+        return _nothing_finished(stop, "matrix")
     rows = matrix_rows(results, noise_floor=copy)
     header = matrix_header(results, args.config)
     add_trial(rows, results, args.trial)  # each variant's trial, pooled over its runs (bench/matrix_trial.py)
@@ -741,7 +748,23 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         _write_text(args.report, "--report", format_matrix(rows, "markdown", header, best_by=args.best_by) + "\n")
     if args.csv:
         _write_text(args.csv, "--csv", format_matrix(rows, "csv") + "\n")
-    return EXIT_OK if all(r["status"] == "completed" for r in rows) else 1
+    interrupted = _interrupted_status(next((r["rounds"] for r in results if r.get("rounds")), None))
+    return interrupted or (EXIT_OK if all(r["status"] == "completed" for r in rows) else 1)
+
+
+def _interrupted_status(rounds: Optional[Dict[str, Any]]) -> Optional[int]:
+    """128 + N where a signal N (a Ctrl-C: SIGINT) ended the rounds early, as shells report a command it ended."""
+    import signal
+
+    if not rounds or not rounds.get("signal"):
+        return None
+    return 128 + int(getattr(signal, rounds["signal"]))
+
+
+def _nothing_finished(stop: Any, what: str) -> int:
+    """The rounds were interrupted before the first one finished: one line, no report, 128 + the signal."""
+    _say(f"lightning-perf {what}: {stop}", sys.stderr)
+    return _interrupted_status(stop.info) or EXIT_ERROR
 
 
 def _chosen_threads(how: Any, what: str) -> Dict[str, Any]:
@@ -772,16 +795,19 @@ def _cmd_race(args: argparse.Namespace) -> int:
         raise SummaryError(str(err)) from None
     if args.report:
         _check_output(args.report, "--report")
-    info = run_race(commands, args.out, args.repeats, budget_s=args.budget, timeout_s=args.timeout,
-                    callbacks=args.callbacks, log=lambda m: _say(m, sys.stderr),
-                    threads=_chosen_threads(args.threads, "race"))
+    try:
+        info = run_race(commands, args.out, args.repeats, budget_s=args.budget, timeout_s=args.timeout,
+                        callbacks=args.callbacks, log=lambda m: _say(m, sys.stderr),
+                        threads=_chosen_threads(args.threads, "race"))
+    except NothingFinished as stop:
+        return _nothing_finished(stop, "race")
     result = race_result(commands, info, copy, min_effect_pct=args.min_effect)
     write_result(result, os.path.join(args.out, "race.json"))
     text = format_race(result)
     _say(json.dumps(result, indent=2, default=str) if args.format == "json" else text)
     if args.report:
         _write_text(args.report, "--report", text + "\n")
-    return EXIT_OK if race_ok(result) else 1
+    return _interrupted_status(info) or (EXIT_OK if race_ok(result) else 1)
 
 
 def _cmd_bench_compare(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -19,6 +18,7 @@ from lightning_perf._attach import read_manifest
 from lightning_perf.bench.matrix_trial import add_trial_column, trial_findings
 from lightning_perf.bench.matrix_verdicts import add_verdicts, best_words, floor_cell, verdict_cell, verdict_findings
 from lightning_perf.bench.noise_floor import MIN_EFFECT_PCT
+from lightning_perf.bench.process_group import run_in_group
 from lightning_perf.bench.rounds import check_repeats, run_rounds
 from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, verdict
@@ -270,11 +270,8 @@ def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, con
         env = variant_env(summary_path, manifest, threads, trial)
         start = time.perf_counter()
         with open(os.path.join(run_dir, "output.log"), "w") as out:
-            try:
-                proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
-                code: Optional[int] = proc.returncode
-            except subprocess.TimeoutExpired:
-                code = None
+            # in a group of its own: a timeout or a Ctrl-C ends every process the variant started
+            code: Optional[int] = run_in_group(cmd, out, env, timeout_s)
         wall = time.perf_counter() - start
         events = read_manifest(manifest)
     finally:
@@ -436,18 +433,20 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
     again = [[s for s in (_typed(rep) for rep in r.get("repeats") or []) if s is not None] for r in results]
     base = next((s for s in typed if s is not None), None)
     base_again = next((a for s, a in zip(typed, again) if s is not None), [])
+    done_again = [[x for x in a if x.status == "completed"] for a in again]  # a failed run's speed: no figure
+    base_done = [x for x in base_again if x.status == "completed"]
     base_name = next((r["name"] for r, s in zip(results, typed) if s is not None), "the baseline")
     base_end = _end_to_end(base, base)[1] if base is not None else None
     rows = []
-    for r, s, s_again in zip(results, typed, again):
+    for r, s, s_again, s_done in zip(results, typed, again, done_again):
         row: Dict[str, Any] = {"variant": r["name"], "status": _status(r, s), "overrides": " ".join(r["overrides"]),
                                "wall_s": r["wall_s"], "baseline": s is not None and s is base}
         if r.get("rounds"):  # the rounds of run_matrix: how many ran of those asked (the CSV), and why (findings)
             row.update(_rounds=r["rounds"], rounds_done=r["rounds"]["done"], rounds_planned=r["rounds"]["planned"])
         if s is not None:
-            repeated = s is not base and (base_again or s_again)
-            cmp = (compare_summaries(base, s, base_repeats=base_again if repeated else (),
-                                     candidate_repeats=s_again if repeated else ()) if base is not None else {})
+            repeated = s is not base and (base_done or s_done)
+            cmp = (compare_summaries(base, s, base_repeats=base_done if repeated else (),
+                                     candidate_repeats=s_done if repeated else ()) if base is not None else {})
             timer = s.iteration_timer
             train = timer.train_time_s if timer is not None else None
             evaluation = timer.eval_time_s if timer is not None else None
@@ -482,6 +481,9 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
                 row["status"] = "quality gate not checked"
             _add_warmup(row, base, s, base_end, cmp.get("break_even"))
             _add_rates(row, base, [s] + s_again, cmp.get("speedup_basis"))
+            if s.status != "completed" or base.status != "completed":  # a crash's speed: of the steps before it
+                row.update({key: None for key in ("speedup", "speedup_ci_low", "speedup_ci_high",
+                                                  "speedup_significant", "end_to_end_speedup")})
         rows.append(row)
     add_verdicts(rows, noise_floor, min_effect_pct)
     return rows
@@ -491,9 +493,12 @@ def _add_rates(row: Dict[str, Any], base: Optional[PerfSummary], runs: List[Perf
                basis: Optional[str]) -> None:
     """Each run's rate, for the verdicts between runs (kept out of the CSV: keys start with '_'): steady (its/s, and
     samples/s for rows of other batch sizes) and end to end (1 / the whole fit's seconds at the baseline's length)."""
-    row["_steady_rates"] = [run_speed(run, basis or "it/s") for run in runs]
-    row["_samples_rates"] = [run_speed(run, "samples/s") for run in runs]
-    seconds = [_end_to_end(base, run)[1] if base is not None else None for run in runs]
+    # a run whose fit did not complete (a crash, an interrupt) decides nothing: no rate, its why in the verdict
+    row["_statuses"] = [run.status for run in runs]
+    done = [run if run.status == "completed" else None for run in runs]
+    row["_steady_rates"] = [run and run_speed(run, basis or "it/s") for run in done]
+    row["_samples_rates"] = [run and run_speed(run, "samples/s") for run in done]
+    seconds = [_end_to_end(base, run)[1] if base is not None and run is not None else None for run in done]
     row["_end_to_end_rates"] = [None if finite(t) is None or t <= 0 else 1.0 / t for t in seconds]
 
 

@@ -80,12 +80,24 @@ def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], mi
                          speedup_significant=(cmp["low"] > 1.0 or cmp["high"] < 1.0)
                          and abs(cmp["ratio"] - 1.0) * 100.0 >= min_effect_pct)
             decided = decide(cmp, None if r is aa else floor, min_effect_pct)
+            if cmp["ratio"] is None:  # no rate: say whose runs failed rather than "no rate to compare"
+                decided["why"] = _not_completed(r, "every run") or _not_completed(base, "the baseline's runs") or (
+                    decided["why"])
             r[f"{basis}_verdict"], r[f"{basis}_verdict_why"] = decided["verdict"], decided["why"] or None
             r[f"_{basis}_floor"] = floor
             r[f"_{basis}_cmp"] = cmp
             r[prefix + "speedup"] = None if floor is None else floor["ratio"]
             r[prefix + "ci_low"] = None if floor is None else floor["low"]
             r[prefix + "ci_high"] = None if floor is None else floor["high"]
+
+
+def _not_completed(row: Dict[str, Any], whose: str) -> Optional[str]:
+    """Why a row has no rate where none of its runs completed (``every run failed (3 failed): ...``), else None."""
+    statuses = row.get("_statuses") or []
+    if not statuses or "completed" in statuses:
+        return None
+    counted = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    return f"{whose} failed ({counted}): a failed run decides nothing, its speed is of the steps before it ended"
 
 
 def verdict_cell(row: Dict[str, Any], best_by: str) -> str:
@@ -154,7 +166,11 @@ def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
         out.append(f"Within noise of {base['variant']}: " + "; ".join(
             f"{r['variant']} ({_interval(r[f'_{basis}_cmp'])}: {r[f'{basis}_verdict_why']})" for r in tied)
             + ": no change the machine could not have made.")
-    if any(r[f"{basis}_verdict"] == NO_VERDICT and (r[f"_{basis}_cmp"]["runs"][0] or 0) < 2 for r in others):
+    failed = [r for r in others if "a failed run decides nothing" in (r.get(f"{basis}_verdict_why") or "")]
+    if failed:
+        out.append("No verdict: " + "; ".join(f"{r['variant']} ({r[f'{basis}_verdict_why']})" for r in failed) + ".")
+    if any(r[f"{basis}_verdict"] == NO_VERDICT and (r[f"_{basis}_cmp"]["runs"][0] or 0) < 2 and r not in failed
+           for r in others):
         out.append("No verdict between runs: one run each, so the drift between runs was not measured; run with"
                    f" --repeats 2 or more (default {DEFAULT_REPEATS}).")
     return out

@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -19,6 +18,7 @@ from lightning_perf.bench.matrix import with_noise_floor, written_elsewhere
 from lightning_perf.bench.noise_floor import (
     FASTER,
     MIN_EFFECT_PCT,
+    NO_VERDICT,
     SLOWER,
     best_or_tie,
     decide,
@@ -27,6 +27,7 @@ from lightning_perf.bench.noise_floor import (
     ratio_text,
     shift_by_rounds,
 )
+from lightning_perf.bench.process_group import run_in_group
 from lightning_perf.bench.rounds import run_rounds, rounds_line
 from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.compare import compare_summaries, format_text, run_speed
@@ -96,28 +97,28 @@ def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], tim
     if os.path.isfile(summary_path):  # an earlier race's file: this run writes its own
         os.unlink(summary_path)
     manifest = os.path.join(run_dir, ".lightning_perf_manifest.jsonl")
-    open(manifest, "w").close()
     # fill: a Trainer with lightning_perf callbacks of its own keeps them (and gets the others), as in the matrix
     env = command_env(os.environ, callbacks, out=os.path.abspath(run_dir), name=name, baseline=None,
                       manifest=manifest, fill=True)
     env = thread_env(env, threads)
     log(f"[race] {name}: {' '.join(shlex.quote(a) for a in argv)}")
-    start = time.perf_counter()
     code: Optional[int]
-    with open(os.path.join(run_dir, "output.log"), "w") as out:
-        try:
-            code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            code = None
-        except OSError as err:
-            out.write(f"lightning-perf race: cannot run {argv[0]!r}: {err.strerror or err}\n")
-            code = 127
-    wall = time.perf_counter() - start
-    events = read_manifest(manifest)
     try:
-        os.unlink(manifest)
-    except OSError:
-        pass
+        open(manifest, "w").close()
+        start = time.perf_counter()
+        with open(os.path.join(run_dir, "output.log"), "w") as out:
+            try:  # in a group of its own: a timeout or a Ctrl-C ends every process of the command (bash -c '...')
+                code = run_in_group(argv, out, env, timeout_s)
+            except OSError as err:
+                out.write(f"lightning-perf race: cannot run {argv[0]!r}: {err.strerror or err}\n")
+                code = 127
+        wall = time.perf_counter() - start
+        events = read_manifest(manifest)
+    finally:  # also after a Ctrl-C, once the run has ended: nothing writes to it any more
+        try:
+            os.unlink(manifest)
+        except OSError:
+            pass
     result: Dict[str, Any] = {"name": name, "exit_code": code, "wall_s": wall, "summary_path": summary_path,
                               "summary": None, "problem": None}
     elsewhere = written_elsewhere(events, summary_path)
@@ -158,7 +159,8 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
     the noise floor), the noise floor, the best or the ties, and each run's status."""
     runs = info["results"]
     base_name = commands[0][0]
-    typed = {name: [as_summary(r["summary"], r["summary_path"]) for r in runs[name] if r["summary"] is not None]
+    # a failed or interrupted run decides nothing: its speed is of the steps before the crash
+    typed = {name: [as_summary(r["summary"], r["summary_path"]) for r in runs[name] if _completed(r)]
              for name, _ in commands}
     out: Dict[str, Any] = {"baseline": base_name, "noise_floor_copy": copy,
                            "rounds": {k: v for k, v in info.items() if k != "results"},
@@ -166,7 +168,12 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
                            "comparisons": {}, "noise_floor": None, "best": None, "tie": []}
     rates: Dict[str, List[Optional[float]]] = {}
     for name, _ in commands:
-        if name == base_name or not typed[name] or not typed[base_name]:
+        if name == base_name:
+            continue
+        if not typed[name] or not typed[base_name]:  # a verdict line all the same, saying why there is no speed
+            why = _no_speed(name, runs[name]) if not typed[name] else (
+                f"the baseline's runs: {_no_speed(base_name, runs[base_name])}")
+            out["comparisons"][name] = {"verdict": {"verdict": NO_VERDICT, "why": why}, "between_runs": None}
             continue
         base_runs, cand_runs = typed[base_name], typed[name]
         cmp = compare_summaries(base_runs[0], cand_runs[0], base_name=base_name, candidate_name=name,
@@ -183,6 +190,8 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
                             by_rounds=_every_round(runs[copy], info) and _every_round(runs[base_name], info))
         out["noise_floor"] = floor
     for name, cmp in out["comparisons"].items():
+        if name not in rates:
+            continue
         basis = cmp["speedup_basis"] or "it/s"
         copies = [[run_speed(r, basis) for r in typed[copy]]] if copy in typed and name != copy else []
         setups = [name, base_name] + ([copy] if copies else [])
@@ -199,20 +208,50 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
     return out
 
 
+def _completed(run: Dict[str, Any]) -> bool:
+    """The run wrote a summary of a fit that completed: the only kind whose speed a verdict uses."""
+    return run["summary"] is not None and run["summary"].get("status") == "completed"
+
+
+def _no_speed(name: str, runs: List[Dict[str, Any]]) -> str:
+    """Why none of a command's runs gives a speed: how many wrote a summary, and how those ended."""
+    statuses = [r["summary"].get("status") for r in runs if r["summary"] is not None]
+    if not runs:
+        return f"{name} did not run"
+    if not statuses:
+        return f"no summary: none of the {len(runs)} runs of {name} wrote one ({_outcomes(runs)})"
+    counted = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    missing = len(runs) - len(statuses)
+    return (f"no run of {name} completed ({len(runs)} runs: {counted}" + (f", {missing} without a summary" if missing
+            else "") + "): a failed run decides nothing, its speed is of the steps before it ended")
+
+
+def _outcomes(runs: List[Dict[str, Any]]) -> str:
+    """``timed out``, ``exit 0``, ...: each distinct way the runs ended, with how many."""
+    ended = ["timed out" if r["exit_code"] is None else f"exit {r['exit_code']}" for r in runs]
+    return ", ".join(f"{ended.count(e)} {e}" if len(runs) > 1 else e for e in dict.fromkeys(ended))
+
+
 def _every_round(runs: List[Dict[str, Any]], info: Dict[str, Any]) -> bool:
-    """A command ran in every round that ran, each run with a summary: its rates line up with the rounds."""
-    return len(runs) == info.get("done") and all(r["summary"] is not None for r in runs)
+    """A command ran in every round that ran, each run completed: its rates line up with the rounds."""
+    return len(runs) == info.get("done") and all(_completed(r) for r in runs)
 
 
 def _run_record(run: Dict[str, Any]) -> Dict[str, Any]:
     record = {key: run[key] for key in ("exit_code", "wall_s", "summary_path", "problem")}
-    record["contention"] = contention_line(contention(run["summary"])) if run["summary"] is not None else None
+    summary = run["summary"]
+    record["status"] = summary.get("status") if summary is not None else None
+    error = (summary or {}).get("error")
+    record["error"] = str(error.get("message") or error.get("type") or "")[:200] or None if isinstance(
+        error, dict) else None
+    record["contention"] = contention_line(contention(summary)) if summary is not None else None
     return record
 
 
 def race_ok(result: Dict[str, Any]) -> bool:
-    """Every run exited 0 with a summary."""
-    return all(r["exit_code"] == 0 and r["problem"] is None for runs in result["runs"].values() for r in runs)
+    """Every run exited 0 with a summary of a completed fit."""
+    return all(r["exit_code"] == 0 and r["problem"] is None and r["status"] in ("completed", None)
+               for runs in result["runs"].values() for r in runs)
 
 
 def format_race(result: Dict[str, Any]) -> str:
@@ -220,26 +259,39 @@ def format_race(result: Dict[str, Any]) -> str:
     base = result["baseline"]
     lines: List[str] = []
     for name, cmp in result["comparisons"].items():
-        if name == result["noise_floor_copy"]:
+        if name == result["noise_floor_copy"] or cmp["between_runs"] is None:  # no speed: nothing to compare
             continue
         lines += [f"### {name} against {base}", "", format_text(cmp), ""]
     lines += ["RACE VERDICT", "=" * 70, rounds_line(result["rounds"]) or ""]
     for name, runs in result["runs"].items():
         bad = [f"run {k}: " + ("timed out" if r["exit_code"] is None else f"exit {r['exit_code']}")
+               + (f", status {r['status']}" + (f" ({r['error']})" if r["error"] else "")
+                  if r["status"] not in ("completed", None) else "")
                + (f" ({r['problem']})" if r["problem"] else "")
-               for k, r in enumerate(runs, start=1) if r["exit_code"] != 0 or r["problem"]]
+               for k, r in enumerate(runs, start=1) if r["exit_code"] != 0 or r["problem"]
+               or r["status"] not in ("completed", None)]
         busy = [k for k, r in enumerate(runs, start=1) if r["contention"]]
-        line = f"  {name}: {len(runs)} runs, {len(runs) - len(bad)} with a summary"
+        line = (f"  {name}: {len(runs)} runs, {sum(r['status'] is not None for r in runs)} with a summary,"
+                f" {sum(r['status'] == 'completed' for r in runs)} completed")
         line += (f"; {'; '.join(bad)}" if bad else "") + (
             f"; measured on a busy machine in run(s) {', '.join(map(str, busy))}" if busy else "")
         lines.append(line)
     copy = result["noise_floor_copy"]
-    lines.append(f"  Noise floor (A/A: {copy} against {base}): {floor_text(result['noise_floor'])}" if copy else
-                 "  Noise floor: not measured (--noise-floor off)")
+    if copy is None:
+        lines.append("  Noise floor: not measured (--noise-floor off)")
+    elif result["comparisons"].get(copy, {}).get("between_runs", 0) is None:  # the copy or the baseline: no speed
+        lines.append(f"  Noise floor (A/A: {copy} against {base}): not measured: "
+                     + result["comparisons"][copy]["verdict"]["why"])
+    else:
+        lines.append(f"  Noise floor (A/A: {copy} against {base}): {floor_text(result['noise_floor'])}")
     for name, cmp in result["comparisons"].items():
         if name == copy:
             continue
         between, verdict = cmp["between_runs"], cmp["verdict"]
+        if between is None:
+            lines.append(f"  {name} against {base}: {verdict['verdict']}: {verdict['why']}")
+            continue
+        unused = [r for side in (name, base) for r in result["runs"][side] if r["status"] != "completed"]
         if verdict["verdict"] in (FASTER, SLOWER):
             words = f"{ratio_text(between['ratio'])}, decided"
         else:
@@ -247,7 +299,8 @@ def format_race(result: Dict[str, Any]) -> str:
         interval = (f" (95% CI {between['low']:.3f}x to {between['high']:.3f}x, {between['method']},"
                     f" {cmp['speedup_basis']}, over {between['runs'][1]} + {between['runs'][0]} runs)"
                     if between["low"] is not None else "")
-        lines.append(f"  {name} against {base}: {words}{interval}" + (f": {verdict['why']}" if verdict["why"] else ""))
+        lines.append(f"  {name} against {base}: {words}{interval}" + (f": {verdict['why']}" if verdict["why"] else "")
+                     + (f" ({len(unused)} run(s) of {name} and {base} left out: not completed)" if unused else ""))
     if result["best"]:
         lines.append(f"  Fastest: {result['best']}, decided against every other command (samples/s).")
     elif len(result["tie"]) > 1:

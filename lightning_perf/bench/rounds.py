@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from lightning_perf.bench.process_group import signal_name, stops_as_interrupts
 from lightning_perf.bench.threads import threads_note
 
 #: ``--repeats``' default: 5 rounds. On synthetic runs with 3% drift between runs, 5 runs a side find a 10% change
@@ -33,30 +34,54 @@ def run_rounds(names: Sequence[Any], repeats: int, run_one: Callable[[Any, int],
     """Runs ``run_one(name, k)`` for each name in each round ``k`` = 1..``repeats`` (:func:`round_order`). With
     ``budget_s``, a round after the first starts only when the time spent so far plus the longest round so far fits
     in the budget (the first round always runs: no verdict without it). Returns ``results`` (name -> the round
-    results in order), ``planned``, ``done``, ``budget_s``, ``round_s`` (each round's seconds) and ``stopped`` (why
-    rounds were left out, else None)."""
+    results in order), ``planned``, ``done``, ``budget_s``, ``round_s`` (each round's seconds), ``stopped`` (why
+    rounds were left out, else None), ``interrupted`` and ``signal``: a Ctrl-C (or SIGTERM, SIGHUP) ends the rounds
+    where they are, the round cut short left out (``run_one`` ends its run in flight first); :class:`NothingFinished`
+    where that was the first round."""
     check_repeats(repeats, budget_s)
     results: Dict[Any, List[Any]] = {name: [] for name in names}
-    start, round_s, stopped = clock(), [], None
-    for k in range(1, repeats + 1):
-        spent = clock() - start
-        if k > 1 and budget_s is not None and spent + max(round_s) > budget_s:
-            stopped = (f"stopped after {k - 1} of {repeats} {what}: round {k} would have passed the budget of"
-                       f" {budget_s:g} s ({spent:.0f} s spent, the longest round took {max(round_s):.0f} s)")
-            log(f"[{what}] {stopped}")
-            break
-        began = clock()
-        for name in round_order(names, k):
-            if repeats > 1:
-                log(f"[{what}] round {k} of {repeats}: {name}")
-            results[name].append(run_one(name, k))
-        round_s.append(clock() - began)
-    return {"results": results, "planned": repeats, "done": len(round_s), "budget_s": budget_s,
-            "round_s": round_s, "stopped": stopped}
+    start, round_s, stopped, interrupted, by, k = clock(), [], None, None, None, 1
+    with stops_as_interrupts():
+        try:
+            for k in range(1, repeats + 1):
+                spent = clock() - start
+                if k > 1 and budget_s is not None and spent + max(round_s) > budget_s:
+                    stopped = (f"stopped after {k - 1} of {repeats} {what}: round {k} would have passed the budget"
+                               f" of {budget_s:g} s ({spent:.0f} s spent, the longest round took {max(round_s):.0f}"
+                               " s)")
+                    log(f"[{what}] {stopped}")
+                    break
+                began, this_round = clock(), {}
+                for name in round_order(names, k):
+                    if repeats > 1:
+                        log(f"[{what}] round {k} of {repeats}: {name}")
+                    this_round[name] = run_one(name, k)
+                for name, result in this_round.items():  # a round counts once every setup has run in it
+                    results[name].append(result)
+                round_s.append(clock() - began)
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: the run in flight has ended (process_group)
+            by = signal_name(stop)
+            interrupted = f"interrupted ({by}) in round {k} of {repeats}; the runs of that round are left out"
+            log(f"[{what}] {interrupted}")
+    info = {"results": results, "planned": repeats, "done": len(round_s), "budget_s": budget_s,
+            "round_s": round_s, "stopped": stopped, "interrupted": interrupted, "signal": by}
+    if interrupted and not round_s:
+        raise NothingFinished(info)
+    return info
+
+
+class NothingFinished(Exception):
+    """The rounds were interrupted before the first one finished: nothing to report. ``info`` as
+    :func:`run_rounds` returns it."""
+
+    def __init__(self, info: Dict[str, Any]) -> None:
+        super().__init__(f"{info['interrupted']}: no round finished, nothing to report")
+        self.info = info
 
 
 def rounds_line(info: Optional[Dict[str, Any]]) -> Optional[str]:
-    """One line on the rounds run: how many of those asked, their time, and why the budget stopped them."""
+    """One line on the rounds run: how many of those asked, their time, and why the budget or an interrupt stopped
+    them."""
     if not info:
         return None
     total = sum(info["round_s"])
@@ -66,5 +91,7 @@ def rounds_line(info: Optional[Dict[str, Any]]) -> Optional[str]:
         line += f"; budget {info['budget_s']:g} s"
     if info.get("stopped"):
         line += f": {info['stopped']}; the verdicts are from the rounds that ran"
+    if info.get("interrupted"):
+        line += f": {info['interrupted']}; the verdicts are from the rounds that finished"
     threads = threads_note(info.get("threads"))
     return line + (f"; {threads}" if threads else "") + "."

@@ -69,8 +69,8 @@ def choose_threads(how: Any, environ: Mapping[str, str] = os.environ,
     """The thread count every run gets: ``threads`` (None: torch's default, nothing set), ``how`` and ``reason``.
 
     ``auto``: a thread count set in the environment is the user's and is kept; otherwise the cores free before the
-    first round (the usable cores less the busy ones, rounded, at least 1), and torch's default where every core was
-    free. ``keep``: torch's default. A number: that many."""
+    first round (the usable cores less the busy ones, rounded; 1 where none was left free), and torch's default where
+    every core was free. ``keep``: torch's default. A number: that many."""
     how = parse_threads(how)
     cores = _usable_cores()
     choice: Dict[str, Any] = {"how": how, "threads": None, "cores": cores, "busy_cores": None}
@@ -90,11 +90,15 @@ def choose_threads(how: Any, environ: Mapping[str, str] = os.environ,
         choice["reason"] = "torch's default: the machine's CPU counters could not be read"
         return choice
     choice["busy_cores"] = round(busy, 2)
-    free = max(1, cores - int(round(busy)))
+    free = cores - int(round(busy))
     if free >= cores:
         choice["reason"] = f"torch's default: all {cores} cores were free before the first round"
         return choice
-    choice["threads"] = free
+    choice["threads"] = max(1, free)
+    if free < 1:  # every core busy: a run still needs a thread, and one waits the least for the busy cores
+        choice["reason"] = (f"{busy:.1f} of {cores} cores were busy before the first round: no core was left free, so"
+                            " each run gets 1 thread, the least (--threads keep for torch's default)")
+        return choice
     choice["reason"] = (f"{busy:.1f} of {cores} cores were busy before the first round, so each run gets the"
                         f" {free} left free (--threads keep for torch's default)")
     return choice
