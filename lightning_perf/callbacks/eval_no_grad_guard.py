@@ -18,7 +18,7 @@ from lightning_perf.callbacks._state import StateError, StateReader
 from lightning_perf.errors import PerfCheckFailed
 from lightning_perf.measure.autograd import EvalForwardWatch, calling_site, find_retained_graphs
 from lightning_perf.measure.phases import add_listener, remove_listener
-from lightning_perf.measure.train_mode import MAX_MODULE_NAMES, RUNNING_STATS, TrainModeWatch, mode_dependent
+from lightning_perf.measure.train_mode import MAX_MODULE_NAMES, ModesBetweenSteps, TrainModeWatch
 
 MODES = ("warn", "raise", "fix")
 #: The phase of a training-mode finding a training hook ran without `phase("eval_in_train_hooks")` around it.
@@ -119,7 +119,7 @@ class EvalNoGradGuard(PerfCallback):
     """
 
     section_name = "eval_no_grad_guard"
-    _transient = ("_module_ref", "_model_ids", "_mode_modules", "_ids_after_eval")
+    _transient = ("_module_ref", "_model_ids", "_ids_after_eval")
 
     def __init__(self, mode: str = "warn", allow: Optional[Sequence[str]] = None, scan_retained: bool = True,
                  summary_path: Optional[str] = None, run_name: Optional[str] = None,
@@ -149,7 +149,7 @@ class EvalNoGradGuard(PerfCallback):
                                        hooks=frozenset(hooks), owners=(Callback, LightningModule, LightningDataModule))
         self._watch.on_model_forward = self._on_model_forward
         self._model_ids: Any = None  # the LightningModule's modules with parameters, found at the train start
-        self._mode_modules: Dict[int, List[Any]] = {}  # top-level module id -> its mode-dependent modules
+        self._between_steps = ModesBetweenSteps()
         self._ids_after_eval: Any = None  # the watch's model ids to give back when an evaluation run ends
         self._reset()
 
@@ -277,35 +277,19 @@ class EvalNoGradGuard(PerfCallback):
         self._warn_once(f"train_mode:{phase}:{site}", message)
 
     def _on_model_forward(self, module: Any) -> None:
-        """A top-level forward of the LightningModule's modules between training steps (the watch calls it): the
-        modes of its mode-dependent modules, read from their flags (listed once per top-level module); in training
-        mode, a finding of phase ``train_hooks`` at the calling site. Inside `phase("eval_in_train_hooks")` the
-        phase's own check counts them. Never raises: ``mode="raise"`` raises at the next hook that can."""
+        """A top-level forward of the LightningModule's modules between training steps (the watch calls it): with
+        mode-dependent modules in training mode, a finding of phase ``train_hooks`` at the calling site. Inside
+        `phase("eval_in_train_hooks")` the phase's own check counts them. Never raises: ``mode="raise"`` raises at
+        the next hook that can."""
         if not self.check_train_mode or self._in_phase:
             return
         try:
-            listed = self._mode_modules.get(id(module))
-            if listed is None:
-                listed = self._mode_modules[id(module)] = self._mode_dependent_of(module)
-            training = [(name, m, kind) for name, m, kind in listed if m.training]
-            if not training:
-                return
-            site, _ = calling_site(self._watch.hooks, self._watch.owners)
-            self._on_train_mode_finding({
-                "phase": TRAIN_HOOKS, "site": site, "forwards": 1,
-                "modules": {name: (type(m).__name__, 1) for name, m, _ in training},
-                "running_stats_changed": any(kind == RUNNING_STATS for _, _, kind in training),
-                "random_active": any(kind != RUNNING_STATS for _, _, kind in training), "uncounted": []},
-                can_raise=False, runs=0)
+            found = self._between_steps.found(module, self._module_ref() if self._module_ref is not None else None)
+            if found is not None:
+                site, _ = calling_site(self._watch.hooks, self._watch.owners)
+                self._on_train_mode_finding({**found, "phase": TRAIN_HOOKS, "site": site}, can_raise=False, runs=0)
         except Exception as err:  # noqa: BLE001 - a measurement must never stop training
             self._train_mode_failed("a forward between training steps", err)
-
-    def _mode_dependent_of(self, module: Any) -> List[Any]:
-        """(name within the LightningModule, module, kind) of each mode-dependent module under ``module``."""
-        root = self._module_ref() if self._module_ref is not None else None
-        prefix = next((n for n, m in root.named_modules() if m is module), "") if root is not None else ""
-        return [(".".join(p for p in (prefix, name) if p), m, mode_dependent(m))
-                for name, m in module.named_modules() if mode_dependent(m)]
 
     def _raise_pending(self) -> None:
         failure, self._pending_failure = self._pending_failure, None
@@ -362,7 +346,7 @@ class EvalNoGradGuard(PerfCallback):
         # The modules a forward between training steps is evaluation of: those with parameters (a metric's update
         # in a batch-end hook builds no graph and is no evaluation).
         self._model_ids = frozenset(id(m) for m in pl_module.modules() if next(m.parameters(), None) is not None)
-        self._mode_modules = {}
+        self._between_steps.reset()
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._pending_failure is not None:  # mode="raise": found in a phase the last batch's hooks opened

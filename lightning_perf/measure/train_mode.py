@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-__all__ = ["MAX_MODULE_NAMES", "mode_dependent", "TrainModeWatch"]
+__all__ = ["MAX_MODULE_NAMES", "mode_dependent", "ModesBetweenSteps", "TrainModeWatch"]
 
 #: The most module names a finding lists; ``module_count`` says how many there were in all.
 MAX_MODULE_NAMES = 16
@@ -184,3 +184,38 @@ class TrainModeWatch:
         self.quiet()
         self.running = False
         self._stats, self._random, self._in_order, self._counters_at_start = [], [], [], None
+
+
+class ModesBetweenSteps:
+    """Evaluation a training hook runs between training steps: which mode-dependent modules of the module it runs
+    are in training mode, at each top-level forward.
+
+    A top-level module's mode-dependent modules are listed at its first forward (named within ``root``, the
+    LightningModule), then only their ``training`` flags are read: a few attribute reads a forward.
+    """
+
+    def __init__(self) -> None:
+        self._listed: Dict[int, List[Tuple[str, nn.Module, str]]] = {}
+
+    def reset(self) -> None:
+        self._listed = {}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """A copy holds no modules."""
+        return {"_listed": {}}
+
+    def found(self, module: nn.Module, root: Optional[nn.Module]) -> Optional[Dict[str, Any]]:
+        """None when no mode-dependent module of ``module`` is in training mode; else a finding in the form of
+        :meth:`TrainModeWatch.stop`'s (one forward, no phase or site: the caller names them)."""
+        listed = self._listed.get(id(module))
+        if listed is None:
+            prefix = next((n for n, m in root.named_modules() if m is module), "") if root is not None else ""
+            listed = self._listed[id(module)] = [(".".join(p for p in (prefix, name) if p), m, kind)
+                                                 for name, m in module.named_modules()
+                                                 for kind in (mode_dependent(m),) if kind]
+        training = [(name, m, kind) for name, m, kind in listed if m.training]
+        if not training:
+            return None
+        return {"forwards": 1, "modules": {name: (type(m).__name__, 1) for name, m, _ in training},
+                "running_stats_changed": any(kind == RUNNING_STATS for _, _, kind in training),
+                "random_active": any(kind == RANDOM for _, _, kind in training), "uncounted": []}
