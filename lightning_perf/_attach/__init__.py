@@ -68,10 +68,10 @@ def gate_arguments(path: str) -> Dict[str, Any]:
     ``monitor`` with the direction the baseline recorded. ValueError with the reason when there is nothing to gate."""
     from lightning_perf.measure.image_quality import IMAGE_METRICS
     from lightning_perf.summary.baseline import BASELINE_KIND, read_baseline_with_gaps
+    from lightning_perf.summary.io import read_json
 
     values, gaps = read_baseline_with_gaps(path)
-    with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
+    data = read_json(path)  # checked as the first read was: a file swapped for a named pipe since is refused too
     entries = data.get("metrics") if data.get("kind") == BASELINE_KIND else (data.get("quality_gate") or {}).get(
         "metrics")
     entries = entries if isinstance(entries, dict) else {}
