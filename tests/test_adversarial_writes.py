@@ -1,9 +1,11 @@
 """Writes an adversary can break (issue 63): summaries of several processes under one ``run``, a SIGTERM while the
 suite writes at the end of a fit, a ``--baseline`` that is not a regular file."""
 
+import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -12,10 +14,107 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
 def run_cli(*args, cwd=None, timeout=240):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     return subprocess.run([sys.executable, "-m", "lightning_perf.cli", "run", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def read(path):
+    with open(path) as fh:
+        return json.load(fh)
+
+
+# -- 1. several processes under one `run` ----------------------------------------------------------------------------
+
+#: A user's script that fits one Trainer in each of two processes; ARGS: how the processes are made.
+POOL = '''
+import multiprocessing
+import os
+import sys
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit(steps):
+    torch.set_num_threads(1)
+    trainer = Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(Net(), DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4))
+    return steps
+
+
+if __name__ == "__main__":
+    how = sys.argv[1]
+    if how == "os.fork":
+        pid = os.fork()
+        fit(3 if pid == 0 else 4)
+        if pid == 0:
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+    pool = multiprocessing.get_context(how).Pool(2)
+    print(sorted(pool.map(fit, [3, 4], chunksize=1)), flush=True)
+    pool.close()
+    pool.join()
+'''
+
+
+@pytest.mark.parametrize("how", ["fork", "spawn", "os.fork"])
+def test_trainers_of_two_processes_under_one_run_get_a_file_each(tmp_path, how):
+    script = write(tmp_path / "project" / "pool.py", POOL)
+    out = tmp_path / "o"
+    proc = run_cli("--out", str(out), "--name", "p", "--", sys.executable, str(script), how, cwd=str(script.parent))
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(os.listdir(out / "p"))
+    assert files == ["perf_summary.json", "perf_summary_trainer2.json"], (files, proc.stderr)
+    summaries = [read(out / "p" / name) for name in files]
+    assert sorted(s["iteration_timer"]["iterations"] for s in summaries) == [3, 4]  # one file per fit, none lost
+    assert [s["run"]["name"] for s in summaries] == ["p", "p-trainer2"]
+    assert all(s["status"] == "completed" for s in summaries)
+    for name in files:
+        assert proc.stderr.count(f"lightning-perf run: summary written to {out / 'p' / name}\n") == 1, proc.stderr
+
+
+DDP = """
+    if sys.argv[1] == "ddp":
+        trainer = Trainer(max_steps=4, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, accelerator="cpu", devices=2, strategy="ddp")
+        trainer.fit(Net(), DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4))
+        sys.exit(0)
+"""
+
+
+def test_a_ddp_fit_under_run_is_one_trainer_numbered_by_rank_0(tmp_path):
+    """Its ranks are processes of the command too: rank 0 takes the number, the others get it from rank 0."""
+    script = write(tmp_path / "project" / "ddp.py", POOL.replace('\n    how = sys.argv[1]\n', DDP + '    how = 0\n'))
+    out = tmp_path / "o"
+    proc = run_cli("--out", str(out), "--name", "d", "--", sys.executable, str(script), "ddp", cwd=str(script.parent))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out / "d")) == ["perf_summary.json"], proc.stderr
+    summary = read(out / "d" / "perf_summary.json")
+    assert summary["run"]["world_size"] == 2 and summary["run"]["name"] == "d"
+    assert proc.stderr.count("lightning-perf run: summary written to") == 1, proc.stderr
 
 
 # -- 4. a --baseline that is not a regular file ----------------------------------------------------------------------

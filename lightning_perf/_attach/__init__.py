@@ -107,6 +107,30 @@ def record(event: str, **fields: Any) -> None:
         pass
 
 
+def claim_number() -> Optional[int]:
+    """The next number of the command's Trainers over all its processes (pool workers, forks, spawned children):
+    under an exclusive lock of the manifest, one more than the ``numbered`` events in it, recorded as one more. None
+    where there is no manifest or it cannot be locked (no ``fcntl``): the caller counts in its own process."""
+    path = os.environ.get(MANIFEST_ENV)
+    if not path:
+        return None
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held by this open file alone: another process's open waits here
+        number = 1 + sum(1 for event in read_manifest(path) if event.get("event") == "numbered")
+        os.write(fd, (json.dumps({"event": "numbered", "pid": os.getpid(), "trainer": number}) + "\n").encode())
+        return number
+    except Exception:  # noqa: BLE001 - the numbering of this process alone is the fallback, not a failure
+        return None
+    finally:
+        os.close(fd)  # and the lock with it
+
+
 def read_manifest(path: str) -> List[Dict[str, Any]]:
     """The events the command's processes recorded, in order; unreadable lines are skipped."""
     events: List[Dict[str, Any]] = []
