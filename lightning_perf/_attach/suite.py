@@ -151,6 +151,9 @@ class AttachedSuite(PerfSuite):
             warn_once("setup", f"{err}; this Trainer runs unmeasured")
             PerfSuite.teardown(self, trainer, pl_module, stage)  # undoes what the callbacks set up
             self._stand_aside(trainer, str(err), "failed")
+            return
+        # a SIGTERM held while the fit's end is written ends the process before teardown: said before it does
+        book_for(trainer).before_raising = lambda: self._record_written(trainer)
 
     @staticmethod
     def _take_number(trainer: Any) -> int:
