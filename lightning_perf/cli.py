@@ -384,17 +384,15 @@ def _empty_file(path: str) -> bool:
 def _baseline_problem(path: str, err: Exception) -> str:
     """Why ``run --baseline`` refuses ``path``: an empty file, or a JSON that is neither a summary nor a baseline
     file, said as such rather than by the first metric the gate could not use."""
-    import json
-
     from lightning_perf.summary.baseline import BASELINE_KIND
+    from lightning_perf.summary.io import read_json
 
     expected = "expected a perf_summary.json with a quality_gate section or a file written by record_baseline"
     if _empty_file(path):
         return f"the file is empty; {expected}"
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError, RecursionError):
+    try:  # the checked reader: /dev/zero or a named pipe is refused, never opened (read whole, neither ends)
+        data = read_json(path)
+    except SummaryError:
         return str(err)
     if not isinstance(data, dict) or ("schema_version" not in data and data.get("kind") != BASELINE_KIND):
         return (f"not a summary or baseline file (neither a schema_version nor kind {BASELINE_KIND!r}); {expected}")

@@ -68,10 +68,10 @@ def gate_arguments(path: str) -> Dict[str, Any]:
     ``monitor`` with the direction the baseline recorded. ValueError with the reason when there is nothing to gate."""
     from lightning_perf.measure.image_quality import IMAGE_METRICS
     from lightning_perf.summary.baseline import BASELINE_KIND, read_baseline_with_gaps
+    from lightning_perf.summary.io import read_json
 
     values, gaps = read_baseline_with_gaps(path)
-    with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
+    data = read_json(path)  # checked as the first read was: a file swapped for a named pipe since is refused too
     entries = data.get("metrics") if data.get("kind") == BASELINE_KIND else (data.get("quality_gate") or {}).get(
         "metrics")
     entries = entries if isinstance(entries, dict) else {}
@@ -105,6 +105,30 @@ def record(event: str, **fields: Any) -> None:
             os.close(fd)
     except Exception:  # noqa: BLE001
         pass
+
+
+def claim_number() -> Optional[int]:
+    """The next number of the command's Trainers over all its processes (pool workers, forks, spawned children):
+    under an exclusive lock of the manifest, one more than the ``numbered`` events in it, recorded as one more. None
+    where there is no manifest or it cannot be locked (no ``fcntl``): the caller counts in its own process."""
+    path = os.environ.get(MANIFEST_ENV)
+    if not path:
+        return None
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held by this open file alone: another process's open waits here
+        number = 1 + sum(1 for event in read_manifest(path) if event.get("event") == "numbered")
+        os.write(fd, (json.dumps({"event": "numbered", "pid": os.getpid(), "trainer": number}) + "\n").encode())
+        return number
+    except Exception:  # noqa: BLE001 - the numbering of this process alone is the fallback, not a failure
+        return None
+    finally:
+        os.close(fd)  # and the lock with it
 
 
 def read_manifest(path: str) -> List[Dict[str, Any]]:

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any, Dict
 
-from lightning_perf._attach import CALLBACKS_ENV, FILL_ENV, record
+from lightning_perf._attach import CALLBACKS_ENV, FILL_ENV, claim_number, record
 
 #: The module that defines each namespace's Trainer -> the namespace.
 TARGETS = {"lightning.pytorch.trainer.trainer": "lightning.pytorch",
@@ -36,9 +36,12 @@ def warn_once(key: str, message: str) -> None:
 
 
 def next_trainer_number() -> int:
-    """1 for the first Trainer of this process to run with the suite, 2 for the next, ..."""
+    """1 for the first Trainer of the command to run with the suite, 2 for the next, ...: counted over all the
+    command's processes (a pool's workers, a fork: each would otherwise write the first's file), in this process
+    alone where the run's manifest cannot count them."""
     _count["trainers"] += 1
-    return _count["trainers"]
+    claimed = claim_number()
+    return _count["trainers"] if claimed is None else claimed
 
 
 def is_lightning_perf_callback(callback: Any) -> bool:

@@ -81,8 +81,9 @@ class AttachedSuite(PerfSuite):
         out: the folder of its summary; None: the Trainer's ``log_dir``.
         name: the summaries' ``run.name``.
 
-    At its Trainer's first set-up it takes the next number of this process (1, 2, ...): the first Trainer writes
-    ``perf_summary.json``, the N-th ``perf_summary_trainer<N>.json`` (``run.name`` ``NAME-trainer<N>``). It stands
+    At its Trainer's first set-up it takes the next number of the command (1, 2, ..., counted over all its
+    processes; under DDP rank 0's): the first Trainer writes ``perf_summary.json``, the N-th
+    ``perf_summary_trainer<N>.json`` (``run.name`` ``NAME-trainer<N>``). It stands
     aside when the Trainer has other lightning_perf callbacks by then (appended after construction, or from the
     module's ``configure_callbacks``), and when its callbacks refuse their set-up (a summary path that cannot be
     written): the command runs on, unmeasured by it.
@@ -137,7 +138,7 @@ class AttachedSuite(PerfSuite):
                 self._stand_aside(trainer, "the Trainer has lightning_perf callbacks of its own")
                 return
             if self.trainer_number is None:
-                self.trainer_number = next_trainer_number()
+                self.trainer_number = self._take_number(trainer)
                 self._place(trainer)
         except Exception as err:  # noqa: BLE001
             warn_once("place", f"the summary cannot be placed ({type(err).__name__}: {err}); this Trainer runs"
@@ -150,6 +151,18 @@ class AttachedSuite(PerfSuite):
             warn_once("setup", f"{err}; this Trainer runs unmeasured")
             PerfSuite.teardown(self, trainer, pl_module, stage)  # undoes what the callbacks set up
             self._stand_aside(trainer, str(err), "failed")
+            return
+        # a SIGTERM held while the fit's end is written ends the process before teardown: said before it does
+        book_for(trainer).before_raising = lambda: self._record_written(trainer)
+
+    @staticmethod
+    def _take_number(trainer: Any) -> int:
+        """The Trainer's number, the same on every rank: rank 0 takes it, a DDP fit's other ranks (processes of the
+        command too) get it from rank 0 (set-up runs on every rank once the process group is up)."""
+        number = next_trainer_number() if trainer.is_global_zero else None
+        if trainer.world_size > 1:
+            number = trainer.strategy.broadcast(number, src=0)
+        return int(number or 1)
 
     def _place(self, trainer: Any) -> None:
         number = self.trainer_number or 1

@@ -124,6 +124,15 @@ def _os_error_text(err: OSError) -> str:
     return f"{type(err).__name__}: {' '.join(error_message(err).split())}"
 
 
+def signalled_at_end(name: str) -> Dict[str, str]:
+    """The ``error`` of a fit whose process got ``name`` while the suite wrote the summary of its completed training:
+    the measurements are whole, the process was not (it ends as the signal asks once the file is written)."""
+    return {"type": name, "signal": name,
+            "message": (f"{name} arrived after the fit completed, while lightning_perf wrote its summary; the"
+                        f" measurements cover the whole fit, and the process ended as {name} asks once this file was"
+                        " written")}
+
+
 class SummaryBook:
     """Collects the sections of every lightning_perf callback of one Trainer and writes them as one file.
 
@@ -147,12 +156,17 @@ class SummaryBook:
         self._handed_paths: List[str] = []  # in the parent of spawned workers: the files rank 0's worker named
         self._diagnosis: Optional[Dict[str, Any]] = None  # the fit's, once printed: the file says what was printed
         self._warned: set = set()  # write failures already said for this record
+        self._held: Any = None  # the SIGTERM handler put aside while the end of a fit is written (rank 0)
+        self._signalled: Optional[str] = None  # the signal that came meanwhile
+        #: Called before a held signal is raised again (``lightning-perf run`` says where the file went).
+        self.before_raising: Optional[Any] = None
 
     def attach(self, trainer: Trainer, callback: PerfCallback, stage: str = "fit") -> None:
         """Called from ``setup`` on every rank: the only place ``trainer.log_dir`` (a broadcast under DDP) is read."""
         stage = str(getattr(stage, "value", stage))  # Lightning passes a str enum (TrainerFn)
         if self.finished or stage != self.stage:  # a new fit, or another stage: a new record and file
             self._close_hand_off()
+            self._release_sigterm()
             self.__init__(stage)  # type: ignore[misc]
         if self.log_dir is None:
             self.log_dir = os.path.abspath(trainer.log_dir or trainer.default_root_dir)
@@ -269,7 +283,8 @@ class SummaryBook:
 
     def build(self, trainer: Trainer, exception: Optional[BaseException] = None) -> Dict[str, Any]:
         if exception is None:
-            status, error = "completed", None
+            status, error = ("completed", None) if self._signalled is None else (
+                "interrupted", signalled_at_end(self._signalled))
         else:
             # Ctrl-C, and SIGTERM (Lightning raises SIGTERMException, a SystemExit, when its handler sees one)
             interrupted = isinstance(exception, (KeyboardInterrupt, SystemExit))
@@ -346,17 +361,30 @@ class SummaryBook:
         if trainer_stage(trainer) != self.stage:
             return
         self.finished = True
-        if exception is None and ended is not None and self._diagnosis is None and self.stage == "fit" and (
-                trainer.is_global_zero):
+        at_fit_end = exception is None and ended is not None and self.stage == "fit" and trainer.is_global_zero
+        if at_fit_end:
+            self._hold_sigterm()
+        if at_fit_end and self._diagnosis is None:
             self._print_diagnosis(trainer)
         if exception is None and ended is not None:
             self._ended.add(id(ended))
-            if any(id(cb) not in self._ended for cb in self.callbacks):
+            if any(id(cb) not in self._ended for cb in self.callbacks) and self._signalled is None:
                 self._deferred = True
                 return
-        self._deferred = False
+        self._deferred = False  # the last end, or a SIGTERM came: the file now (the callbacks have all measured)
         if not trainer.is_global_zero:
             return
+        try:
+            for _ in range(2):  # a SIGTERM that came while the record was built or written: written again with it
+                signalled = self._signalled
+                if self._write_record(trainer, exception) or self._signalled == signalled:
+                    break
+        finally:
+            self._release_sigterm()
+
+    def _write_record(self, trainer: Trainer, exception: Optional[BaseException]) -> bool:
+        """Builds the record and writes it to each of its files; True when the parent of spawned workers handed the
+        error to the record a worker wrote (nothing more to write)."""
         data = self.build(trainer, exception)
         data["stage"] = self.stage
         if not self.callbacks and exception is not None and self._take_over(trainer, data) is not None:
@@ -364,7 +392,7 @@ class SummaryBook:
                 os.unlink(str(self._handoff))
             except OSError:
                 pass
-            return
+            return True
         for path in self.paths(trainer):
             path = self._write_or_fall_back(trainer, path, data)
             if path is None:
@@ -374,6 +402,44 @@ class SummaryBook:
                 rank_zero_info(f"lightning_perf: summary written to {path}")
         if exception is None:
             self._close_hand_off()  # the worker's record ended normally: nothing for the parent to take over
+        return False
+
+    # -- SIGTERM at the end of a fit ---------------------------------------------------------------------------------
+    def _hold_sigterm(self) -> None:
+        """From the first end report of a fit until its file is written (rank 0, main thread). Lightning gives SIGTERM
+        its earlier action back before ``on_fit_end`` (by default: end the process at once), which would end it
+        mid-write: no summary, a temporary file left. Held, a SIGTERM is noted; the file is written at once with it
+        (``status`` ``interrupted``, see :func:`signalled_at_end`), then the signal is raised again."""
+        if self._held is not None or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            previous = signal.getsignal(signal.SIGTERM)
+            if previous is None or previous == signal.SIG_IGN:  # set outside Python (cannot be put back), ignored
+                return
+            signal.signal(signal.SIGTERM, self._note_sigterm)
+        except (AttributeError, ValueError, OSError):
+            return
+        self._held = previous
+
+    def _note_sigterm(self, signum: int, frame: Any) -> None:
+        self._signalled = "SIGTERM"
+
+    def _release_sigterm(self) -> None:
+        """Puts the SIGTERM handler back; a SIGTERM that came meanwhile is raised again, to its own action."""
+        previous, self._held = self._held, None
+        if previous is None:
+            return
+        try:
+            signal.signal(signal.SIGTERM, previous)
+        except (ValueError, OSError):
+            return
+        if self._signalled is not None:
+            if self.before_raising is not None:
+                try:
+                    self.before_raising()
+                except Exception:  # noqa: BLE001 - the signal's action comes first
+                    pass
+            signal.raise_signal(signal.SIGTERM)  # the default action ends the process here (exit status 143)
 
     def _write_or_fall_back(self, trainer: Trainer, path: str, data: Dict[str, Any]) -> Optional[str]:
         """Writes ``data`` to ``path``; where the disk fails after the set-up check, to ``<log_dir>/perf_summary.json``
