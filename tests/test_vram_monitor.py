@@ -61,6 +61,47 @@ def test_train_peak_above_eval_peak_in_the_reverse_case(tmp_path):
     assert phases["train"]["host_rss_peak_mb"] - phases["validation"]["host_rss_peak_mb"] > 250
 
 
+HEAP_SCRIPT = """
+import ctypes, json, sys
+sys.path.insert(0, {tests!r})
+ctypes.CDLL(None).mallopt(-3, 64 * 2**20)  # M_MMAP_THRESHOLD: blocks under 64 MB from the heap, which keeps its pages
+import torch
+from helpers import TinyModel, find_summary, fit, hold_until_sampled
+from lightning_perf import VRAMMonitor
+
+
+class HeapSpikeInValidation(TinyModel):
+    def validation_step(self, batch, batch_idx):
+        if batch_idx == 0:
+            spike = [torch.ones(2**19) for _ in range(150)]  # 150 x 2 MB, on the heap
+            assert hold_until_sampled(self.trainer), "the memory sampler thread took no reading in 10 s"
+            del spike
+        return super().validation_step(batch, batch_idx)
+
+
+fit({root!r}, [VRAMMonitor(nvml_interval_s=0.01)], model=HeapSpikeInValidation(), max_epochs=3, limit_val_batches=2)
+print(json.dumps(find_summary({root!r})["vram"]))
+"""
+
+
+def test_training_after_a_validation_does_not_hold_the_memory_the_validation_freed(tmp_path):
+    """A validation that frees 300 MB of heap blocks (under malloc's mmap threshold, where the heap keeps the pages:
+    set in a process of its own): the epochs of training after it keep their own peak, about 300 MB below the
+    validation's, because the monitor gives the heap's free pages back at each evaluation run's end."""
+    import json
+    import subprocess
+    import sys
+
+    script = HEAP_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)), root=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    vram = json.loads(proc.stdout.strip().splitlines()[-1])
+    train = vram["phases"]["train"]["host_rss_peak_mb"]
+    validation = vram["phases"]["validation"]["host_rss_peak_mb"]
+    assert validation - train > 200, (train, validation)  # the spike: 300 MB
+    assert "malloc_trim" in vram["host_rss_method"]
+
+
 class Hoarder(TinyModel):
     """Keeps 1 MB per step alive: the classic list of tensors that grows until memory runs out."""
 

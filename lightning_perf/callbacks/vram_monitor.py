@@ -23,6 +23,7 @@ from lightning_perf.measure.memory import (
     NvmlUnavailable,
     PeakSampler,
     RssReader,
+    heap_trimmer,
     host_total_mb,
 )
 from lightning_perf.measure.memory_phases import EVAL_KEY as _EVAL_KEY
@@ -94,7 +95,7 @@ class VRAMMonitor(HookPhases, PerfCallback):
     """
 
     section_name = "vram"
-    _transient = ("_sampler", "_nvml_reader", "_allocator", "_activity", "_hook_trainer")
+    _transient = ("_sampler", "_nvml_reader", "_allocator", "_activity", "_hook_trainer", "_trim_heap")
 
     def __init__(
         self,
@@ -148,6 +149,7 @@ class VRAMMonitor(HookPhases, PerfCallback):
         self._lifetime = {"peak_allocated_mb": None, "peak_reserved_mb": None}
         self._allocator: Optional[AllocatorPeaks] = None
         self._health: Optional[AllocatorHealth] = None  # retries, OOMs, fragmentation: read at windows and phase ends
+        self._trim_heap: Optional[Callable[[], Any]] = None  # on host RSS: malloc_trim, at evaluation runs' ends
         self._device_label = "cpu"
         self._total_mb: Optional[float] = None
         self._unavailable: Dict[str, str] = {}
@@ -190,6 +192,7 @@ class VRAMMonitor(HookPhases, PerfCallback):
                 self._nvml_unavailable("switched off (`nvml=False`)", warn=False)
         else:
             self._total_mb = host_total_mb()
+            self._trim_heap = heap_trimmer()
             for key in ("peak_allocated_mb", "peak_reserved_mb", "allocator"):
                 self._unavailable[key] = f"no CUDA allocator on {device.type}; host RSS is measured instead"
             self._nvml_unavailable(f"NVML applies to CUDA devices, this run is on {device.type}", warn=False)
@@ -410,13 +413,25 @@ class VRAMMonitor(HookPhases, PerfCallback):
 
     def _eval_end(self, trainer: Trainer, phase: str) -> None:
         if trainer.sanity_checking:
+            self._give_back_heap()
             return
         self._exit(trainer, phase)
+        self._give_back_heap()
         previous = self._leaks.get(phase)
         if previous is None or not previous["suspected"]:  # a suspected leak stays reported
             self._leaks[phase] = self._eval_leak.result()
         if self._in_training:
             self._enter("train")
+
+    def _give_back_heap(self) -> None:
+        """On host RSS, after an evaluation run (the sanity check's too): the memory it freed is not the next
+        phase's (:func:`heap_trimmer`)."""
+        if self._trim_heap is not None:
+            try:
+                self._trim_heap()
+            except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+                self._trim_heap = None
+                self._record_failure("malloc_trim", err)
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -506,6 +521,11 @@ class VRAMMonitor(HookPhases, PerfCallback):
             "lifetime_peak_allocated_mb": self._lifetime["peak_allocated_mb"],
             "lifetime_peak_reserved_mb": self._lifetime["peak_reserved_mb"],
             "resets_torch_peak_stats": self._allocator is not None,
+            "host_rss_method": None if self._allocator is not None else (
+                "sampled RSS per phase; the heap's free pages given back to the OS (malloc_trim) at each evaluation"
+                " run's end (the sanity check's too), so a later phase does not hold memory an evaluation freed" if self._trim_heap is not None
+                else "sampled RSS per phase (no malloc_trim in this C library: a phase after an evaluation may still"
+                     " hold memory the evaluation freed)"),
             "warn_above_pct": self.warn_above_pct,
             "leak": dict(self._leaks),
             "leak_suspected": any(v.get("suspected") for v in self._leaks.values()),

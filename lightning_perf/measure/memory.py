@@ -3,6 +3,7 @@ thread and a leak detector. No Lightning import here."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from collections import deque
@@ -238,6 +239,19 @@ class PeakSampler:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+
+def heap_trimmer() -> Optional[Callable[[], Any]]:
+    """The C library's ``malloc_trim(0)`` (glibc), which gives the heap's free pages back to the OS, or None where the
+    process's C library has none. Memory a phase freed stays resident otherwise (allocations under malloc's mmap
+    threshold, up to 32 MB once large blocks were freed, come from a heap that keeps its pages), so the next phase's
+    RSS would still hold it: 150 x 2 MB freed read 810 MB resident before the trim and 512 after it, here."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
 
 
 # -- leak detection -------------------------------------------------------------------------------------------------

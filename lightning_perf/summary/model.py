@@ -493,6 +493,7 @@ class Vram(Section):
     lifetime_peak_allocated_mb: MB = None
     lifetime_peak_reserved_mb: MB = None
     resets_torch_peak_stats: Flag = None
+    host_rss_method: Text = Field(None, description="on host RSS, how each phase gets its own peak (null on CUDA)")
     warn_above_pct: Pct = None
     leak: Map(Obj(Leak)) = None
     leak_suspected: Flag = None
