@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, TextIO
 from lightning_perf.bench.rounds import DEFAULT_REPEATS, NothingFinished
 from lightning_perf.bench.sweep_rounds import DEFAULT_ROUNDS
 from lightning_perf.measure.trial import BUILT_IN_CHANGES
+from lightning_perf.measure.trial_spec import SWITCH_FORMS, is_switch_spec, parse_switch_spec
 from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
 
@@ -275,10 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--best-by", choices=("end-to-end", "steady"), default="end-to-end",
                    help="rank Best by the whole fit at the run's length, warm-up and evaluation included, or by the"
                         " speed per measured iteration (default: end-to-end)")
-    p.add_argument("--trial", choices=BUILT_IN_CHANGES, metavar="CHANGE",
+    p.add_argument("--trial", type=_trial_change, metavar="CHANGE",
                    help="also try this change in an A/B trial inside each variant's fits (ABTrial, its defaults;"
                         " docs/trials.md), a column of each variant's in-run speedup pooled over its runs:"
-                        f" {', '.join(BUILT_IN_CHANGES)} (default: none)")
+                        f" {', '.join(BUILT_IN_CHANGES)}, or your own: {SWITCH_FORMS}, imported in the"
+                        " command's Python (default: none)")
 
     p = add("race", "race two or more training commands in interleaved rounds, the suite attached to each run, and"
             " compare each with the first between runs")
@@ -315,13 +317,29 @@ def build_parser() -> argparse.ArgumentParser:
                    " QualityGate (default: the first four, PerfSuite's)")
     p.add_argument("--baseline", metavar="FILE", help="also gate quality against this perf_summary.json or baseline"
                    " file (QualityGate, every metric it holds, warn only; default: none)")
-    p.add_argument("--trial", choices=BUILT_IN_CHANGES, metavar="CHANGE",
+    p.add_argument("--trial", type=_trial_change, metavar="CHANGE",
                    help="also try this change in an A/B trial inside each fit (ABTrial, its defaults; docs/trials.md):"
-                        f" {', '.join(BUILT_IN_CHANGES)} (default: none)")
+                        f" {', '.join(BUILT_IN_CHANGES)}, or your own: {SWITCH_FORMS}, imported in the"
+                        " command's Python (default: none)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
                    help="the command, e.g. -- python train.py --lr 0.1 (or python -m pkg.train ...)")
     parser.commands = tuple(commands)
     return parser
+
+
+def _trial_change(text: str) -> str:
+    """A built-in change, or the form of the user's switches by import path (imported later, where training runs)."""
+    if text in BUILT_IN_CHANGES:
+        return text
+    built_in = ", ".join(repr(name) for name in BUILT_IN_CHANGES)
+    if not is_switch_spec(text):
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {built_in}, or a change of your"
+                                         f" own: {SWITCH_FORMS})")
+    try:
+        parse_switch_spec(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{err}; or a built-in change: {built_in}") from None
+    return text
 
 
 def _callback_names(text: str) -> List[str]:

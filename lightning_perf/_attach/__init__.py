@@ -21,7 +21,8 @@ OUT_ENV = "LIGHTNING_PERF_RUN_OUT"
 NAME_ENV = "LIGHTNING_PERF_RUN_NAME"
 #: A quality baseline to gate against (``--baseline``): adds a QualityGate.
 BASELINE_ENV = "LIGHTNING_PERF_RUN_BASELINE"
-#: A built-in change to try in an A/B trial inside each fit (``--trial``): adds an ABTrial.
+#: A change to try in an A/B trial inside each fit (``--trial``: a built-in name, or ``MODULE:ON,OFF`` /
+#: ``MODULE:OBJECT`` imported in the command's Python): adds an ABTrial.
 TRIAL_ENV = "LIGHTNING_PERF_RUN_TRIAL"
 #: A file the command's processes append one JSON line per event to, for the parent's closing lines.
 MANIFEST_ENV = "LIGHTNING_PERF_RUN_MANIFEST"

@@ -38,7 +38,8 @@ def command_env(environ: Mapping[str, str], callbacks: List[str], out: Optional[
     """The command's environment: ``environ`` with the start-up folder first on PYTHONPATH (the user's entries after
     it, in their order) and the run's options; options not given are removed, not inherited from an outer run.
     ``fill`` (``lightning-perf matrix``): a Trainer with some of the suite's callbacks gets the others only.
-    ``trial``: a built-in change each Trainer tries in an ``ABTrial`` (``run --trial``, ``matrix --trial``)."""
+    ``trial``: a change each Trainer tries in an ``ABTrial`` (``run --trial``, ``matrix --trial``): a built-in name
+    or the user's switches by import path."""
     env = dict(environ)
     given = env.get("PYTHONPATH", "")
     # the user's entries verbatim (an empty one means the working folder); ours once, also under a nested run

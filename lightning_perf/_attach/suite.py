@@ -26,7 +26,7 @@ from lightning_perf.callbacks._arguments import check_path, check_text
 from lightning_perf.callbacks._base import SUITE_KEY
 from lightning_perf.callbacks._summary_book import book_for
 from lightning_perf.callbacks.perf_suite import PerfSuite
-from lightning_perf.errors import PerfCheckFailed
+from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 
 
 def members(callbacks: Iterable[Any]) -> List[Any]:
@@ -64,9 +64,24 @@ def build_suite(beside: Optional[List[Any]] = None) -> "AttachedSuite":
             callbacks.append(cls())
     trial = env_text(TRIAL_ENV)
     if trial and not (beside is not None and already_there(lightning_perf.ABTrial, beside)):
-        callbacks.append(lightning_perf.ABTrial(change=trial))
-        callbacks[-1].record_refusal = True  # a change this run cannot try: the other callbacks measure on
+        callbacks.append(_trial(trial))
     return AttachedSuite(callbacks, out=env_text(OUT_ENV), name=env_text(NAME_ENV), fill=beside is not None)
+
+
+def _trial(change: str) -> Any:
+    """The ``ABTrial`` of ``--trial``. A change of the user's is imported here, in the command's Python (the one
+    place that can import it, as the Trainer is built); one that cannot be imported or used is refused at set-up,
+    recorded in the trial section (``status: not-started``, ``reason``) with one warning, and the fit runs on."""
+    from lightning_perf import ABTrial
+    from lightning_perf.measure.trial_changes import Refused
+
+    try:
+        trial = ABTrial(change=change)
+    except PerfConfigError as err:  # the module or a name cannot be used: the refusal waits for set-up
+        trial = ABTrial(change=change, switch_on=_nothing, switch_off=_nothing)
+        trial.change = Refused(change, str(err))
+    trial.record_refusal = True  # a change this run cannot try: the other callbacks measure on
+    return trial
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:

@@ -1,5 +1,5 @@
-"""``lightning-perf matrix --trial CHANGE``: an A/B trial of a built-in change inside each variant's fits, and one
-figure per variant in the report.
+"""``lightning-perf matrix --trial CHANGE``: an A/B trial of a change (built-in, or the user's switches by import path)
+inside each variant's fits, and one figure per variant in the report.
 
 Each variant's runs get an ``ABTrial(change=CHANGE)`` with its defaults (``lightning-perf run --trial``'s way: the
 start-up hook reads :data:`lightning_perf._attach.TRIAL_ENV`). A variant's figure pools the complete block pairs of

@@ -75,7 +75,9 @@ class ABTrial(PerfCallback):
 
     Args:
         change: a built-in change (``cudnn_benchmark``, ``tf32``, ``matmul_precision``, ``channels_last``,
-            ``autocast_bf16``, ``autocast_fp16``) or a name of your own with ``switch_on`` and ``switch_off``.
+            ``autocast_bf16``, ``autocast_fp16``), a name of your own with ``switch_on`` and ``switch_off``, or your
+            switches by import path, imported here: ``"mypkg.switches:on,off"`` (two functions) or
+            ``"mypkg.switches:Change"`` (an object or class with ``switch_on`` and ``switch_off`` methods).
         warmup: iterations before the first block.
         block: iterations a block.
         blocks: blocks in all, even, at least 4.
@@ -96,8 +98,9 @@ class ABTrial(PerfCallback):
 
     Raises:
         ValueError: at construction, for a bad block setting.
-        PerfConfigError: at construction for an unknown change; at set-up for a change that cannot be tried in this
-            run (autocast under a mixed precision Trainer, a CUDA-only flag on CPU, a flag already on).
+        PerfConfigError: at construction for an unknown change or switches by import path that cannot be imported
+            or used; at set-up for a change that cannot be tried in this run (autocast under a mixed precision
+            Trainer, a CUDA-only flag on CPU, a flag already on).
 
     Example::
 

@@ -14,8 +14,9 @@ import torch
 
 from lightning_perf.errors import PerfConfigError
 from lightning_perf.measure.trial import BUILT_IN_CHANGES
+from lightning_perf.measure.trial_spec import SWITCH_FORMS, is_switch_spec, load_switches
 
-__all__ = ["BUILT_IN", "Change", "Setting", "make_change"]
+__all__ = ["BUILT_IN", "Change", "Refused", "Setting", "make_change"]
 
 #: The built-in changes, by name (docs/trials.md).
 BUILT_IN = BUILT_IN_CHANGES
@@ -196,9 +197,27 @@ class UserChange(Change):
         self._off(self.trainer, module)
 
 
+class Refused(Change):
+    """A change that could not be made (``run --trial`` of a module the command's Python cannot import): refused at
+    set-up with the reason it could not, so the attached trial records it and the fit runs without it."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self.name, self.why = name, why
+
+    def check(self, setting: Setting) -> None:
+        raise PerfConfigError(self.why)
+
+
 def make_change(name: str, value: Optional[str] = None, switch_on: Optional[Callable[..., Any]] = None,
                 switch_off: Optional[Callable[..., Any]] = None) -> Change:
-    """The change ``name``: a built-in one, or the user's ``switch_on``/``switch_off`` under any other name."""
+    """The change ``name``: a built-in one, the user's ``switch_on``/``switch_off`` under any other name, or, without
+    them, the user's switches by import path (``mypkg.switches:on,off`` or ``mypkg.switches:Change``)."""
+    if switch_on is None and switch_off is None and is_switch_spec(name):
+        try:
+            switch_on, switch_off = load_switches(name)
+        except ValueError as err:
+            raise PerfConfigError(f"ABTrial(change={name!r}) cannot be used: {err}") from None
+        return UserChange(name, switch_on, switch_off)
     if switch_on is not None or switch_off is not None:
         if not (callable(switch_on) and callable(switch_off)):
             raise PerfConfigError(f"ABTrial(change={name!r}): give both `switch_on` and `switch_off` as functions"
@@ -220,4 +239,5 @@ def make_change(name: str, value: Optional[str] = None, switch_on: Optional[Call
     if name in ("autocast_bf16", "autocast_fp16"):
         return Autocast(torch.bfloat16 if name == "autocast_bf16" else torch.float16)
     raise PerfConfigError(f"Unsupported parameter value `ABTrial(change={name!r})`. Possible choices are:"
-                          f" {', '.join(BUILT_IN)}, or any name with `switch_on` and `switch_off` functions.")
+                          f" {', '.join(BUILT_IN)}, any name with `switch_on` and `switch_off` functions, or"
+                          f" {SWITCH_FORMS}.")
