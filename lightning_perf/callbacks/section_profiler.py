@@ -37,7 +37,7 @@ BOUNDARIES = ("fetch", "batch_gap")
 SYNC_REASON = ("no separate section: DDP all-reduces gradients inside backward, overlapped with it, so that time is"
                " part of `backward`; timing it apart would need a DDP communication hook installed on your model,"
                " which a measurement must not do. `ranks` shows each rank's sections: a straggler's data loading or"
-               " forward is what the others wait for.")
+               " forward is what the others wait for, and `diagnosis.straggler` names it.")
 SINGLE_DEVICE_SYNC_REASON = ("no separate section: a run on a single device has no gradients to synchronize with"
                              " other devices")
 

@@ -26,6 +26,7 @@ from lightning_perf.summary.fields import (
 )
 from lightning_perf.summary.contention import contention
 from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
+from lightning_perf.summary.diagnosis import recorded_or_computed_straggler, straggler_text
 from lightning_perf.summary.trial_view import trial_lines, trial_results
 from lightning_perf.summary.energy import ENERGY_LABELS, energy_change, energy_lines, fmt_energy
 from lightning_perf.summary.model import PerfSummary, as_summary
@@ -350,6 +351,9 @@ def compare_summaries(
             "candidate": candidate.quality_gate.passed if candidate.quality_gate is not None else None,
         },
         "tail": {"base": tail_text(base), "candidate": tail_text(candidate)},
+        "stragglers": {"base": recorded_or_computed_straggler(base),
+                       "candidate": recorded_or_computed_straggler(candidate),
+                       "text": {"base": straggler_text(base), "candidate": straggler_text(candidate)}},
         "sections": section_changes(base, candidate),
         "break_even": break_even(base, candidate),
         "notes": notes,
@@ -451,6 +455,16 @@ def _sections_text(result: Dict[str, Any]) -> List[str]:
     if moved:
         lines.append(f"  Moved most: {moved}")
     return lines
+
+
+def _straggler_text(result: Dict[str, Any], width: int) -> List[str]:
+    """compare's text: each run's straggler under DDP (docs/diagnosis.md#stragglers), where either run has one."""
+    stragglers = result.get("stragglers") or {}
+    if not (stragglers.get("base") or stragglers.get("candidate")):
+        return []
+    return ["", "Stragglers (DDP: the rank the others wait for):"] + [
+        f"  {run['name'] + ':':<{width}}{stragglers['text'][key] or 'n/a (one device)'}"
+        for run, key in ((result["base"], "base"), (result["candidate"], "candidate"))]
 
 
 def _sections_markdown(result: Dict[str, Any]) -> List[str]:
@@ -708,6 +722,7 @@ def format_text(result: Dict[str, Any]) -> str:
         *(["", "Slow iterations (IterationTimer's tail):"]
           + [f"  {run['name'] + ':':<{width}}{result['tail'][key] or 'n/a'}"
              for run, key in ((b, "base"), (c, "candidate"))] if any(result["tail"].values()) else []),
+        *_straggler_text(result, width),
         *(["", "Compute (FLOPs of a training batch over its wall time; MFU: of the device's peak):"]
           + [f"  {run['name'] + ':':<{width}}{_compute_text(run)}" for run in (b, c)]
           if b["tflops_per_s"] is not None or c["tflops_per_s"] is not None else []),
@@ -777,6 +792,11 @@ def format_markdown(result: Dict[str, Any]) -> str:
     if result.get("between_runs"):
         parts += ["", f"**Between runs:** {result['between_runs']}."]
     parts += _sections_markdown(result)
+    stragglers = result.get("stragglers") or {}
+    if stragglers.get("base") or stragglers.get("candidate"):
+        parts += ["", "**Stragglers (DDP):** " + "; ".join(
+            f"{run['name']}: {stragglers['text'][key] or 'n/a (one device)'}"
+            for run, key in ((b, "base"), (c, "candidate"))) + "."]
     parts += ["", f"**Break-even:** {break_even_text(result['break_even'])}."] if result.get("break_even") else []
     if result["memory_mb"]:
         mem_rows = [[label, *memory_texts(d["base"], d["candidate"]), fmt_pct(d["delta_pct"])]

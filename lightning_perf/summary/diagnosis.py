@@ -12,6 +12,7 @@ from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.evidence import evidence_lines, first_evidence
 from lightning_perf.summary.evidence import read_field as _get
 from lightning_perf.summary.model import PerfSummary, as_summary
+from lightning_perf.summary.straggler import straggler
 
 #: input-bound: data loading + transfer above this % of iteration time (SectionProfiler).
 INPUT_BOUND_PCT = 25.0
@@ -218,7 +219,7 @@ def diagnose(summary: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {"verdict": NOT_ENOUGH, "figure": None, "value": None, "of": None, "threshold": None,
                            "advice": None, "also": [], "unchecked": {}, "reason": None, "thresholds": dict(THRESHOLDS),
                            "contention": contention_line(contention(summary)), "ceilings": {},
-                           "evidence": evidence_lines(summary)}
+                           "evidence": evidence_lines(summary), "straggler": straggler(summary)}
     shares, why = _shares(summary)
     if shares is None:
         profiler = summary.section_profiler
@@ -312,7 +313,7 @@ def diagnosis_line(diagnosis: Optional[Mapping[str, Any]], name: Optional[str] =
     if not diagnosis or not diagnosis.get("verdict"):
         return f"Diagnosis{who}: none in this summary"
     verdict = diagnosis["verdict"]
-    evidence = first_evidence(diagnosis.get("evidence"))
+    evidence = first_evidence(diagnosis.get("evidence")) + straggler_words(diagnosis)
     if verdict == NOT_ENOUGH:
         return f"Diagnosis{who}: not enough measured: {diagnosis.get('reason') or 'no reason given'}." + (
             f" {diagnosis['advice']}" if diagnosis.get("advice") else "") + evidence
@@ -334,6 +335,12 @@ def diagnosis_line(diagnosis: Optional[Mapping[str, Any]], name: Optional[str] =
             + (f" [also {', '.join(also)}]" if also else "") + caveat + evidence)
 
 
+def straggler_words(diagnosis: Mapping[str, Any]) -> str:
+    """`` [straggler: rank 3 waits ...]`` where the diagnosis names a straggler (DDP), else nothing."""
+    line = _get(diagnosis.get("straggler"), "line")
+    return f" [straggler: {line}]" if isinstance(line, str) and line else ""
+
+
 def ceiling_words(diagnosis: Optional[Mapping[str, Any]], verdict: Optional[str]) -> Optional[str]:
     """``input-bound: if the loop never waited for data (iterations), at most 1.38x faster``, or None."""
     entry = ((diagnosis or {}).get("ceilings") or {}).get(verdict) if verdict else None
@@ -353,3 +360,27 @@ def recorded_or_computed(summary: Any) -> Dict[str, Any]:
         return diagnose(summary)
     except Exception as err:  # noqa: BLE001 - figures no run writes (a hand-edited file): no verdict, and why
         return {"verdict": NOT_ENOUGH, "reason": f"the figures could not be weighed ({type(err).__name__}: {err})"}
+
+
+def recorded_or_computed_straggler(summary: Any) -> Optional[Dict[str, Any]]:
+    """The straggler a summary's diagnosis carries, else the one its per-rank figures give (a file from before
+    stragglers were named); None on one device, or where the figures cannot be weighed (a hand-edited file)."""
+    summary = as_summary(summary, "summary")
+    recorded = summary.diagnosis
+    if recorded is not None and "straggler" in recorded.model_fields_set:
+        return recorded.straggler.model_dump() if recorded.straggler is not None else None
+    try:
+        return straggler(summary)
+    except Exception:  # noqa: BLE001 - figures no run writes: no straggler, as for a run on one device
+        return None
+
+
+def straggler_text(summary: Any) -> Optional[str]:
+    """compare's and report's words for a run: its straggler's line, ``no straggler among N ranks`` under DDP, None
+    on one device."""
+    summary = as_summary(summary, "summary")
+    found = recorded_or_computed_straggler(summary)
+    if found is not None:
+        return str(found.get("line") or "")
+    world = summary.run.world_size or 1
+    return f"no straggler among {world} ranks" if world > 1 else None

@@ -794,6 +794,22 @@ class Ceiling(Section):
     assumption: Text = Field(None, description="what is assumed removed, and of what time")
 
 
+class Straggler(Section):
+    rank: Count = Field(None, description="the rank the others wait for")
+    section: Text = Field(None, description="its automatic section furthest above the other ranks' median")
+    ms: Ms = Field(None, description="its mean ms of that section")
+    others_median_ms: Ms = Field(None, description="the other ranks' median of their means of that section")
+    ratio: NonNegative = Field(None, description="`ms` / `others_median_ms`; null where that median is 0")
+    excess_ms: Real = Field(None, description="`ms` - `others_median_ms`")
+    lag_ms: Real = Field(None, description="its own time in an iteration (every section but `backward`, where the"
+                                           " ranks meet) beyond the other ranks' median: how long they wait for it")
+    lag_pct: Real = Field(None, description="`lag_ms`, % of iteration time (>= 15: docs/diagnosis.md#stragglers)")
+    others_wait_ms: Real = Field(None, description="the other ranks' median `backward` less its own: their wait at"
+                                                   " the gradient all-reduce; null where not measured")
+    ranks: Positive = Field(None, description="the ranks compared (the world size)")
+    line: Text = Field(None, description="the words the diagnosis line, compare and report print")
+
+
 class Diagnosis(Section):
     verdict: Text = Field(None, description="`input-bound`, `host-bound`, `compute-bound`, `evaluation-heavy`,"
                                             " `checkpoint-heavy`, `tail-heavy`, `mixed` or `not-enough-measured`")
@@ -812,6 +828,9 @@ class Diagnosis(Section):
                                                           " most (docs/diagnosis.md#ceilings)")
     evidence: Seq(Annotated[str, BeforeValidator(_text_item)]) = Field(None, description="where to look next: a"
                                                                         " trace, a memory snapshot, allocator pressure")
+    straggler: Obj(Straggler) = Field(None, description="under DDP, the rank the others wait for and its section"
+                                                        " (docs/diagnosis.md#stragglers); null on one device or when"
+                                                        " no rank is that far out")
 
 
 class TrialArm(Section):

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from lightning_perf.summary.compare import headline, memory_texts
 from lightning_perf.summary.contention import contention, contention_line
+from lightning_perf.summary.diagnosis import recorded_or_computed_straggler
 from lightning_perf.summary.fields import (
     SummaryLike,
     csv_text,
@@ -105,6 +106,8 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
         row["eval_in_training_mode"] = train_mode_note(summary)
         row["contention"] = contention_line(contention(summary))
         row["trial"] = trial_line(summary)
+        found = recorded_or_computed_straggler(summary)
+        row["straggler"] = found.get("line") if found else None
         rows.append(row)
     return rows
 
@@ -137,7 +140,7 @@ _FIXED = ("run", "date", "notes", "status", "it_per_s", "samples_per_s", "ms_per
           "train_peak_mb", "eval_peak_mb", "eval_in_train_hooks_peak_mb",
           *(f"{key}_delta_{unit}" for key, _, _ in _MEMORY for unit in ("mb", "pct")),
           "tflops_per_s", "mfu_pct", "quality_gate", "eval_in_training_mode", "contention", "j_per_sample",
-          "j_per_sample_delta_pct", "samples_per_j", "trial")
+          "j_per_sample_delta_pct", "samples_per_j", "trial", "straggler")
 
 
 def _energy_cells(ref: PerfSummary, run: PerfSummary, first: bool) -> Dict[str, Any]:
@@ -256,6 +259,7 @@ def format_report(rows: List[Dict[str, Any]], fmt: str = "markdown", notes: Opti
     notes += [f"{row['run']}: measured while {row['contention']}: its speed and its Change may be the machine's"
               for row in rows if row.get("contention")]
     notes += [f"{row['run']}: trial {row['trial']}" for row in rows if row.get("trial")]
+    notes += [f"{row['run']}: straggler (DDP): {row['straggler']}" for row in rows if row.get("straggler")]
     if notes:
         text += "\n\n" + "\n".join(f"- {note}" for note in notes)
     return text
