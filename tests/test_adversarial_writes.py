@@ -21,10 +21,19 @@ def write(path, text):
     return path
 
 
-def run_cli(*args, cwd=None, timeout=240):
+def run_cli(*args, cwd=None, timeout=240, preexec_fn=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     return subprocess.run([sys.executable, "-m", "lightning_perf.cli", "run", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+                          cwd=cwd, env=env, timeout=timeout, stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
+
+
+def _data_limit(gib):
+    """A child's heap capped at ``gib`` GiB: a reader that takes /dev/zero whole fails fast (MemoryError) instead of
+    filling the machine's memory before a timeout ends it."""
+    import resource
+
+    limit = int(gib * 2**30)
+    return lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 def read(path):
@@ -219,8 +228,10 @@ def test_run_refuses_a_baseline_that_is_not_a_regular_file_at_once(tmp_path, kin
     else:
         path, what = kind, "a character device"
     marker = tmp_path / "ran"
+    # the hang guards: read whole, /dev/zero fills memory (capped) and a named pipe blocks until the timeout; the
+    # timeout leaves room for the command's start on a busy machine (7 s idle, over 60 s seen under load)
     proc = run_cli("--baseline", path, "--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()",
-                   timeout=60)  # the hang guard: read whole, /dev/zero never ends and a named pipe blocks forever
+                   timeout=240, preexec_fn=_data_limit(6))
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
