@@ -632,7 +632,9 @@ def fit(callbacks: List[Callback], steps: int, profiler: Any = None, root: str =
         loader = DataLoader(TensorDataset(x, x[:, :1]), batch_size=16)
         model = ManualBusy() if DEVICE["manual"] else Busy()
     trainer = Trainer(
-        accelerator="gpu" if DEVICE["kind"] == "cuda" else "cpu", devices=1, max_steps=steps,
+        # (under --manual the global step counts both optimizers' steps: ``steps`` batches make twice as many)
+        accelerator="gpu" if DEVICE["kind"] == "cuda" else "cpu", devices=1,
+        max_steps=2 * steps if DEVICE["manual"] else steps,
         logger=TensorBoardLogger(root, name="bench") if LOGGER["on"] else False, default_root_dir=root,
         callbacks=callbacks, profiler=profiler, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=50,

@@ -232,3 +232,48 @@ def _slow_table_rows(html):
     found = [rows for heading, rows in parser.tables if rows and rows[0] and rows[0][1:3] == ["ms", "causes"]]
     assert found, [rows[:1] for _, rows in parser.tables]
     return found[0]
+
+
+def test_the_device_times_backward_and_each_step_where_the_host_does(tmp_path):
+    """On a simulated device (helpers.SimulatedDevice: events that read the host clock), every iteration timed:
+    backward and optimizer_step get a device time equal to their host time (within the tolerance: the two reads of
+    a boundary are apart on a loaded machine)."""
+    from helpers import SimulatedDevice
+
+    sp = SectionProfiler(warmup_steps=0, print_reports=False, device_timing_every_n_iterations=1)
+    _, _, summary = gan_fit(tmp_path, [sp, SimulatedDevice(sp)])
+    sections = summary["section_profiler"]["sections"]
+    for name in ("backward", "optimizer_step"):
+        host, device = sections[name]["mean_ms"], sections[name]["device_mean_ms"]
+        assert device is not None and close(device, host), (name, host, device)
+
+
+def test_manual_is_refused_without_hooks_only_in_one_line_with_exit_2(capsys):
+    from test_overhead_benchmark import load_benchmark
+
+    overhead = load_benchmark()
+    with pytest.raises(SystemExit) as exit_:
+        overhead.main(["--manual"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "--manual runs with --hooks-only on the CPU loop" in err[-1], err
+
+
+@pytest.mark.slow
+def test_the_benchmark_counts_the_step_hooks_under_manual_optimization_only(tmp_path):
+    """``benchmarks/overhead.py --hooks-only SectionProfiler --manual``: a copy of the package whose torch step
+    post-hook sleeps 2 ms reads both steps of each batch (two optimizers); without ``--manual`` (automatic
+    optimization, where no step hook is installed) it reads none of it."""
+    import os
+
+    from test_overhead_benchmark import bench, copy_that_sleeps
+
+    line = ("                self._ledger.optimizer_stepped(self._optimizer_rows.get(id(optimizer)), self._step_resume,"
+            " t)\n")
+    other = copy_that_sleeps(tmp_path, "callbacks/section_profiler.py", line, 0.002)
+    env = {**os.environ, "LIGHTNING_PERF_BENCH_SOURCE": str(other)}
+    figures = {}
+    for mode in ("--manual", None):
+        proc = bench("--hooks-only", "SectionProfiler", "--steps", "20", *([mode] if mode else []), env=env)
+        assert proc.returncode == 0, proc.stderr
+        figures[mode] = float(re.search(r"^in hooks SectionProfiler: ([0-9.]+) µs/step", proc.stdout, re.M)[1])
+    assert figures["--manual"] >= 3900.0 and figures[None] < 2000.0, figures
