@@ -50,8 +50,9 @@ class GanLike(TinyModel):
     """Net A and net B, each with its own loss, ``manual_backward`` and ``opt.step()``; its own clock (perf_counter)
     around each of those calls, per batch. ``spike_at``: a batch whose training_step sleeps ``spike_s`` more."""
 
-    def __init__(self, spike_at=None, spike_s=0.1, batches=8, section=False):
+    def __init__(self, spike_at=None, spike_s=0.1, batches=8, section=False, closure=False):
         super().__init__()
+        self.closure = closure  # opt B steps with a closure that runs net B's loss and backward inside the step
         self.section = section  # net A's part inside profile_section("gen"), with 2 ms of its own
         self.automatic_optimization = False
         self.net_a = nn.Linear(16, 16)
@@ -67,6 +68,9 @@ class GanLike(TinyModel):
         backward = 0.0
         for opt, loss_of, key in ((opt_a, lambda: SlowGrad.apply(self.net_a(x)).pow(2).mean(), "step0"),
                                   (opt_b, lambda: (SlowGrad.apply(self.net_b(x)) - y).pow(2).mean(), "step1")):
+            if self.closure and key == "step1":
+                backward += self._closure_step(opt, loss_of, key)
+                continue
             section = profile_section("gen") if self.section and key == "step0" else contextlib.nullcontext()
             start = time.perf_counter()
             with section:
@@ -84,6 +88,24 @@ class GanLike(TinyModel):
                 self.own["gen_outside_step"].append(time.perf_counter() - start - this_backward - self.own[key][-1])
             backward += this_backward
         self.own["backward"].append(backward)
+
+    def _closure_step(self, opt, loss_of, key):
+        """``opt.step(closure)``, the closure making the loss and its backward (run inside the step, as LBFGS
+        needs): the own clock's step is the call less that backward. Returns the backward's seconds."""
+        inside = []
+
+        def closure():
+            loss = loss_of()
+            opt.zero_grad()
+            t = time.perf_counter()
+            self.manual_backward(loss)
+            inside.append(time.perf_counter() - t)
+            return loss
+
+        t = time.perf_counter()
+        opt.step(closure=closure)
+        self.own[key].append(time.perf_counter() - t - sum(inside))
+        return sum(inside)
 
     def configure_optimizers(self):
         return SleepySGD(self.net_a.parameters(), STEP_S[0]), SleepySGD(self.net_b.parameters(), STEP_S[1])
@@ -131,6 +153,20 @@ def test_manual_backward_and_each_optimizer_step_match_the_modules_own_clock(tmp
     for name in ("backward", "optimizer_step"):
         assert name not in sp["unavailable"], sp["unavailable"]
     assert "training_step" in sp["unavailable"]["forward"]
+
+
+def test_a_closures_backward_inside_a_step_is_backward_and_the_step_keeps_the_rest(tmp_path):
+    """Opt B steps with a closure that runs net B's loss and backward inside the step (Lightning runs the closure
+    from the torch step, after the pre-hook): that backward is ``backward``, the step's sleep before it and its update
+    after it are ``optimizer_step[1]``."""
+    _, model, summary = gan_fit(tmp_path, [SectionProfiler(warmup_steps=0, print_reports=False)], closure=True)
+    sp = summary["section_profiler"]
+    sections, n = sp["sections"], sp["iterations"]
+    own_ms = {key: 1000.0 * sum(v) / n for key, v in model.own.items()}
+    assert close(1000.0 * sections["backward"]["total_s"] / n, own_ms["backward"]), (sections["backward"], own_ms)
+    for i in (0, 1):
+        row = sections[f"optimizer_step[{i}]"]
+        assert row["count"] == n and close(1000.0 * row["total_s"] / n, own_ms[f"step{i}"]), (i, row, own_ms)
 
 
 def test_a_user_section_around_backward_and_step_keeps_its_time_outside_them(tmp_path):

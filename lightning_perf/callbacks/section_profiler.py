@@ -389,7 +389,7 @@ class SectionProfiler(PerfCallback):
         if self._active and not self._stepping:
             t = now()
             try:
-                resume = self._ledger.manual_switch("optimizer_step", t)
+                resume = self._ledger.optimizer_started(t)
                 if resume is not None:
                     self._stepping, self._step_resume = True, resume
             except Exception as err:  # noqa: BLE001

@@ -236,12 +236,19 @@ class SectionLedger:
         if current in MANUAL_STEP_PIECES:
             self.step_s += t - self.t0
         self.switch(section, t)
-        if section == "optimizer_step" and current != section:
-            self.part_from = self.piece.get(section, 0.0)
         return current
 
+    def optimizer_started(self, t: float) -> Optional[str]:
+        """Manual optimization: an optimizer step starts at ``t`` (:meth:`manual_switch` to ``optimizer_step``); its
+        own time is what ``optimizer_step`` gains until :meth:`optimizer_stepped` (a closure's backward inside it is
+        switched out and back)."""
+        resume = self.manual_switch("optimizer_step", t)
+        if resume is not None:
+            self.part_from = self.piece.get("optimizer_step", 0.0)
+        return resume
+
     def optimizer_stepped(self, name: Optional[str], resume: str, t: float) -> None:
-        """Manual optimization: the optimizer step that :meth:`manual_switch` started returned at ``t``; ``resume``
+        """Manual optimization: the optimizer step that :meth:`optimizer_started` started returned at ``t``; ``resume``
         runs again. ``name``: the optimizer's own row (``optimizer_step[i]``, where there are several), which gets
         this step's time (its piece of ``optimizer_step``, less a backward inside it) as one call."""
         if self.manual_switch(resume, t) != "optimizer_step" or name is None:
