@@ -492,10 +492,12 @@ class SectionProfiler(PerfCallback):
         t = now()
         try:
             # automatic optimization: the batch ends an iteration where an optimizer step was announced
-            ends = self._ledger.manual or self._stepped
+            if self._ledger.manual:
+                ends = True
+                self._stepping = False  # (a step that raised, caught in the step, never returned)
+            else:
+                ends = self._stepped
             self._stepped = False
-            if self._stepping:  # (manual: a step that raised, caught in the step, never returned)
-                self._stepping = False
             if ends and self._fetches.ends_without is not None and self._fetches.falls_back():  # (first steps)
                 self._fall_back_to_the_gap()
             self._ledger.batch_end(t, ends)
