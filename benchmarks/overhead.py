@@ -438,7 +438,8 @@ def per_hook(names: List[str], steps: int, root: str) -> None:
             setattr(cb, hook, timed(getattr(cb, hook), times.append))
         for child in getattr(cb, "callbacks", [cb]):
             if isinstance(child, lightning_perf.SectionProfiler):  # (bound at its setup: wrapped before it)
-                for mark in ("_fetch_started", "_fetch_stopped", "_batch_transfer", "_report_window"):
+                for mark in ("_fetch_started", "_fetch_stopped", "_batch_transfer", "_report_window",
+                             *(("_optimizer_step_starts", "_optimizer_step_ends") if DEVICE["manual"] else ())):
                     times = calls[f"SectionProfiler.{mark}"] = []
                     setattr(child, mark, timed(getattr(child, mark), times.append))
         run([cb], steps=steps, skip=1, root=root)
@@ -932,11 +933,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                              " 50-step log cadences, so their periodic work falls on every step of a block and in"
                              " both states alike)")
     parser.add_argument("--manual", action="store_true",
-                        help="with --hooks-only on the CPU loop: the step under manual optimization with two"
+                        help="with --hooks-only or --per-hook on the CPU loop: the step under manual optimization with two"
                              " optimizers (one manual_backward, two opt.step() a batch)")
     args = parser.parse_args(argv)
-    if args.manual and not (args.hooks_only and args.device == "cpu"):
-        parser.error("--manual runs with --hooks-only on the CPU loop: name the callbacks, leave out --device cuda")
+    if args.manual and not ((args.hooks_only or args.per_hook) and args.device == "cpu"):
+        parser.error("--manual runs with --hooks-only or --per-hook on the CPU loop: name the callbacks, leave out"
+                     " --device cuda")
     DEVICE["manual"] = args.manual
     if args.against is not None and not args.hooks_only:
         parser.error("--against compares --hooks-only figures: name the callbacks with --hooks-only")

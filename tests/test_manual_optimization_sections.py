@@ -291,7 +291,7 @@ def test_manual_is_refused_without_hooks_only_in_one_line_with_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_:
         overhead.main(["--manual"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and "--manual runs with --hooks-only on the CPU loop" in err[-1], err
+    assert exit_.value.code == 2 and "--manual runs with --hooks-only or --per-hook on the CPU loop" in err[-1], err
 
 
 @pytest.mark.slow
