@@ -933,8 +933,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              " 50-step log cadences, so their periodic work falls on every step of a block and in"
                              " both states alike)")
     parser.add_argument("--manual", action="store_true",
-                        help="with --hooks-only or --per-hook on the CPU loop: the step under manual optimization with two"
-                             " optimizers (one manual_backward, two opt.step() a batch)")
+                        help="with --hooks-only or --per-hook on the CPU loop: the step under manual optimization"
+                             " with two optimizers (one manual_backward, two opt.step() a batch)")
     args = parser.parse_args(argv)
     if args.manual and not ((args.hooks_only or args.per_hook) and args.device == "cpu"):
         parser.error("--manual runs with --hooks-only or --per-hook on the CPU loop: name the callbacks, leave out"
