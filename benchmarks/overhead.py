@@ -31,6 +31,8 @@ callback:
     python benchmarks/overhead.py --device cuda    # on a GPU, every configuration: over 8 minutes; see below
     python benchmarks/overhead.py --hooks-only SectionProfiler PerfSuite --against ../old-checkout --rounds 3
                                                    # two versions' in-hook figures, alternating runs
+    python benchmarks/overhead.py --hooks-only SectionProfiler --manual --against ../old --rounds 3
+                                                   # the same, manual optimization with two optimizers
     python benchmarks/overhead.py --hooks-only SectionProfiler --simulated-device
                                                    # the Python of the CUDA path, on the CPU loop (see below)
     python benchmarks/overhead.py --hooks-only IterationTimer --simulated-device --event-us 3.04 --against ../old
@@ -239,6 +241,29 @@ class Busy(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
 
+class ManualBusy(Busy):
+    """``Busy`` under manual optimization with two optimizers (first and last layers; a GAN's two nets): one
+    ``manual_backward`` and two ``opt.step()`` a batch (``--manual``)."""
+
+    def __init__(self, width: int = 384) -> None:
+        super().__init__(width)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        opts = self.optimizers()
+        for opt in opts:
+            opt.zero_grad()
+        self.manual_backward(loss)
+        for opt in opts:
+            opt.step()
+        return loss
+
+    def configure_optimizers(self):
+        params = list(self.parameters())
+        return torch.optim.SGD(params[:2], lr=1e-3), torch.optim.SGD(params[2:], lr=1e-3)
+
+
 class ValClock(Callback):
     """Training-thread CPU time from the start of the first validation batch to the end of the last (listed first,
     so a callback's batch-start work is inside)."""
@@ -347,7 +372,9 @@ def wrap_step_path(callbacks: List[Callback], wrap: Callable[[Callable[..., Any]
             setattr(cb, hook, wrap(getattr(cb, hook)))
         for member in [cb, *getattr(cb, "callbacks", [])]:
             if isinstance(member, lightning_perf.SectionProfiler):
-                for mark in ("_batch_transfer", "_fetch_started", "_fetch_stopped"):
+                # (torch's step hooks under manual optimization: the attributes are read when they are installed)
+                for mark in ("_batch_transfer", "_fetch_started", "_fetch_stopped", "_optimizer_step_starts",
+                             "_optimizer_step_ends"):
                     if hasattr(member, mark):
                         setattr(member, mark, wrap(getattr(member, mark)))
 
@@ -411,7 +438,8 @@ def per_hook(names: List[str], steps: int, root: str) -> None:
             setattr(cb, hook, timed(getattr(cb, hook), times.append))
         for child in getattr(cb, "callbacks", [cb]):
             if isinstance(child, lightning_perf.SectionProfiler):  # (bound at its setup: wrapped before it)
-                for mark in ("_fetch_started", "_fetch_stopped", "_batch_transfer", "_report_window"):
+                for mark in ("_fetch_started", "_fetch_stopped", "_batch_transfer", "_report_window",
+                             *(("_optimizer_step_starts", "_optimizer_step_ends") if DEVICE["manual"] else ())):
                     times = calls[f"SectionProfiler.{mark}"] = []
                     setattr(child, mark, timed(getattr(child, mark), times.append))
         run([cb], steps=steps, skip=1, root=root)
@@ -530,7 +558,7 @@ def bootstrap_median_ci(values: List[float], resamples: int = 2000, seed: int = 
 #: The loop: "cpu", a ~1 ms CPU step; "cuda", a ~10 ms GPU-bound step (4096 x 4096 layers on a 3072 batch), or
 #: with light=True a host-bound CUDA step (256 x 256 layers), where the time inside a hook is its host cost.
 #: "simulated": on the CPU loop, SectionProfiler and IterationTimer get a device clock of SimulatedEvents.
-DEVICE = {"kind": "cpu", "light": False, "simulated": False}
+DEVICE = {"kind": "cpu", "light": False, "simulated": False, "manual": False}
 
 
 def _host_event() -> type:
@@ -603,9 +631,11 @@ def fit(callbacks: List[Callback], steps: int, profiler: Any = None, root: str =
     else:
         x = torch.randn(steps * 16, 384)
         loader = DataLoader(TensorDataset(x, x[:, :1]), batch_size=16)
-        model = Busy()
+        model = ManualBusy() if DEVICE["manual"] else Busy()
     trainer = Trainer(
-        accelerator="gpu" if DEVICE["kind"] == "cuda" else "cpu", devices=1, max_steps=steps,
+        # (under --manual the global step counts both optimizers' steps: ``steps`` batches make twice as many)
+        accelerator="gpu" if DEVICE["kind"] == "cuda" else "cpu", devices=1,
+        max_steps=2 * steps if DEVICE["manual"] else steps,
         logger=TensorBoardLogger(root, name="bench") if LOGGER["on"] else False, default_root_dir=root,
         callbacks=callbacks, profiler=profiler, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=50,
@@ -830,6 +860,7 @@ def hooks_only(args: argparse.Namespace) -> int:
             simulated = ["--simulated-device"] if DEVICE["simulated"] else []
             if SimulatedEvent.price_s:
                 simulated += ["--event-us", repr(SimulatedEvent.price_s * 1e6)]
+            simulated += ["--manual"] if DEVICE["manual"] else []
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--steps", str(args.steps), "--device",
                                    args.device, *simulated, "--hooks-only", *names], env=env, capture_output=True,
                                   text=True)
@@ -901,7 +932,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="steps per block of the paired A/B (default 7: prime to the callbacks' and Lightning's"
                              " 50-step log cadences, so their periodic work falls on every step of a block and in"
                              " both states alike)")
+    parser.add_argument("--manual", action="store_true",
+                        help="with --hooks-only or --per-hook on the CPU loop: the step under manual optimization"
+                             " with two optimizers (one manual_backward, two opt.step() a batch)")
     args = parser.parse_args(argv)
+    if args.manual and not ((args.hooks_only or args.per_hook) and args.device == "cpu"):
+        parser.error("--manual runs with --hooks-only or --per-hook on the CPU loop: name the callbacks, leave out"
+                     " --device cuda")
+    DEVICE["manual"] = args.manual
     if args.against is not None and not args.hooks_only:
         parser.error("--against compares --hooks-only figures: name the callbacks with --hooks-only")
     if args.against is not None and not os.path.isdir(args.against):

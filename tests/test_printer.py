@@ -30,7 +30,7 @@ def test_the_periodic_tables_come_from_the_printers_thread_in_order_and_before_t
     assert len(stopped) == 1 and last_table < stopped[0]  # flushed at the epoch's end, before Lightning's line
     ours = [r for r in caplog.records if "=== SectionProfiler" in r.getMessage()]
     reports = [r for r in ours if "SectionProfiler report" in r.getMessage()]
-    assert [r.getMessage().split("(step ")[1].split(",")[0] for r in reports] == [str(s) for s in range(2, 17, 2)]
+    assert [r.getMessage().split("(iteration ")[1].split(",")[0] for r in reports] == [str(s) for s in range(2, 17, 2)]
     assert {r.threadName for r in reports} == {"lightning_perf-report"}
     assert ours[-1].getMessage().startswith("=== SectionProfiler: ")  # the final table, on the training thread
     assert ours[-1].threadName == threading.current_thread().name and len(ours) == len(reports) + 1

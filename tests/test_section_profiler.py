@@ -281,7 +281,7 @@ def test_periodic_reports_are_logged_and_printed(tmp_path, caplog):
     for key in ("time/forward_ms", "time_share/forward_pct", "time/data_loading_ms", "time_share/data_loading_pct",
                 "time/ema_ms", "time_share/ema_pct", "time/iteration_ms"):
         assert len(scalars[key]) == 2, key
-    assert "=== SectionProfiler report (step 4, last 4 iterations" in caplog.text
+    assert "=== SectionProfiler report (iteration 4, last 4 iterations" in caplog.text
     assert "=== SectionProfiler:" in caplog.text and "Insights:" in caplog.text
 
 

@@ -36,7 +36,7 @@ def report_window(trainer: Trainer, ledger: SectionLedger, print_table: bool,
         return
     log_scalars(trainer, metrics)
     if print_table and trainer.is_global_zero and info_shown():
-        PRINTER.put(report_table, (trainer.global_step, iters, metrics["time/iteration_ms"], rows),
+        PRINTER.put(report_table, (ledger.iterations, trainer.global_step, iters, metrics["time/iteration_ms"], rows),
                     lambda err: record_failure("report table", err))
 
 

@@ -53,9 +53,12 @@ class SectionProfiler(PerfCallback):
     Automatic sections, which add up to the iteration: ``data_loading`` (the wait for the batch), ``between_batches``
     (the loop's host work between two batches; only with the fetch), ``transfer`` (``batch_to_device``),
     ``forward`` (``training_step``), ``backward``, ``optimizer_step``, ``checkpointing`` (writes and removals through
-    the strategy's ``CheckpointIO``) and ``other`` (the rest); under manual optimization the step is one
-    ``training_step``. User sections (:class:`~lightning_perf.profile_section`) are carved out of the section they
-    ran in, reported with it as ``parent``. Validation is timed apart. On CUDA each section also has a device time
+    the strategy's ``CheckpointIO``) and ``other`` (the rest). Under manual optimization ``training_step`` holds the
+    forward and the rest of the step, ``backward`` each ``manual_backward`` (Lightning's backward hooks) and
+    ``optimizer_step`` each ``opt.step()`` (torch's step hooks on the optimizers, for the fit), with one
+    ``optimizer_step[i]`` row per optimizer where there are several. User sections
+    (:class:`~lightning_perf.profile_section`) are carved out of the section they ran in, reported with it as
+    ``parent``. Validation is timed apart. On CUDA each section also has a device time
     from CUDA events read once complete. See docs/section_profiler.md for every boundary.
 
     Args:
@@ -94,7 +97,7 @@ class SectionProfiler(PerfCallback):
 
     section_name = "section_profiler"
     _transient = ("_checkpoint_io", "_strategy", "_fetch_marks", "_previous_sink", "_device", "_worker_timer",
-                  "_transfer")
+                  "_transfer", "_step_hooks")
 
     def __init__(self, enabled: bool = True, report_every_n_steps: int = 50, warmup_steps: int = 5,
                  device_timing: bool = True, print_reports: bool = True, summary_path: Optional[str] = None,
@@ -143,6 +146,15 @@ class SectionProfiler(PerfCallback):
         self._workers_at_stop = False  # read at an exception: a null block has its reason even before an iteration
         self._batches_per_iteration = 1
         self._world_size: Optional[int] = None  # the fit's processes, at setup
+        # manual optimization: torch's step hooks on each optimizer (removed by ``_restore``), each optimizer's row
+        # by id (None: a single optimizer, no row of its own), whether a step runs, and what it and a backward
+        # interrupted
+        self._step_hooks: List[Any] = []
+        self._optimizer_rows: Dict[int, Optional[str]] = {}
+        self._stepping = False
+        self._step_resume = "training_step"
+        self._backward_resume = "training_step"
+        self._steps_reason: Optional[str] = None
 
     def _is_enabled(self) -> bool:
         value = os.environ.get(ENV_SWITCH) or ""
@@ -203,14 +215,19 @@ class SectionProfiler(PerfCallback):
 
     # -- events from outside Lightning's hooks -------------------------------------------------------------------
     def section_started(self, name: str) -> Any:
-        """Sink for profile_section: nothing to return on the host side (device: an event pair)."""
-        return None if self._device is None else self._device.section_started()
+        """Sink for profile_section: nothing to return on the host side (device: an event pair); under manual
+        optimization also the backward and optimizer-step time so far (what runs inside the section stays theirs)."""
+        token = None if self._device is None else self._device.section_started()
+        return (self._ledger.step_s, token) if self._ledger.manual else token
 
     def section_ended(self, name: str, parent: Optional[str], seconds: float, token: Any, failed: bool) -> None:
         if not self._active:
             return
         try:
-            counted = self._ledger.user_section(name, parent, seconds, failed)  # (not in a validation)
+            step_s = 0.0
+            if type(token) is tuple:  # (manual optimization)
+                step_s, token = self._ledger.step_s - token[0], token[1]
+            counted = self._ledger.user_section(name, parent, seconds, failed, step_s)  # (not in a validation)
             if counted and token is not None and self._device is not None:  # device time of a user section, read later
                 self._device.section_ended(name, token)
         except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's section
@@ -322,6 +339,9 @@ class SectionProfiler(PerfCallback):
             self._checkpoint_io = self._strategy = None
         if user_sections.current_sink() is self:
             user_sections.set_sink(self._previous_sink)
+        for handle in self._step_hooks:
+            handle.remove()
+        self._step_hooks, self._optimizer_rows, self._stepping = [], {}, False
 
     def _release_fetch_watch(self) -> None:
         """Gives the loop back its own fetch marks (``_fetch_marks`` is kept: a data fetcher may still call ours)."""
@@ -340,8 +360,51 @@ class SectionProfiler(PerfCallback):
         self._batches_per_iteration = 1 if manual else max(1, int(trainer.accumulate_grad_batches or 1))
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._ledger.manual = manual  # (before the device marks: the step's own hooks are held only if automatic)
+        if manual:
+            self._hook_optimizer_steps(trainer.optimizers)
         self._use_clock(DeviceIntervalClock() if (self.device_timing and on_cuda) else None)
         self._ledger.train_start(manual, trainer.global_step, now())
+
+    def _hook_optimizer_steps(self, optimizers: List[Any]) -> None:
+        """Manual optimization: torch's step pre- and post-hooks on each optimizer time its ``opt.step()`` (no
+        Lightning hook follows a step). The pre-hook fires before Lightning's closure runs, so clipping and the
+        ``on_before_optimizer_step`` hooks are in the step, as under automatic optimization. An optimizer without them
+        (not a ``torch.optim.Optimizer``) keeps its steps in ``training_step``, and the summary says so."""
+        self._stepping = False
+        several = len(optimizers) > 1
+        for index, optimizer in enumerate(optimizers):
+            if not (hasattr(optimizer, "register_step_pre_hook") and hasattr(optimizer, "register_step_post_hook")):
+                self._steps_reason = (f"optimizer {index} ({type(optimizer).__name__}) has no torch step hooks: its"
+                                      " steps are in training_step")
+                continue
+            if id(optimizer) in self._optimizer_rows:  # (the same optimizer twice: hooked once)
+                continue
+            self._optimizer_rows[id(optimizer)] = f"optimizer_step[{index}]" if several else None
+            self._step_hooks.append(optimizer.register_step_pre_hook(self._optimizer_step_starts))
+            self._step_hooks.append(optimizer.register_step_post_hook(self._optimizer_step_ends))
+
+    # torch's optimizer step hooks (manual optimization): not in the automatic step path; a failure is recorded,
+    # never raised into the user's step
+    def _optimizer_step_starts(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._active and not self._stepping:
+            t = now()
+            try:
+                resume = self._ledger.optimizer_started(t)
+                if resume is not None:
+                    self._stepping, self._step_resume = True, resume
+            except Exception as err:  # noqa: BLE001
+                self._record_failure("optimizer step", err)
+            self._overhead_s += now() - t
+
+    def _optimizer_step_ends(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._stepping:
+            t = now()
+            self._stepping = False
+            try:
+                self._ledger.optimizer_stepped(self._optimizer_rows.get(id(optimizer)), self._step_resume, t)
+            except Exception as err:  # noqa: BLE001
+                self._record_failure("optimizer step", err)
+            self._overhead_s += now() - t
 
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -378,15 +441,21 @@ class SectionProfiler(PerfCallback):
             self._overhead_s += now() - t
 
     # The hooks inside the step (zero_grad, backward, after backward, optimizer step) switch the section under
-    # automatic optimization (under manual optimization the whole step is ``training_step``). Each appends its switch
-    # to the ledger's held ones (``_held``), applied in order at its fold (``SectionLedger.apply_held``, with
-    # the figure that keeps it); the append itself is not timed into ``overhead_us_per_step``. Where a device mark
-    # may be due, at once.
+    # automatic optimization. Each appends its switch to the ledger's held ones (``_held``), applied in order at its
+    # fold (``SectionLedger.apply_held``, with the figure that keeps it); the append itself is not timed into
+    # ``overhead_us_per_step``. Where a device mark may be due, at once. Under manual optimization only the backward
+    # hooks switch (each ``manual_backward``; the optimizer steps are torch's step hooks), at once, back to the section
+    # the backward interrupted (``training_step``, or ``optimizer_step`` for a closure's backward).
     def _step_switch(self, section: str, hook: str) -> None:
         t = now()
         try:
-            if not self._ledger.manual:
-                self._ledger.switch(section, t)
+            ledger = self._ledger
+            if not ledger.manual:
+                ledger.switch(section, t)
+            elif section == "backward":
+                self._backward_resume = ledger.manual_switch(section, t) or "training_step"
+            elif hook == "on_after_backward":
+                ledger.manual_switch(self._backward_resume, t)
         except Exception as err:  # noqa: BLE001
             self._record_failure(hook, err)
         self._overhead_s += now() - t
@@ -423,7 +492,11 @@ class SectionProfiler(PerfCallback):
         t = now()
         try:
             # automatic optimization: the batch ends an iteration where an optimizer step was announced
-            ends = self._ledger.manual or self._stepped
+            if self._ledger.manual:
+                ends = True
+                self._stepping = False  # (a step that raised, caught in the step, never returned)
+            else:
+                ends = self._stepped
             self._stepped = False
             if ends and self._fetches.ends_without is not None and self._fetches.falls_back():  # (first steps)
                 self._fall_back_to_the_gap()
@@ -561,8 +634,10 @@ class SectionProfiler(PerfCallback):
         if self._disabled_reason:
             unavailable["sections"] = self._disabled_reason
         if ledger.manual:
-            unavailable["forward"] = unavailable["backward"] = unavailable["optimizer_step"] = (
-                "manual optimization: the step is one training_step section")
+            unavailable["forward"] = ("manual optimization: the forward is in training_step with the rest of the step"
+                                      " (backward and optimizer_step are carved out of it)")
+            if self._steps_reason:
+                unavailable["optimizer_step"] = self._steps_reason
         if self._device is None:
             unavailable["device_mean_ms"] = "device timing needs CUDA" if self.device_timing else "switched off"
         unavailable["synchronization"] = SINGLE_DEVICE_SYNC_REASON if self._world_size == 1 else SYNC_REASON

@@ -16,7 +16,14 @@ BETWEEN = "between_batches"
 #: ``sections.Samples``, and a checkpoint rarely comes every iteration)
 AUTO_SECTIONS = ("data_loading", BETWEEN, "transfer", "forward", "backward", "optimizer_step", "other",
                  "checkpointing")
-MANUAL_SECTIONS = ("data_loading", BETWEEN, "transfer", "training_step", "checkpointing", "other")
+#: Under manual optimization: the forward and the rest of the step are ``training_step``; ``backward`` (each
+#: ``manual_backward``) and ``optimizer_step`` (each ``opt.step()``) are carved out of it by the caller's switches.
+MANUAL_SECTIONS = ("data_loading", BETWEEN, "transfer", "training_step", "backward", "optimizer_step", "other",
+                   "checkpointing")
+#: The pieces a manual step switches to and back from (:meth:`SectionLedger.manual_switch`).
+MANUAL_STEP_PIECES = ("backward", "optimizer_step")
+#: The kind of the per-optimizer rows (``optimizer_step[i]``): a split of ``optimizer_step``, inside its time.
+OPTIMIZER_KIND = "optimizer"
 #: User-section calls an iteration keeps for the statistics (a runaway loop of sections stays bounded).
 MAX_CALLS_PER_ITERATION = 10_000
 #: The slowest iterations kept with their sections (the summary's ``slowest_iterations``): more than
@@ -90,6 +97,8 @@ class SectionLedger:
         self.validation_s = 0.0
         self.validation_runs = 0
         self.val_start: Optional[float] = None
+        self.step_s = 0.0  # manual optimization: seconds of backward and optimizer-step pieces so far (the switches')
+        self.part_from = 0.0  # the running optimizer step's section total before it started
 
     def section(self, name: str, kind: str = "auto", parent: Optional[str] = None) -> Section:
         sec = self.sections.get(name)
@@ -216,11 +225,48 @@ class SectionLedger:
         self._hold(section, t)
         return False
 
-    def user_section(self, name: str, parent: Optional[str], seconds: float, failed: bool) -> bool:
+    def manual_switch(self, section: str, t: float) -> Optional[str]:
+        """Manual optimization: a backward or an optimizer step starts (``section``), or one ends (``section``: the
+        one it interrupted). Returns the section that was running (None outside the training loop: no switch)."""
+        if self.held:
+            self.apply_held()
+        current = self.current
+        if current is None:
+            return None
+        if current in MANUAL_STEP_PIECES:
+            self.step_s += t - self.t0
+        self.switch(section, t)
+        return current
+
+    def optimizer_started(self, t: float) -> Optional[str]:
+        """Manual optimization: an optimizer step starts at ``t`` (:meth:`manual_switch` to ``optimizer_step``); its
+        own time is what ``optimizer_step`` gains until :meth:`optimizer_stepped` (a closure's backward inside it is
+        switched out and back)."""
+        resume = self.manual_switch("optimizer_step", t)
+        if resume is not None:
+            self.part_from = self.piece.get("optimizer_step", 0.0)
+        return resume
+
+    def optimizer_stepped(self, name: Optional[str], resume: str, t: float) -> None:
+        """Manual optimization: the optimizer step that :meth:`optimizer_started` started returned at ``t``; ``resume``
+        runs again. ``name``: the optimizer's own row (``optimizer_step[i]``, where there are several), which gets
+        this step's time (its piece of ``optimizer_step``, less a backward inside it) as one call."""
+        if self.manual_switch(resume, t) != "optimizer_step" or name is None:
+            return
+        seconds = self.piece.get("optimizer_step", 0.0) - self.part_from
+        if name not in self.sections:
+            self.section(name, OPTIMIZER_KIND, "optimizer_step")
+        if len(self.open.calls) < MAX_CALLS_PER_ITERATION:
+            self.open.calls.append((name, seconds, False))
+
+    def user_section(self, name: str, parent: Optional[str], seconds: float, failed: bool,
+                     step_s: float = 0.0) -> bool:
         """A user section ended: a top-level one is carved out of the automatic piece it ran in (its parent). False
-        where none runs (a validation, the sanity check, before the loop): it is no iteration's."""
+        where none runs (a validation, the sanity check, before the loop): it is no iteration's. ``step_s``: under
+        manual optimization, the backward and optimizer-step time that ran inside it (their own rows keep it)."""
         if self.current is None and not self.held:
             return False
+        seconds -= step_s
         it = self.open
         if self.ending:  # a batch-end hook's section, nested ones with their parents: IterationTimer's next
             it.end_pieces[name] = it.end_pieces.get(name, 0.0) + seconds

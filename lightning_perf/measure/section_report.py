@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from lightning_perf.measure import loader
-from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS
+from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, OPTIMIZER_KIND
 from lightning_perf.measure.stats import LogHistogram
 
 # Insight thresholds (documented in docs/section_profiler.md).
@@ -54,14 +54,22 @@ def printed_rows(table: Dict[str, Dict[str, Any]]) -> List[tuple]:
     return rows
 
 
-def report_table(step: int, iters: int, mean_ms: float, rows: List[tuple]) -> str:
+def at_iteration(iteration: int, step: Optional[int]) -> str:
+    """``iteration 50``, with the optimizer step beside it where the two differ (``iteration 50 (optimizer step
+    100)``: two optimizers under manual optimization, a resume from another count)."""
+    return f"iteration {iteration}" + (f" (optimizer step {step})" if step is not None and step != iteration else "")
+
+
+def report_table(iteration: int, step: int, iters: int, mean_ms: float, rows: List[tuple]) -> str:
     """The periodic report's table (built on the printer's thread: see ``callbacks._printer``), in the final
-    table's order; ``rows`` as :meth:`SectionLedger.take_window` gives them."""
+    table's order; ``rows`` as :meth:`SectionLedger.take_window` gives them. ``iteration``: the iterations of the
+    run so far (batches under manual optimization); ``step``: the trainer's global step, shown where it differs."""
     table = {row[0]: {"kind": row[7], "parent": row[8], "count": row[1], "total_s": row[2], "row": row}
              for row in rows}
     labelled = printed_rows(table)
     w = max([22] + [len(label) + 2 for label, _ in labelled])
-    lines = [f"=== SectionProfiler report (step {step}, last {iters} iterations, {mean_ms:.2f} ms mean) ===",
+    lines = [f"=== SectionProfiler report ({at_iteration(iteration, step)}, last {iters} iterations,"
+             f" {mean_ms:.2f} ms mean) ===",
              f"{'section':<{w}}{'count':>7}{'total s':>9}{'mean ms':>9}{'min ms':>9}{'max ms':>9}{'share':>8}"]
     for label, r in labelled:
         _, n, total, mean, low, high, pct = r["row"][:7]
@@ -90,10 +98,12 @@ def final_table(table: Dict[str, Dict[str, Any]], iteration: LogHistogram, final
 
 
 def slowest_section(table: Dict[str, Dict[str, Any]]) -> Optional[str]:
-    """The automatic or top-level user section with the largest total (nested user sections are inside theirs)."""
+    """The automatic or top-level user section with the largest total (nested user sections are inside theirs, as
+    the per-optimizer rows are inside ``optimizer_step``)."""
     top_level = AUTO_SECTIONS + MANUAL_SECTIONS
     ranked = [(r["total_s"], n) for n, r in table.items()
-              if (r["kind"] == "auto" or r["parent"] is None or r["parent"] in top_level) and r["total_s"] > 0]
+              if (r["kind"] == "auto" or r["parent"] is None or r["parent"] in top_level) and r["total_s"] > 0
+              and r["kind"] != OPTIMIZER_KIND]
     return max(ranked)[1] if ranked else None
 
 

@@ -153,14 +153,14 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
                    f" {e['excess_s']:.1f} s; what validation leaves behind (caches, allocator, workers) costs it.")
     e = fires(UNEXPLAINED, UNEXPLAINED_MIN_PCT)
     if e:
-        worst = [s["step"] for s in block.get("slowest") or [] if not s["causes"]][:3]
-        at = f" (slowest at steps {', '.join(str(s) for s in worst)})" if worst else ""
+        worst = [s for s in block.get("slowest") or [] if not s["causes"]][:3]
+        at = f" (slowest at {iterations_named(worst)})" if worst else ""
         section = e.get("section")
         where = (f"{_grown(section)}: look there first;" if section else "SectionProfiler shows which section grows;")
         out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'slow iteration')} (over"
                    f" {block['factor']:g}x the median) that no epoch start, validation, checkpoint, allocator retry,"
                    f" garbage collection or lightning_perf's own work explains{at}: {where} the torch profiler around"
-                   " those steps shows what runs.")
+                   " those iterations shows what runs.")
     e = fires("lightning_perf")
     if e:
         out.append(f"{e['share_pct']:.0f}% of training time is in {counted(e['iterations'], 'iteration')} in which"
@@ -184,6 +184,22 @@ def tail_insights(block: Dict[str, Any]) -> List[str]:
         out.append(f"The tail is small: {share:.1f}% of training time is in iterations over {block['factor']:g}x the"
                    f" median ({median:.1f} ms).")
     return out
+
+
+def iteration_named(entry: Dict[str, Any]) -> str:
+    """One of the tail's slowest iterations by its number in the run (batches under manual optimization), with the
+    optimizer step at its end beside it where the two differ (two optimizers step twice a batch): ``11 (optimizer
+    step 22)``; a checkpoint of an older version kept no number: its step, ``step 22``."""
+    iteration, step = entry.get("iteration"), entry.get("step")
+    if iteration is None:
+        return f"step {step}"
+    return f"{iteration}" + (f" (optimizer step {step})" if step is not None and step != iteration else "")
+
+
+def iterations_named(entries: List[Dict[str, Any]]) -> str:
+    """``iteration 11 (optimizer step 22)``, ``iterations 11, 6, 7``."""
+    names = [iteration_named(e) for e in entries]
+    return ("iteration " if len(names) == 1 else "iterations ") + ", ".join(names)
 
 
 def tail_line(block: Dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ import math
 import re
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from lightning_perf.measure.tail_advice import iteration_named
 from lightning_perf.summary.compare import _section_ms, format_text, memory_texts, tail_text
 from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
 from lightning_perf.summary.energy import fmt_energy
@@ -190,9 +191,10 @@ def _tail_html(summary: PerfSummary) -> str:
     for entry in [e for e in (tail.slowest or []) if e is not None]:
         extra = entry.model_dump(exclude={"step", "iteration", "epoch", "ms", "causes", "gc_pause_ms", "section"})
         files = ", ".join(path for _, path in evidence_files(extra))
-        rows.append([str(entry.step), fmt_num(entry.ms), ", ".join(entry.causes or []),
+        rows.append([iteration_named({"iteration": entry.iteration, "step": entry.step}), fmt_num(entry.ms),
+                     ", ".join(entry.causes or []),
                      entry.section.section if entry.section is not None and entry.section.section else "", files])
-    headers = ["step", "ms", "causes", "section over its median", "files"]
+    headers = ["iteration", "ms", "causes", "section over its median", "files"]
     if not any(row[-1] for row in rows):  # the files column only where an entry names one (a trace)
         headers, rows = headers[:-1], [row[:-1] for row in rows]
     return f"<h3>Slow iterations</h3><p>{esc(line)}</p>" + (_table(headers, rows) if rows else "")

@@ -651,7 +651,9 @@ class QualityGate(Section):
 
 
 class Section_(Section):
-    kind: Text = None
+    kind: Text = Field(None, description="`auto`, `user` (a profile_section) or `optimizer` (under manual"
+                                         " optimization with several optimizers, one optimizer's share of"
+                                         " `optimizer_step`: inside it, not beside it)")
     parent: Text = None
     count: Count = None
     total_s: Seconds = None
