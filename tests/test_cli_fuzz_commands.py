@@ -7,7 +7,7 @@ files belong, names that are not names, real and mutated summaries, duplicates).
 (the readers print nothing else on stderr). `race` and `matrix` run cheap programs (``true``, a script that exits at
 once), so a call is a fraction of a second.
 
-``FUZZ_CALLS`` sets the calls per command (default 40 here; ``FUZZ_CALLS=250`` gives 1,000 calls in all, the issue's
+``FUZZ_CALLS`` sets the calls per command (default 25 in the suite; ``FUZZ_CALLS=250`` gives 1,000 calls in all, the issue's
 count: ``FUZZ_CALLS=250 .venv/bin/python -m pytest tests/test_cli_fuzz_commands.py -n 2``).
 """
 
@@ -27,7 +27,7 @@ import pytest
 from summary_files import read, write_two_runs
 from test_cli_fuzz import run_cli
 
-CALLS = int(os.environ.get("FUZZ_CALLS", 40))
+CALLS = int(os.environ.get("FUZZ_CALLS", 25))
 ALARM_S = 120
 #: The command's own errors, and argparse's (which name the subcommand).
 ERROR_LINE = re.compile(r"lightning-perf( [a-z-]+)?: error: ")
