@@ -7,8 +7,8 @@ files belong, names that are not names, real and mutated summaries, duplicates).
 (the readers print nothing else on stderr). `race` and `matrix` run cheap programs (``true``, a script that exits at
 once), so a call is a fraction of a second.
 
-``FUZZ_CALLS`` sets the calls per command (default 25 in the suite; ``FUZZ_CALLS=250`` gives 1,000 calls in all, the issue's
-count: ``FUZZ_CALLS=250 .venv/bin/python -m pytest tests/test_cli_fuzz_commands.py -n 2``).
+``FUZZ_CALLS`` sets the calls per command (default 25 in the suite; ``FUZZ_CALLS=250`` gives 1,000 calls in all,
+the issue's count: ``FUZZ_CALLS=250 .venv/bin/python -m pytest tests/test_cli_fuzz_commands.py -n 2``).
 """
 
 from __future__ import annotations
