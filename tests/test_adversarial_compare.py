@@ -10,17 +10,8 @@ import sys
 
 import pytest
 
-from helpers import TinyModel, find_summary, fit
-from lightning_perf import IterationTimer
 from lightning_perf.summary.compare import compare_summaries
-
-
-@pytest.fixture(scope="module")
-def one_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("one")
-    fit(root, [IterationTimer(warmup_steps=2)], model=TinyModel(), max_epochs=8, limit_val_batches=0,
-        num_sanity_val_steps=0, enable_progress_bar=False)
-    return find_summary(root)
+from test_between_runs import one_run  # noqa: F401 - the fixture: one real run, copied with other figures
 
 
 def _write(tmp_path, name, summary):

@@ -8,6 +8,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_perf import ABTrial, IterationTimer
+from test_ab_trial import extra_off, extra_on
 
 #: warmup 2, blocks of 2, 4 blocks, ABBA: iterations 0 off, 1 on, 2-3 off, 4-5 on, 6-7 on, 8-9 off.
 SMALL = dict(warmup=2, block=2, blocks=4, order="abba", quality_batches=0)
@@ -160,12 +161,6 @@ class PacedExtra(PacedModel):
         return make_loader(n=4096)
 
 
-def extra_on(trainer, module):
-    module.extra = True
-
-
-def extra_off(trainer, module):
-    module.extra = False
 
 
 def test_a_resume_mid_trial_continues_the_trial_from_the_checkpoint(tmp_path, monkeypatch, recwarn):
