@@ -152,19 +152,22 @@ def _matrix_argv(rng, files, tmp):
     return argv
 
 
-GOOD_SUMMARIES = ["base", "cand", "base_copy.json", "failed.json", "no_count.json", "hostile_names.json"]
+#: Runs of the base's setup and of the candidate's (a run given on both sides is refused: a hostile draw).
+BASE_SIDE = ["base", "base_copy.json"]
+CANDIDATE_SIDE = ["cand", "failed.json", "no_count.json", "hostile_names.json"]
+GOOD_SUMMARIES = BASE_SIDE + CANDIDATE_SIDE
 BAD_SUMMARIES = ["empty.json", "not_json.json", "list.json", "deep.json", "folder", "missing", "devnull", "fifo"]
 
 
-def _summaries(rng, files, count):
-    return [files[pick(rng, GOOD_SUMMARIES, BAD_SUMMARIES)] for _ in range(count)]
+def _summaries(rng, files, count, side=GOOD_SUMMARIES):
+    return [files[pick(rng, side, BAD_SUMMARIES + [k for k in GOOD_SUMMARIES if k not in side])] for _ in range(count)]
 
 
 def _compare_argv(rng, files, tmp):
-    argv = ["compare", *_summaries(rng, files, 2)]
-    for flag in ("--base-repeats", "--candidate-repeats"):
+    argv = ["compare", *_summaries(rng, files, 1, BASE_SIDE), *_summaries(rng, files, 1, CANDIDATE_SIDE)]
+    for flag, side in (("--base-repeats", BASE_SIDE), ("--candidate-repeats", CANDIDATE_SIDE)):
         if rng.random() < 0.8:
-            argv += [flag, *_summaries(rng, files, rng.randint(1, 3))]
+            argv += [flag, *_summaries(rng, files, rng.randint(1, 3), side)]
     options = {"--fail-if-slower": (["5", "0", "50"], BAD_NUMBERS), "--min-effect": (["0", "2"], BAD_NUMBERS),
                "--format": (["text", "markdown", "json"], ["x"]), "--iterations": (["30000", "10"], BAD_COUNTS),
                "--html": ([os.path.join(tmp, "compare.html")], _outputs(tmp))}
