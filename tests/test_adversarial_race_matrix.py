@@ -307,3 +307,23 @@ def test_matrix_script_or_config_that_is_no_regular_file_is_said_as_such(tmp_pat
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"{flag} {path!r} is {said}, not a regular file" in proc.stderr, proc.stderr
     assert "no such file" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_signal_ignored_before_the_rounds_stays_ignored_in_them():
+    """Under `nohup` SIGHUP is ignored: closing the terminal must not end the rounds (nor their runs, which inherit
+    the ignored signal); SIGTERM still ends them as a Ctrl-C does, and both come back as they were."""
+    import signal
+
+    from lightning_perf.bench.process_group import stops_as_interrupts
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stops_as_interrupts():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL, before[signal.SIGTERM])
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -153,3 +153,21 @@ def test_a_metric_update_between_steps_and_an_lbfgs_closure_are_no_evaluation(tm
 
     fit(tmp_path / "lbfgs", [EvalNoGradGuard()], model=Lbfgs(), max_epochs=1)
     assert find_summary(tmp_path / "lbfgs")["eval_no_grad_guard"]["clean"] is True
+
+
+class TrainsAtEpochEnd(TinyModel):
+    """An extra gradient pass in a training hook, on purpose (a Fisher estimate, an extra update): grad is needed."""
+
+    def on_train_epoch_end(self):
+        x, y = next(iter(self.train_dataloader()))
+        nn.functional.mse_loss(self(x), y).backward()  # raises if the forward ran without grad
+        self.zero_grad()
+
+
+def test_fix_mode_reports_but_never_strips_grad_from_a_training_mode_forward_between_steps(tmp_path):
+    with pytest.warns(UserWarning, match="TrainsAtEpochEnd.on_train_epoch_end ran TrainsAtEpochEnd.forward with"
+                                         " autograd on between training steps"):
+        fit(tmp_path, [EvalNoGradGuard(mode="fix")], model=TrainsAtEpochEnd(), max_epochs=2)
+    g = find_summary(tmp_path)["eval_no_grad_guard"]
+    (grad,) = g["findings"]
+    assert grad["training_mode"] is True and grad["fixed"] is False and grad["count"] == 2

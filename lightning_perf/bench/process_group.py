@@ -39,13 +39,16 @@ def signal_name(stop: BaseException) -> str:
 @contextlib.contextmanager
 def stops_as_interrupts() -> Iterator[None]:
     """Within the block, SIGTERM and SIGHUP raise :class:`Stopped` (in the main thread; elsewhere they keep their
-    handlers), so they end the rounds as a Ctrl-C does rather than leave the run in flight behind."""
+    handlers), so they end the rounds as a Ctrl-C does rather than leave the run in flight behind. A signal that is
+    ignored (SIGHUP under ``nohup``) stays ignored."""
     def stop(signum: int, frame: Any) -> None:
         raise Stopped(signum)
 
     previous: Dict[int, Any] = {}
     for signum in STOPS:
         try:
+            if signal.getsignal(signum) in (signal.SIG_IGN, None):  # `nohup`'s SIGHUP stays ignored; one set in C
+                continue  # (None) cannot be put back
             previous[signum] = signal.signal(signum, stop)
         except (ValueError, OSError):  # not the main thread
             pass

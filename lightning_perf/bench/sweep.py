@@ -120,12 +120,11 @@ def check_csv(path: str) -> bool:
 
 def _release_free_heap() -> None:
     """Hands memory that glibc keeps after frees back to the OS, so each CPU configuration's RSS growth is its own."""
-    try:
-        import ctypes
+    from lightning_perf.measure.memory import heap_trimmer
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim = heap_trimmer()
+    if trim is not None:
+        trim()
 
 
 def _sync(device: Any) -> None:

@@ -480,6 +480,7 @@ class EvalNoGradGuard(PerfCallback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._watch.disarm()
         self._watch.model_ids = None
+        self._between_steps.reset()  # it holds the model's modules
         self._end_watching()
         self._flush_summary(trainer)
 
@@ -487,6 +488,7 @@ class EvalNoGradGuard(PerfCallback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._watch.disarm()  # no teardown hook follows an exception
         self._watch.model_ids = None
+        self._between_steps.reset()
         self._end_watching()
         self._write_summary(trainer, exception)
 

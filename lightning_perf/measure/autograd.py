@@ -188,7 +188,7 @@ class EvalForwardWatch:
         site, hook = calling_site(self.hooks, self.owners)
         if self.is_allowed(hook):
             return
-        if self.fix:
+        if self.fix and not module.training:  # a training-mode forward may be training on purpose: reported only
             ctx: Any = torch.no_grad()
         else:
             # Parameters stay alive anyway: only what the forward adds is counted.
@@ -207,7 +207,7 @@ class EvalForwardWatch:
             self._counter = counter
         ctx.__enter__()
         self._active = {"ctx": ctx, "site": site, "hook": hook, "module": type(module).__name__,
-                        "training": module.training}
+                        "training": module.training, "fixed": self.fix and not module.training}
 
     def _close(self) -> Dict[str, Any]:
         active, self._active = self._active, None
@@ -222,8 +222,9 @@ class EvalForwardWatch:
             return
         active = self._end_outer()
         if active is not None:
-            saved = 0 if self.fix else self._counter["bytes"]
-            self.on_finding(active["site"], active["hook"], active["module"], saved, self.fix, active["training"])
+            fixed = active["fixed"]
+            saved = 0 if fixed else self._counter["bytes"]
+            self.on_finding(active["site"], active["hook"], active["module"], saved, fixed, active["training"])
 
 
 def graph_saved_bytes(tensor: torch.Tensor, seen: Set[int], max_nodes: int = 10_000) -> int:

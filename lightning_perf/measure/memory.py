@@ -248,7 +248,7 @@ def heap_trimmer() -> Optional[Callable[[], Any]]:
     RSS would still hold it: 150 x 2 MB freed read 810 MB resident before the trim and 512 after it, here."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no such symbol; Windows takes no None for the process itself
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return lambda: trim(0)
