@@ -31,7 +31,7 @@ path = os.environ.get("LIGHTNING_PERF_SUMMARY_PATH") or os.path.join(os.environ[
                                                                      "perf_summary.json")
 if os.environ.get("HOLD_FROM_ROUND_2") and "repeat_" in path and "repeat_1" not in path:
     open(os.path.join(os.path.dirname(path), "holding"), "w").close()
-    time.sleep(120)
+    time.sleep(600)
 shutil.copyfile(source, path)
 with open(source) as fh:
     sys.exit(0 if json.load(fh)["status"] == "completed" else 1)
@@ -118,8 +118,11 @@ def interrupt_after_round_1(args, cwd, holding_under):
     a run of round 2 is running, and returns the finished process."""
     env = env_here()
     env["HOLD_FROM_ROUND_2"] = "1"
+    # SIGINT as a terminal leaves it: a test runner (or CI) may start with it ignored, which its children inherit and
+    # which makes Python install no KeyboardInterrupt (a Ctrl-C cannot reach such a process from a terminal either)
     proc = subprocess.Popen([PY, "-m", "lightning_perf.cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     try:
         while not any("holding" in files for _, _, files in os.walk(holding_under)):
@@ -127,7 +130,9 @@ def interrupt_after_round_1(args, cwd, holding_under):
             assert time.monotonic() < deadline, "round 2 never started"
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)  # a hang guard: the command ends on the first Ctrl-C
+        # a hang guard: the command ends on the first Ctrl-C (the held run would sleep 600 s); 60 s ran out on a
+        # busy machine, where the report's imports after the interrupt are slow
+        out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
