@@ -178,9 +178,19 @@ def test_a_user_section_around_backward_and_step_keeps_its_time_outside_them(tmp
     own_ms = {key: 1000.0 * sum(v) / n for key, v in model.own.items()}
     gen = sections["gen"]
     assert gen["kind"] == "user" and gen["parent"] == "training_step" and gen["count"] == n
-    assert close(1000.0 * gen["total_s"] / n, own_ms["gen_outside_step"]), (gen, own_ms)
-    assert close(1000.0 * sections["backward"]["total_s"] / n, own_ms["backward"]), (sections["backward"], own_ms)
-    assert close(1000.0 * sections["optimizer_step[0]"]["total_s"] / n, own_ms["step0"])
+    backward_ms = 1000.0 * sections["backward"]["total_s"] / n
+    step0_ms = 1000.0 * sections["optimizer_step[0]"]["total_s"] / n
+    assert close(backward_ms, own_ms["backward"]), (sections["backward"], own_ms)
+    assert close(step0_ms, own_ms["step0"]), (sections["optimizer_step[0]"], own_ms)
+    # The own clock around manual_backward and opt.step() also holds Lightning's wrappers around them (the strategy's
+    # backward, LightningOptimizer.step), which run before the first hook and after the last: the profiler leaves
+    # that time in "gen". So gen is the own clock's outside time plus at most that wrapper time (an upper bound:
+    # the backward's wrapper time of both nets), never less than the outside time.
+    gen_ms = 1000.0 * gen["total_s"] / n
+    wrappers_ms = max(0.0, own_ms["backward"] - backward_ms) + max(0.0, own_ms["step0"] - step0_ms)
+    tolerance = max(0.15 * own_ms["gen_outside_step"], 0.1)
+    assert own_ms["gen_outside_step"] - tolerance <= gen_ms <= own_ms["gen_outside_step"] + wrappers_ms + tolerance, (
+        gen, own_ms, wrappers_ms)
     assert sections["training_step"]["min_ms"] >= 0.0
     top = sum(r["total_s"] for r in sections.values()
               if r["kind"] == "auto" or (r["kind"] == "user" and sections.get(r["parent"], {}).get("kind") == "auto"))
