@@ -118,3 +118,114 @@ def test_the_interval_and_what_would_decide():
     assert decide_rounds([math.log(0.8) + e for e in (0.01, -0.01, 0.02, 0.0, -0.02, 0.01)])["verdict"] == SLOWER
     assert decide_rounds([e for e in (0.01, -0.01, 0.005, 0.0, -0.01, 0.01)])["verdict"] == SAME
     assert decide_rounds([0.3, 0.31, 0.29, 0.3, 0.3], [0.2, 0.21, 0.19, 0.2, 0.2])["verdict"] == NO_VERDICT
+
+
+def test_run_rounds_stops_once_decided_and_says_why():
+    from lightning_perf.bench.rounds import run_rounds
+
+    seen = []
+    info = run_rounds(["a", "b"], 40, lambda name, k: seen.append((name, k)) or k, log=lambda m: None,
+                      until=lambda sofar: sofar["done"] >= 3)
+    assert info["done"] == 3 and info["stop"] == "decided" and info["rule"] == "sequential"
+    assert seen == [("a", 1), ("b", 1), ("b", 2), ("a", 2), ("a", 3), ("b", 3)]
+    capped = run_rounds(["a", "b"], 4, lambda name, k: k, log=lambda m: None, until=lambda sofar: False)
+    assert capped["done"] == 4 and capped["stop"] == "max rounds"
+    ticks = iter(range(1000))
+    budget = run_rounds(["a"], 40, lambda name, k: k, budget_s=2.5, log=lambda m: None, until=lambda sofar: False,
+                        clock=lambda: float(next(ticks)))
+    assert budget["stop"] == "budget" and budget["done"] < 40
+    fixed = run_rounds(["a"], 2, lambda name, k: k, log=lambda m: None)
+    assert fixed["rule"] == "fixed" and fixed["stop"] == "planned"
+
+
+#: A user's script with no lightning_perf import: ARGS are the steps and the seconds each step sleeps.
+TRAIN = '''
+import sys
+import time
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(LightningModule):
+    def __init__(self, pause):
+        super().__init__()
+        self.net, self.pause = torch.nn.Linear(4, 1), pause
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.pause)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+if __name__ == "__main__":
+    steps, pause = int(sys.argv[1]), float(sys.argv[2])
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(Net(pause), DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4))
+'''
+
+
+def _race(tmp_path, *args):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN.lstrip())
+    return subprocess.run([sys.executable, "-m", "lightning_perf.cli", "race", *args, "--threads", "keep",
+                           "--out", "out"], capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+@pytest.mark.slow
+def test_race_auto_stops_early_once_a_slow_command_is_decided_slower(tmp_path):
+    """A command against itself plus a sleep worth ~10 steps of its own: decided slower in a few rounds, the rounds
+    stopped there (well before the cap), and race.json says how and why."""
+    py = sys.executable
+    proc = _race(tmp_path, "--cmd", f"base={py} train.py 20 0.002", "--cmd", f"slow={py} train.py 20 0.03")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "race.json").read_text())
+    rounds = result["rounds"]
+    assert rounds["rule"] == "sequential" and rounds["stop"] == "decided", rounds
+    assert rounds["done"] < DEFAULT_MAX_ROUNDS and rounds["planned"] == DEFAULT_MAX_ROUNDS
+    assert rounds["budget_s"] == 600
+    cmp = result["comparisons"]["slow"]
+    assert cmp["verdict"]["verdict"] == "slower" and cmp["sequential"]["verdict"] == SLOWER
+    assert cmp["between_runs"]["method"] == "always valid, paired by round"
+    assert cmp["between_runs"]["high"] < 1.0
+    assert "interleaved rounds ran until decided" in proc.stdout and "stopped: decided" in proc.stdout
+    assert "slow against base: " in proc.stdout and "slower, decided" in proc.stdout
+
+
+@pytest.mark.slow
+def test_race_auto_of_a_command_against_itself_never_says_different(tmp_path):
+    """An A/A race capped at 4 rounds: no interval yet, so not decided; the verdict says what would decide."""
+    py = sys.executable
+    proc = _race(tmp_path, "--cmd", f"a={py} train.py 10 0.001", "--cmd", f"b={py} train.py 10 0.001",
+                 "--repeats", "auto", "--max-rounds", "4", "--noise-floor", "off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "race.json").read_text())
+    assert result["rounds"]["stop"] == "max rounds" and result["rounds"]["done"] == 4
+    verdict = result["comparisons"]["b"]["verdict"]
+    assert verdict["verdict"] not in ("faster", "slower"), verdict
+    assert "4 round(s) give no interval yet" in verdict["why"] and "lightning-perf run --trial" in verdict["why"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budget", "-3"], "argument --budget: expected seconds or a duration such as 90s, 10m or 1.5h, finite and > 0,"
+                         " got '-3'"),
+    (["--budget", "10x"], "argument --budget: expected seconds or a duration such as 90s, 10m or 1.5h, finite and > 0,"
+                          " got '10x'"),
+    (["--repeats", "often"], "argument --repeats: expected auto or an integer >= 1, got 'often'"),
+    (["--max-rounds", "0"], "argument --max-rounds: expected a positive integer, got '0'"),
+    (["--repeats", "3", "--max-rounds", "9"], "--max-rounds 9: only with --repeats auto (--repeats 3 runs 3 rounds)"),
+    (["--same-within", "-1"], "argument --same-within: expected a finite number > 0, got '-1'"),
+])
+def test_bad_round_options_are_one_line_and_exit_2(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "race", "--cmd", "a=true", "--cmd", "b=true",
+                           *args, "--out", "out"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
