@@ -289,14 +289,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", help="also write the rows to this CSV (default: none)")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                    help="seconds per variant, a finite number > 0 (default: none, no limit)")
-    p.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="N",
+    p.add_argument("--repeats", type=_repeats_or_auto, default=DEFAULT_REPEATS, metavar="auto|N",
                    help="run the variants N rounds, interleaved (A B C, C B A, ...), each run a fresh process: the"
                    " speedups' intervals come from the spread between runs, and a variant is decided faster or slower"
                    " only beyond the A/A noise floor; 1 decides nothing. 5 finds a 10%% change in ~90%% of trials"
-                   f" under 3%% drift between runs (see docs/cli.md) (default: {DEFAULT_REPEATS})")
-    p.add_argument("--budget", type=_positive_float, default=None, metavar="SECONDS",
-                   help="start a round only when it is expected to end within SECONDS of the matrix's start (the"
-                   " longest round so far); the report says how many rounds ran (default: none, every round)")
+                   " under 3%% drift between runs (see docs/cli.md); auto adds rounds until every variant is decided"
+                   " (an always-valid interval, docs/bench.md) or --budget or --max-rounds ends them"
+                   f" (default: {DEFAULT_REPEATS})")
+    p.add_argument("--budget", type=_duration, default=None, metavar="DURATION",
+                   help="start a round only when it is expected to end within DURATION (seconds, or 90s, 10m, 1.5h)"
+                   " of the matrix's start (the longest round so far); the report says how many rounds ran (default:"
+                   f" {SEQ_BUDGET_S / 60:g}m with --repeats auto, else none, every round)")
+    p.add_argument("--max-rounds", type=_positive_int, default=None, metavar="N",
+                   help=f"with --repeats auto, at most N rounds (default: {SEQ_MAX_ROUNDS})")
+    p.add_argument("--same-within", type=_positive_float, default=SEQ_SAME_PCT, metavar="PCT",
+                   help="with --repeats auto, a variant whose interval lies within +/-PCT%% of the baseline is decided"
+                   f" the same (default: {SEQ_SAME_PCT:g})")
     p.add_argument("--noise-floor", default="auto", metavar="auto|off|VARIANT",
                    help="the A/A pair: auto runs the baseline's setup again in the same rounds (as BASELINE_aa) unless"
                    " a variant has the baseline's overrides; VARIANT names the copy; off runs none (default: auto)")
@@ -756,8 +764,14 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         run_matrix,
         with_noise_floor,
     )
+    from lightning_perf.bench.matrix_sequential import all_decided
     from lightning_perf.bench.matrix_trial import add_trial
 
+    auto = args.repeats == "auto"
+    if args.max_rounds is not None and not auto:
+        _say(f"lightning-perf: error: --max-rounds {args.max_rounds}: only with --repeats auto (--repeats"
+             f" {args.repeats} runs {args.repeats} rounds)", sys.stderr)
+        return EXIT_ERROR
     try:
         variants = parse_variants(args.variant)
     except ValueError as err:
@@ -786,12 +800,16 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     threads = _chosen_threads(args.threads, "matrix")
     try:
+        until = (lambda sofar: all_decided(matrix_rows(sofar, noise_floor=copy, same_within_pct=args.same_within),
+                                           args.best_by)) if auto else None
         results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
-                             log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget,
-                             threads=threads, trial=args.trial)
+                             log=lambda m: _say(m, sys.stderr),
+                             repeats=(args.max_rounds or SEQ_MAX_ROUNDS) if auto else args.repeats,
+                             budget_s=args.budget if args.budget is not None or not auto else SEQ_BUDGET_S,
+                             threads=threads, trial=args.trial, until=until)
     except NothingFinished as stop:
         return _nothing_finished(stop, "matrix")
-    rows = matrix_rows(results, noise_floor=copy)
+    rows = matrix_rows(results, noise_floor=copy, same_within_pct=args.same_within)
     header = matrix_header(results, args.config)
     add_trial(rows, results, args.trial)  # each variant's trial, pooled over its runs (bench/matrix_trial.py)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)

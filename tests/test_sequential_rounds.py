@@ -229,3 +229,50 @@ def test_bad_round_options_are_one_line_and_exit_2(tmp_path, args, message):
                           env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+#: A command that writes the summary SOURCE where race or the matrix reads it; the matrix's script takes it from
+#: ``--summary=FILE`` among its overrides.
+FAKE = '''
+import os, shutil, sys
+
+source = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--summary=")), sys.argv[-1])
+path = os.environ.get("LIGHTNING_PERF_SUMMARY_PATH") or os.path.join(os.environ["LIGHTNING_PERF_RUN_OUT"],
+                                                                     "perf_summary.json")
+shutil.copyfile(source, path)
+'''
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A summary of a real fit that completed: every run of a fake command reports it, so every round is alike."""
+    from helpers import fit
+
+    from lightning_perf import IterationTimer
+
+    root = tmp_path_factory.mktemp("recorded")
+    done = root / "completed.json"
+    fit(root / "done", [IterationTimer(warmup_steps=2, summary_path=str(done))], max_steps=20, max_epochs=None,
+        num_sanity_val_steps=0, limit_val_batches=0)
+    return str(done)
+
+
+@pytest.mark.slow
+def test_matrix_auto_stops_once_every_variant_is_decided_the_same(tmp_path, recorded):
+    """Every run of every variant reports the same figures: from the first round with an interval (5) the variant is
+    decided the same within +/-5% and the rounds stop there, well before the cap; the findings say so."""
+    (tmp_path / "fake.py").write_text(FAKE.lstrip())
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "matrix", "--script", "fake.py",
+                           "--variant", f"baseline=--summary={recorded}", "--variant", f"other=--summary={recorded} --x",
+                           "--repeats", "auto", "--threads", "keep", "--out", "runs", "--format", "csv"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "every comparison decided after 5 round(s): stopping" in proc.stderr
+    import csv
+    import io
+
+    rows = {r["variant"]: r for r in csv.DictReader(io.StringIO(proc.stdout.split("\n\n")[0]))}
+    assert rows["other"]["rounds_done"] == "5" and rows["other"]["rounds_planned"] == str(DEFAULT_MAX_ROUNDS)
+    assert rows["other"]["end_to_end_verdict"] == "the same within +/-5%", rows["other"]
+    assert not (tmp_path / "runs" / "other" / "repeat_6").exists()

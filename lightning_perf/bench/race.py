@@ -170,10 +170,11 @@ def run_race(commands: List[Tuple[str, List[str]]], out: str, repeats: int, budg
 def decided_race(commands: List[Tuple[str, List[str]]], copy: Optional[str], min_effect_pct: float = MIN_EFFECT_PCT,
                  same_within_pct: float = DEFAULT_EQUIVALENCE_PCT) -> Callable[[Dict[str, Any]], bool]:
     """``run_race``'s ``until`` for ``--repeats auto``: after a round, True where every command but the A/A copy
-    has a decided sequential verdict (faster, slower, the same, or none where the A/A pair drifted)."""
+    has a decided sequential verdict (faster, slower, the same, or none where the A/A pair drifted), or no verdict
+    at all (no completed run on one side: more rounds of a failing command decide nothing)."""
     def until(sofar: Dict[str, Any]) -> bool:
         found = race_result(commands, dict(sofar, rule="sequential"), copy, min_effect_pct, same_within_pct)
-        return all((cmp.get("sequential") or {}).get("verdict") not in (None, SEQ_UNDECIDED)
+        return all((cmp.get("sequential") or {}).get("verdict") != SEQ_UNDECIDED
                    for name, cmp in found["comparisons"].items() if name != copy)
     return until
 
