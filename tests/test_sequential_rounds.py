@@ -263,7 +263,8 @@ def test_matrix_auto_stops_once_every_variant_is_decided_the_same(tmp_path, reco
     decided the same within +/-5% and the rounds stop there, well before the cap; the findings say so."""
     (tmp_path / "fake.py").write_text(FAKE.lstrip())
     proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "matrix", "--script", "fake.py",
-                           "--variant", f"baseline=--summary={recorded}", "--variant", f"other=--summary={recorded} --x",
+                           "--variant", f"baseline=--summary={recorded}",
+                           "--variant", f"other=--summary={recorded} --x",
                            "--repeats", "auto", "--threads", "keep", "--out", "runs", "--format", "csv"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=900,
                           env=dict(os.environ, PYTHONPATH=ROOT))

@@ -257,9 +257,11 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
             results.append(first)
         return results
 
-    asked = None if until is None else (lambda sofar: until(as_results(dict(sofar, rule="sequential", planned=repeats))))
+    def asked(sofar: Dict[str, Any]) -> bool:
+        return until(as_results(dict(sofar, rule="sequential", planned=repeats)))  # type: ignore[misc]
+
     info = run_rounds([name for name, _ in variants], repeats, run_one, budget_s=budget_s, log=log, what="matrix",
-                      until=asked)
+                      until=None if until is None else asked)
     return as_results(info)
 
 
