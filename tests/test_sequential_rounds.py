@@ -136,6 +136,14 @@ def test_run_rounds_stops_once_decided_and_says_why():
     assert budget["stop"] == "budget" and budget["done"] < 40
     fixed = run_rounds(["a"], 2, lambda name, k: k, log=lambda m: None)
     assert fixed["rule"] == "fixed" and fixed["stop"] == "planned"
+    said = []
+
+    def broken(sofar):
+        raise ValueError("no rate")
+
+    kept = run_rounds(["a"], 3, lambda name, k: k, log=said.append, until=broken)
+    assert kept["done"] == 3 and kept["stop"] == "max rounds"
+    assert any("could not read the rounds so far (ValueError: no rate)" in line for line in said)
 
 
 #: A user's script with no lightning_perf import: ARGS are the steps and the seconds each step sleeps.

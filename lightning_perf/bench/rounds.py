@@ -66,7 +66,7 @@ def run_rounds(names: Sequence[Any], repeats: int, run_one: Callable[[Any, int],
                 for name, result in this_round.items():  # a round counts once every setup has run in it
                     results[name].append(result)
                 round_s.append(clock() - began)
-                if until is not None and until({"results": results, "done": len(round_s)}):
+                if until is not None and _asked(until, {"results": results, "done": len(round_s)}, log, what):
                     decided = True
                     log(f"[{what}] every comparison decided after {len(round_s)} round(s): stopping")
                     break
@@ -82,6 +82,18 @@ def run_rounds(names: Sequence[Any], repeats: int, run_one: Callable[[Any, int],
     if interrupted and not round_s:
         raise NothingFinished(info)
     return info
+
+
+def _asked(until: Callable[[Dict[str, Any]], bool], sofar: Dict[str, Any], log: Callable[[str], None],
+           what: str) -> bool:
+    """``until(sofar)``; a stopping rule that raises stops nothing (the budget and the cap still do): said, not
+    raised, so the rounds that ran are still reported."""
+    try:
+        return bool(until(sofar))
+    except Exception as err:  # noqa: BLE001 - a bug in reading the rounds so far must not lose them
+        log(f"[{what}] could not read the rounds so far ({type(err).__name__}: {err}); the rounds go on to the budget"
+            " or the cap")
+        return False
 
 
 class NothingFinished(Exception):
