@@ -10,6 +10,9 @@ import sys
 from typing import Any, Dict, List, Optional, Set, Tuple, TextIO
 
 from lightning_perf.bench.rounds import DEFAULT_REPEATS, NothingFinished
+from lightning_perf.bench.sequential import DEFAULT_BUDGET_S as SEQ_BUDGET_S
+from lightning_perf.bench.sequential import DEFAULT_EQUIVALENCE_PCT as SEQ_SAME_PCT
+from lightning_perf.bench.sequential import DEFAULT_MAX_ROUNDS as SEQ_MAX_ROUNDS
 from lightning_perf.bench.sweep_rounds import DEFAULT_ROUNDS
 from lightning_perf.measure.trial import BUILT_IN_CHANGES
 from lightning_perf.measure.trial_spec import SWITCH_FORMS, is_switch_spec, parse_switch_spec
@@ -74,6 +77,31 @@ def _bounded(text: str, convert: Any, allowed: Any, expected: str) -> Any:
     if value is None or not allowed(value):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _repeats_or_auto(text: str) -> Any:
+    """``auto`` (rounds until decided) or a whole number of rounds >= 1."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return _bounded(text, int, lambda v: v >= 1, "auto or an integer >= 1")
+
+
+#: ``--budget``'s units: a number of seconds, or minutes / hours with ``m`` / ``h``.
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``600``, ``600s``, ``10m`` or ``1.5h``: a finite number > 0."""
+    body = text.strip().lower()
+    number = body.rstrip("acdefghijklmnopqrstuvwxyz")
+    unit = body[len(number):]
+    scale = _DURATION_UNITS.get(unit)
+
+    def seconds(_: str) -> Optional[float]:
+        return float(number) * scale if scale is not None else None
+
+    return _bounded(text, seconds, lambda v: math.isfinite(v) and v > 0,
+                    "seconds or a duration such as 90s, 10m or 1.5h, finite and > 0")
 
 
 def _non_negative_float(text: str) -> float:
@@ -261,14 +289,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", help="also write the rows to this CSV (default: none)")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                    help="seconds per variant, a finite number > 0 (default: none, no limit)")
-    p.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="N",
+    p.add_argument("--repeats", type=_repeats_or_auto, default=DEFAULT_REPEATS, metavar="auto|N",
                    help="run the variants N rounds, interleaved (A B C, C B A, ...), each run a fresh process: the"
                    " speedups' intervals come from the spread between runs, and a variant is decided faster or slower"
                    " only beyond the A/A noise floor; 1 decides nothing. 5 finds a 10%% change in ~90%% of trials"
-                   f" under 3%% drift between runs (see docs/cli.md) (default: {DEFAULT_REPEATS})")
-    p.add_argument("--budget", type=_positive_float, default=None, metavar="SECONDS",
-                   help="start a round only when it is expected to end within SECONDS of the matrix's start (the"
-                   " longest round so far); the report says how many rounds ran (default: none, every round)")
+                   " under 3%% drift between runs (see docs/cli.md); auto adds rounds until every variant is decided"
+                   " (an always-valid interval, docs/bench.md) or --budget or --max-rounds ends them"
+                   f" (default: {DEFAULT_REPEATS})")
+    p.add_argument("--budget", type=_duration, default=None, metavar="DURATION",
+                   help="start a round only when it is expected to end within DURATION (seconds, or 90s, 10m, 1.5h)"
+                   " of the matrix's start (the longest round so far); the report says how many rounds ran (default:"
+                   f" {SEQ_BUDGET_S / 60:g}m with --repeats auto, else none, every round)")
+    p.add_argument("--max-rounds", type=_positive_int, default=None, metavar="N",
+                   help=f"with --repeats auto, at most N rounds (default: {SEQ_MAX_ROUNDS})")
+    p.add_argument("--same-within", type=_positive_float, default=SEQ_SAME_PCT, metavar="PCT",
+                   help="with --repeats auto, a variant whose interval lies within +/-PCT%% of the baseline is decided"
+                   f" the same (default: {SEQ_SAME_PCT:g})")
     p.add_argument("--noise-floor", default="auto", metavar="auto|off|VARIANT",
                    help="the A/A pair: auto runs the baseline's setup again in the same rounds (as BASELINE_aa) unless"
                    " a variant has the baseline's overrides; VARIANT names the copy; off runs none (default: auto)")
@@ -290,10 +326,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=os.path.join("runs", "race"),
                    help="each run's summary in OUT/NAME/repeat_K/, the comparison in OUT/race.json (default:"
                    " runs/race)")
-    p.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="N",
-                   help=f"rounds, each command once a round in a fresh process (default: {DEFAULT_REPEATS})")
-    p.add_argument("--budget", type=_positive_float, default=None, metavar="SECONDS",
-                   help="start a round only when it is expected to end within SECONDS (default: none)")
+    p.add_argument("--repeats", type=_repeats_or_auto, default="auto", metavar="auto|N",
+                   help="rounds, each command once a round in a fresh process: auto adds rounds until every command"
+                   " is decided faster, slower or the same within --same-within against the first (an always-valid"
+                   " interval, docs/bench.md), or --budget or --max-rounds ends them; N runs N rounds (default: auto)")
+    p.add_argument("--budget", type=_duration, default=None, metavar="DURATION",
+                   help="start a round only when it is expected to end within DURATION: seconds, or 90s, 10m, 1.5h"
+                   f" (default: {SEQ_BUDGET_S / 60:g}m with --repeats auto, else none)")
+    p.add_argument("--max-rounds", type=_positive_int, default=None, metavar="N",
+                   help=f"with --repeats auto, at most N rounds (default: {SEQ_MAX_ROUNDS})")
+    p.add_argument("--same-within", type=_positive_float, default=SEQ_SAME_PCT, metavar="PCT",
+                   help="with --repeats auto, two commands whose interval lies within +/-PCT%% are decided the same"
+                   f" (default: {SEQ_SAME_PCT:g})")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                    help="seconds per run, a finite number > 0 (default: none, no limit)")
     p.add_argument("--noise-floor", default="auto", metavar="auto|off|NAME",
@@ -720,8 +764,14 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         run_matrix,
         with_noise_floor,
     )
+    from lightning_perf.bench.matrix_sequential import all_decided
     from lightning_perf.bench.matrix_trial import add_trial
 
+    auto = args.repeats == "auto"
+    if args.max_rounds is not None and not auto:
+        _say(f"lightning-perf: error: --max-rounds {args.max_rounds}: only with --repeats auto (--repeats"
+             f" {args.repeats} runs {args.repeats} rounds)", sys.stderr)
+        return EXIT_ERROR
     try:
         variants = parse_variants(args.variant)
     except ValueError as err:
@@ -750,12 +800,16 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     threads = _chosen_threads(args.threads, "matrix")
     try:
+        until = (lambda sofar: all_decided(matrix_rows(sofar, noise_floor=copy, same_within_pct=args.same_within),
+                                           args.best_by)) if auto else None
         results = run_matrix(args.script, variants, args.out, config=args.config, timeout_s=args.timeout,
-                             log=lambda m: _say(m, sys.stderr), repeats=args.repeats, budget_s=args.budget,
-                             threads=threads, trial=args.trial)
+                             log=lambda m: _say(m, sys.stderr),
+                             repeats=(args.max_rounds or SEQ_MAX_ROUNDS) if auto else args.repeats,
+                             budget_s=args.budget if args.budget is not None or not auto else SEQ_BUDGET_S,
+                             threads=threads, trial=args.trial, until=until)
     except NothingFinished as stop:
         return _nothing_finished(stop, "matrix")
-    rows = matrix_rows(results, noise_floor=copy)
+    rows = matrix_rows(results, noise_floor=copy, same_within_pct=args.same_within)
     header = matrix_header(results, args.config)
     add_trial(rows, results, args.trial)  # each variant's trial, pooled over its runs (bench/matrix_trial.py)
     text = format_matrix(rows, args.format, header, best_by=args.best_by)
@@ -795,6 +849,7 @@ def _chosen_threads(how: Any, what: str) -> Dict[str, Any]:
 def _cmd_race(args: argparse.Namespace) -> int:
     from lightning_perf.bench.race import (
         check_out,
+        decided_race,
         format_race,
         parse_commands,
         race_ok,
@@ -804,6 +859,10 @@ def _cmd_race(args: argparse.Namespace) -> int:
         write_result,
     )
 
+    auto = args.repeats == "auto"
+    if args.max_rounds is not None and not auto:
+        raise SummaryError(f"--max-rounds {args.max_rounds}: only with --repeats auto (--repeats {args.repeats} runs"
+                           f" {args.repeats} rounds)")
     try:
         commands, copy = with_copy(parse_commands(args.cmd), args.noise_floor)
         check_out(args.out, commands)
@@ -811,13 +870,15 @@ def _cmd_race(args: argparse.Namespace) -> int:
         raise SummaryError(str(err)) from None
     if args.report:
         _check_output(args.report, "--report")
+    until = decided_race(commands, copy, args.min_effect, args.same_within) if auto else None
     try:
-        info = run_race(commands, args.out, args.repeats, budget_s=args.budget, timeout_s=args.timeout,
-                        callbacks=args.callbacks, log=lambda m: _say(m, sys.stderr),
-                        threads=_chosen_threads(args.threads, "race"))
+        info = run_race(commands, args.out, (args.max_rounds or SEQ_MAX_ROUNDS) if auto else args.repeats,
+                        budget_s=args.budget if args.budget is not None or not auto else SEQ_BUDGET_S,
+                        timeout_s=args.timeout, callbacks=args.callbacks, log=lambda m: _say(m, sys.stderr),
+                        threads=_chosen_threads(args.threads, "race"), until=until)
     except NothingFinished as stop:
         return _nothing_finished(stop, "race")
-    result = race_result(commands, info, copy, min_effect_pct=args.min_effect)
+    result = race_result(commands, info, copy, min_effect_pct=args.min_effect, same_within_pct=args.same_within)
     write_result(result, os.path.join(args.out, "race.json"))
     text = format_race(result)
     _say(json.dumps(result, indent=2, default=str) if args.format == "json" else text)

@@ -12,14 +12,16 @@ import shlex
 import shutil
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from lightning_perf._attach import read_manifest
 from lightning_perf.bench.matrix_trial import add_trial_column, trial_findings
 from lightning_perf.bench.matrix_verdicts import add_verdicts, best_words, floor_cell, verdict_cell, verdict_findings
 from lightning_perf.bench.noise_floor import MIN_EFFECT_PCT
 from lightning_perf.bench.process_group import run_in_group
+from lightning_perf.bench.matrix_sequential import add_sequential_verdicts
 from lightning_perf.bench.rounds import check_repeats, run_rounds
+from lightning_perf.bench.sequential import DEFAULT_EQUIVALENCE_PCT
 from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, verdict
 from lightning_perf.summary.compare import break_even_text, compare_summaries, run_speed, warmup_section
@@ -217,14 +219,16 @@ def with_noise_floor(variants: List[Tuple[str, List[str]]], how: str = "auto", f
 def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str, config: Optional[str] = None,
                python: str = sys.executable, timeout_s: Optional[float] = None,
                log=print, repeats: int = 1, budget_s: Optional[float] = None,
-               threads: Optional[Dict[str, Any]] = None, trial: Optional[str] = None) -> List[Dict[str, Any]]:
+               threads: Optional[Dict[str, Any]] = None, trial: Optional[str] = None,
+               until: Optional[Callable[[List[Dict[str, Any]]], bool]] = None) -> List[Dict[str, Any]]:
     """Runs each variant in its own process; returns one result per variant (summary or the reason it has none).
 
     With ``repeats`` > 1 the variants run that many rounds, interleaved (A B C, then C B A, then A B C, ...: drift
     on the machine lands on every variant alike), each run in a fresh process; the first round's runs are the
     results, the later rounds' go in each result's ``repeats`` (their files in ``<out_dir>/<name>/repeat_<k>``).
     With ``budget_s``, a round starts only when it is expected to end within the budget (:func:`run_rounds`); each
-    result's ``rounds`` says how many ran and why the others did not.
+    result's ``rounds`` says how many ran and why the others did not. With ``until`` (``--repeats auto``),
+    ``repeats`` is the cap on rounds and ``until(results so far)`` after each round ends them when True.
 
     A result's ``summary_path`` is the variant's own file, ``<out_dir>/<name>/perf_summary.json``. Where the
     config's callbacks wrote their summary elsewhere, ``summary_from`` names that file and the matrix copies it to
@@ -240,17 +244,25 @@ def run_matrix(script: str, variants: List[Tuple[str, List[str]]], out_dir: str,
         return _run_variant(script, name, overrides_of[name], run_dir, config, python, timeout_s, log, threads,
                             trial)
 
-    info = run_rounds([name for name, _ in variants], repeats, run_one, budget_s=budget_s, log=log, what="matrix")
-    rounds = {key: value for key, value in info.items() if key != "results"}
-    rounds["threads"] = threads
-    results = []
-    for name, _ in variants:
-        first, *later = info["results"][name]
-        if repeats > 1:
-            first["repeats"] = later
-        first["rounds"] = rounds
-        results.append(first)
-    return results
+    def as_results(info: Dict[str, Any]) -> List[Dict[str, Any]]:
+        rounds = {key: value for key, value in info.items() if key != "results"}
+        rounds["threads"] = threads
+        results = []
+        for name, _ in variants:
+            first, *later = info["results"][name]
+            first = dict(first)
+            if repeats > 1:
+                first["repeats"] = later
+            first["rounds"] = rounds
+            results.append(first)
+        return results
+
+    def asked(sofar: Dict[str, Any]) -> bool:
+        return until(as_results(dict(sofar, rule="sequential", planned=repeats)))  # type: ignore[misc]
+
+    info = run_rounds([name for name, _ in variants], repeats, run_one, budget_s=budget_s, log=log, what="matrix",
+                      until=None if until is None else asked)
+    return as_results(info)
 
 
 def _run_variant(script: str, name: str, overrides: List[str], run_dir: str, config: Optional[str], python: str,
@@ -416,7 +428,8 @@ def quality_verdict(base: Optional[PerfSummary], run: PerfSummary, is_base: bool
 
 
 def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAULT_TOLERANCE,
-                noise_floor: Optional[str] = None, min_effect_pct: float = MIN_EFFECT_PCT) -> List[Dict[str, Any]]:
+                noise_floor: Optional[str] = None, min_effect_pct: float = MIN_EFFECT_PCT,
+                same_within_pct: float = DEFAULT_EQUIVALENCE_PCT) -> List[Dict[str, Any]]:
     """One row per variant: the end-to-end time (the whole fit, warm-up and evaluation included, at the baseline's
     length) and its speedup, total time (train + eval, what seed 002's "Time (s)" meant), train time, the warm-up
     cost, the steady-state headline speedup with its CI (none for the baseline itself), the break-even, samples/s,
@@ -486,6 +499,7 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
                                                   "speedup_significant", "end_to_end_speedup")})
         rows.append(row)
     add_verdicts(rows, noise_floor, min_effect_pct)
+    add_sequential_verdicts(rows, noise_floor, min_effect_pct, same_within_pct)  # --repeats auto
     return rows
 
 

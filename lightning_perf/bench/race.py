@@ -20,6 +20,7 @@ from lightning_perf.bench.noise_floor import (
     MIN_EFFECT_PCT,
     NO_VERDICT,
     SLOWER,
+    WITHIN_NOISE,
     best_or_tie,
     decide,
     floor_text,
@@ -29,12 +30,22 @@ from lightning_perf.bench.noise_floor import (
 )
 from lightning_perf.bench.process_group import run_in_group
 from lightning_perf.bench.rounds import run_rounds, rounds_line
+from lightning_perf.bench.sequential import DEFAULT_EQUIVALENCE_PCT
+from lightning_perf.bench.sequential import FASTER as SEQ_FASTER
+from lightning_perf.bench.sequential import NO_VERDICT as SEQ_NO_VERDICT
+from lightning_perf.bench.sequential import SAME as SEQ_SAME
+from lightning_perf.bench.sequential import SLOWER as SEQ_SLOWER
+from lightning_perf.bench.sequential import UNDECIDED as SEQ_UNDECIDED
+from lightning_perf.bench.sequential import decide_rounds, round_log_ratios
 from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.compare import compare_summaries, format_text, run_speed
 from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.io import load_summary, probe_folder, special_kind
 from lightning_perf.summary.model import as_summary
 from lightning_perf.summary.schema import SummaryError
+
+#: How the always-valid interval of ``--repeats auto`` is named where one is printed.
+SEQUENTIAL_INTERVAL = "always valid, paired by round"
 
 #: The longest command name: it names a folder under --out.
 MAX_NAME = 100
@@ -139,22 +150,38 @@ def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], tim
 
 def run_race(commands: List[Tuple[str, List[str]]], out: str, repeats: int, budget_s: Optional[float] = None,
              timeout_s: Optional[float] = None, callbacks: Optional[List[str]] = None,
-             log: Callable[[str], None] = print, threads: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+             log: Callable[[str], None] = print, threads: Optional[Dict[str, Any]] = None,
+             until: Optional[Callable[[Dict[str, Any]], bool]] = None) -> Dict[str, Any]:
     """Runs every command once a round, ``repeats`` rounds interleaved (:func:`run_rounds`); run ``k`` of command
-    ``name`` in ``<out>/<name>/repeat_<k>``, with ``threads`` (:func:`lightning_perf.bench.threads.choose_threads`)."""
+    ``name`` in ``<out>/<name>/repeat_<k>``, with ``threads`` (:func:`lightning_perf.bench.threads.choose_threads`).
+    With ``until`` (``--repeats auto``: :func:`decided_race`), ``repeats`` is the cap and the rounds end once it
+    says every comparison is decided."""
     check_out(out, commands)
     argv_of = dict(commands)
     chosen = list(callbacks or DEFAULT_CALLBACKS)
     info = run_rounds([name for name, _ in commands], repeats,
                       lambda name, k: run_once(name, argv_of[name], os.path.join(out, name, f"repeat_{k}"), chosen,
                                                timeout_s, log, threads),
-                      budget_s=budget_s, log=log, what="race")
+                      budget_s=budget_s, log=log, what="race", until=until)
     info["threads"] = threads
     return info
 
 
+def decided_race(commands: List[Tuple[str, List[str]]], copy: Optional[str], min_effect_pct: float = MIN_EFFECT_PCT,
+                 same_within_pct: float = DEFAULT_EQUIVALENCE_PCT) -> Callable[[Dict[str, Any]], bool]:
+    """``run_race``'s ``until`` for ``--repeats auto``: after a round, True where every command but the A/A copy
+    has a decided sequential verdict (faster, slower, the same, or none where the A/A pair drifted), or no verdict
+    at all (no completed run on one side: more rounds of a failing command decide nothing)."""
+    def until(sofar: Dict[str, Any]) -> bool:
+        found = race_result(commands, dict(sofar, rule="sequential"), copy, min_effect_pct, same_within_pct)
+        return all((cmp.get("sequential") or {}).get("verdict") != SEQ_UNDECIDED
+                   for name, cmp in found["comparisons"].items() if name != copy)
+    return until
+
+
 def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], copy: Optional[str],
-                min_effect_pct: float = MIN_EFFECT_PCT) -> Dict[str, Any]:
+                min_effect_pct: float = MIN_EFFECT_PCT, same_within_pct: float = DEFAULT_EQUIVALENCE_PCT
+                ) -> Dict[str, Any]:
     """The comparison of every command against the first (compare's result between runs, and the verdict against
     the noise floor), the noise floor, the best or the ties, and each run's status."""
     runs = info["results"]
@@ -200,12 +227,42 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
                                   by_rounds=all(_every_round(runs[n], info) for n in setups))
         cmp["verdict"] = decide(between, None if name == copy else floor, min_effect_pct)
         cmp["between_runs"] = between
+        if info.get("rule") == "sequential":  # --repeats auto: the always-valid interval, round by round
+            _sequential_verdict(cmp, name, runs, typed, base_name, copy, basis, min_effect_pct, same_within_pct)
     pool = {name: [run_speed(r, "samples/s") for r in typed[name] + (typed.get(copy, []) if name == base_name else [])]
             for name, _ in commands if name != copy and typed[name]}
     if len(pool) >= 2 and all(len([v for v in values if v]) >= 2 for values in pool.values()):
         found = best_or_tie(pool, floor, min_effect_pct)
         out["best"], out["tie"] = found["best"], found["tie"]
     return out
+
+
+def _round_rates(runs: List[Dict[str, Any]], basis: str) -> List[Optional[float]]:
+    """A command's rate in each round that ran (None where its run did not complete)."""
+    return [run_speed(as_summary(r["summary"], r["summary_path"]), basis) if _completed(r) else None for r in runs]
+
+
+def _sequential_verdict(cmp: Dict[str, Any], name: str, runs: Dict[str, List[Dict[str, Any]]],
+                        typed: Dict[str, Any], base: str, copy: Optional[str], basis: str, min_effect_pct: float,
+                        same_within_pct: float) -> None:
+    """``--repeats auto``: the verdict from the per-round log-ratios against the baseline (and its A/A copy's run of
+    the same round) by the always-valid interval (:func:`lightning_perf.bench.sequential.decide_rounds`);
+    ``sequential`` keeps it whole, ``verdict`` and ``between_runs`` say it as the fixed design's do."""
+    mine = _round_rates(runs[name], basis)
+    refs = [_round_rates(runs[base], basis)]
+    with_copy = copy is not None and copy in typed and name != copy
+    if with_copy:
+        refs.append(_round_rates(runs[copy], basis))
+    floor_diffs = round_log_ratios(refs[1], [refs[0]]) if with_copy else None
+    found = decide_rounds(round_log_ratios(mine, refs), floor_diffs, same_within_pct, min_effect_pct)
+    cmp["sequential"] = found
+    same = f"the same within +/-{same_within_pct:g}%"
+    verdict = {SEQ_FASTER: FASTER, SEQ_SLOWER: SLOWER, SEQ_SAME: same,
+               SEQ_NO_VERDICT: NO_VERDICT}.get(found["verdict"], WITHIN_NOISE)
+    cmp["verdict"] = {"verdict": verdict, "why": "" if verdict == same else found["why"]}
+    cmp["between_runs"] = {"ratio": found["ratio"], "low": found["low"], "high": found["high"],
+                           "runs": (found["rounds"], found["rounds"]), "method": SEQUENTIAL_INTERVAL,
+                           "round_drift_f": None}
 
 
 def _completed(run: Dict[str, Any]) -> bool:

@@ -30,15 +30,22 @@ def check_repeats(repeats: Any, budget_s: Any) -> None:
 
 def run_rounds(names: Sequence[Any], repeats: int, run_one: Callable[[Any, int], Any],
                budget_s: Optional[float] = None, log: Callable[[str], None] = print,
-               what: str = "rounds", clock: Callable[[], float] = time.perf_counter) -> Dict[str, Any]:
+               what: str = "rounds", clock: Callable[[], float] = time.perf_counter,
+               until: Optional[Callable[[Dict[str, Any]], bool]] = None) -> Dict[str, Any]:
     """Runs ``run_one(name, k)`` for each name in each round ``k`` = 1..``repeats`` (:func:`round_order`). With
     ``budget_s``, a round after the first starts only when the time spent so far plus the longest round so far fits
     in the budget (the first round always runs: no verdict without it). Returns ``results`` (name -> the round
     results in order), ``planned``, ``done``, ``budget_s``, ``round_s`` (each round's seconds), ``stopped`` (why
     rounds were left out, else None), ``interrupted`` and ``signal``: a Ctrl-C (or SIGTERM, SIGHUP) ends the rounds
     where they are, the round cut short left out (``run_one`` ends its run in flight first); :class:`NothingFinished`
-    where that was the first round."""
+    where that was the first round.
+
+    With ``until`` (``--repeats auto``: :mod:`lightning_perf.bench.sequential`), ``repeats`` is the cap on rounds and
+    ``until({"results": ..., "done": ...})`` is asked after every round: True (every comparison decided) ends the
+    rounds there. ``rule`` ("sequential" or "fixed") and ``stop`` (why the rounds ended: ``decided``, ``budget``,
+    ``max rounds``, ``interrupted``, or ``planned`` where a fixed count ran in full) say how they ended."""
     check_repeats(repeats, budget_s)
+    decided = False
     results: Dict[Any, List[Any]] = {name: [] for name in names}
     start, round_s, stopped, interrupted, by, k = clock(), [], None, None, None, 1
     with stops_as_interrupts():
@@ -59,15 +66,34 @@ def run_rounds(names: Sequence[Any], repeats: int, run_one: Callable[[Any, int],
                 for name, result in this_round.items():  # a round counts once every setup has run in it
                     results[name].append(result)
                 round_s.append(clock() - began)
+                if until is not None and _asked(until, {"results": results, "done": len(round_s)}, log, what):
+                    decided = True
+                    log(f"[{what}] every comparison decided after {len(round_s)} round(s): stopping")
+                    break
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: the run in flight has ended (process_group)
             by = signal_name(stop)
             interrupted = f"interrupted ({by}) in round {k} of {repeats}; the runs of that round are left out"
             log(f"[{what}] {interrupted}")
+    stop = ("interrupted" if interrupted else "decided" if decided else "budget" if stopped
+            else "max rounds" if until is not None else "planned")
     info = {"results": results, "planned": repeats, "done": len(round_s), "budget_s": budget_s,
-            "round_s": round_s, "stopped": stopped, "interrupted": interrupted, "signal": by}
+            "round_s": round_s, "stopped": stopped, "interrupted": interrupted, "signal": by,
+            "rule": "sequential" if until is not None else "fixed", "stop": stop}
     if interrupted and not round_s:
         raise NothingFinished(info)
     return info
+
+
+def _asked(until: Callable[[Dict[str, Any]], bool], sofar: Dict[str, Any], log: Callable[[str], None],
+           what: str) -> bool:
+    """``until(sofar)``; a stopping rule that raises stops nothing (the budget and the cap still do): said, not
+    raised, so the rounds that ran are still reported."""
+    try:
+        return bool(until(sofar))
+    except Exception as err:  # noqa: BLE001 - a bug in reading the rounds so far must not lose them
+        log(f"[{what}] could not read the rounds so far ({type(err).__name__}: {err}); the rounds go on to the budget"
+            " or the cap")
+        return False
 
 
 class NothingFinished(Exception):
@@ -85,8 +111,12 @@ def rounds_line(info: Optional[Dict[str, Any]]) -> Optional[str]:
     if not info:
         return None
     total = sum(info["round_s"])
-    line = (f"{info['done']} of {info['planned']} interleaved rounds ran ({total:.0f} s, each setup once a round in"
-            " a fresh process, the order reversed each round)")
+    if info.get("rule") == "sequential":
+        line = (f"{info['done']} interleaved rounds ran until decided (at most {info['planned']}; {total:.0f} s, each"
+                f" setup once a round in a fresh process, the order reversed each round), stopped: {info['stop']}")
+    else:
+        line = (f"{info['done']} of {info['planned']} interleaved rounds ran ({total:.0f} s, each setup once a round"
+                " in a fresh process, the order reversed each round)")
     if info.get("budget_s") is not None:
         line += f"; budget {info['budget_s']:g} s"
     if info.get("stopped"):
