@@ -126,6 +126,12 @@ class Comparison:
 
 def _range_words(lo: float, hi: float, duration) -> str:
     """``between 1.2 min saved and 0.8 min lost`` for a time saved between ``lo`` and ``hi`` seconds."""
+    if (lo >= 0) == (hi >= 0):  # one sign: the words once
+        near, far = sorted((abs(lo), abs(hi)))
+        word = "saved" if lo >= 0 else "lost"
+        return (f"{duration(near)} {word}" if duration(near) == duration(far)
+                else f"between {duration(near)} and {duration(far)} {word}")
+
     def one(s: float) -> str:
         return f"{duration(abs(s))} {'saved' if s >= 0 else 'lost'}"
     return f"between {one(hi)} and {one(lo)}"
