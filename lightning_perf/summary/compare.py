@@ -776,8 +776,7 @@ def _speedup_text(result: Dict[str, Any]) -> str:
         return text + f", 95% CI {ci_words} between {runs['base']} + {runs['candidate']} runs, {verdict}"
     inside = ("the change is past it" if result.get("speedup_beyond_within_run_noise")
               else small if excludes_one else "the change is inside it")
-    return (text + f", 95% CI {ci_words} within each run ({inside}); no verdict, {NOT_DECIDED}: the drift between"
-            " runs was"
+    return (text + f", 95% CI {ci_words} within each run ({inside}); no verdict: the drift between runs was"
             " not measured (one run a side): run each side again and pass the runs with --base-repeats and"
             " --candidate-repeats")
 
