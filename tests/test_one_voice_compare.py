@@ -196,7 +196,7 @@ def test_a_known_change_is_claimed_with_its_sign_in_every_view(runs):
     assert one["comparison"]["decided"] is False
     assert claims(one_outputs["compare text"]) == [] and claims(one_outputs["compare markdown"]) == []
     time_line = next(l for l in one_outputs["compare text"] if l.strip().startswith("Time change:"))
-    assert "between" in time_line and "lost" in time_line and "not decided" in time_line
+    assert "lost" in time_line and "saved" not in time_line and "not decided" in time_line
 
 
 def test_the_cli_says_the_known_change_with_repeats(runs, capsys):

@@ -308,19 +308,20 @@ def phase_table(rows: List[Dict[str, Any]]) -> Tuple[List[str], List[List[str]]]
 
 
 def _change_cell(row: Dict[str, Any], first: bool) -> str:
-    """``+2.7%, +0.30 it/s``: the headline change and the absolute change in its unit."""
+    """``+2.7%, +0.30 it/s``: the headline change and the absolute change in its unit, followed by ``within noise``
+    where the change is inside the noise within the runs (or below the smallest effect), or ``not decided: no
+    interval`` where no interval could be made (fewer than 32 measured iterations)."""
     if first:
         return "baseline"
     if row["change_pct"] is None:
         return "n/a"
-    if row.get("change_beyond_noise") is not True:
-        why = "within noise" if row.get("change_ci95") else "not decided: no interval"
-        return f"{why} ({fmt_pct(row['change_pct'])}{' samples/s' if row['speedup_basis'] == 'samples/s' else ''})"
-    text = fmt_pct(row["change_pct"])
     samples = row["speedup_basis"] == "samples/s"
+    text = fmt_pct(row["change_pct"])
     if samples:
         text += " (samples/s)"
     delta = row["samples_per_s_delta"] if samples else row["it_per_s_delta"]
     if delta is not None:
         text += f", {delta:+.1f} samples/s" if samples else f", {delta:+.2f} it/s"
+    if row.get("change_beyond_noise") is not True:  # a figure, but no change: said so beside it
+        text += ", within noise" if row.get("change_ci95") else ", not decided: no interval"
     return text
