@@ -144,7 +144,8 @@ def memory_floor(field: str, base: float, candidate: float) -> float:
 def memory_changes(bases: Sequence[PerfSummary], candidates: Sequence[PerfSummary]) -> Dict[str, Dict[str, Any]]:
     """Each peak both sides measured: the figures (the mean over the runs of a side), the change and its noise
     floor: the larger spread (max - min) of the runs of a side where both sides have two runs or more (at least the
-    figure's MiB in :data:`MEMORY_FLOORS`), else :func:`memory_floor`. ``beyond_floor``: the change is larger than the floor (only then is it a change)."""
+    figure's MiB in :data:`MEMORY_FLOORS`), else :func:`memory_floor`. ``beyond_floor``: the change is larger than
+    the floor (only then is it a change)."""
     from lightning_perf.summary.fields import MEMORY_FIELDS
 
     out: Dict[str, Dict[str, Any]] = {}
@@ -792,20 +793,21 @@ def time_saved_words(result: Dict[str, Any], duration=fmt_duration) -> tuple:
     return label, text
 
 
-#: Memory from this many MiB on is said in GiB: below, MiB keeps a change of one MiB visible (the summary's `_mb` figures are MiB).
+#: Memory from this many MiB on is said in GiB: below, MiB keeps a change of one MiB visible (the summary's `_mb`
+#: figures are MiB).
 GB_FROM_MB = 10 * 1024.0
 
 
 def _memory_unit(largest: float) -> tuple:
-    """(MB per unit, unit, decimals) for figures up to ``largest`` MB."""
+    """(MiB per unit, unit, decimals) for figures up to ``largest`` MiB."""
     if largest >= GB_FROM_MB:
         return 1024.0, "GiB", 2
     return 1.0, "MiB", 0 if largest >= 100 else 1
 
 
 def memory_texts(base: Optional[float], candidate: Optional[float]) -> tuple:
-    """(base, candidate, change) in MB or GB, one unit for the three, chosen by the larger figure: ``1039 MB``,
-    ``1039 MB``, ``+0 MB`` for 1039.32 -> 1039.41 (never ``1.01 GB -> 1.02 GB`` for a change of 0.09 MB). Decimals
+    """(base, candidate, change) in MiB or GiB, one unit for the three, chosen by the larger figure: ``1039 MiB``,
+    ``1039 MiB``, ``+0 MiB`` for 1039.32 -> 1039.41 (never ``1.01 GiB -> 1.02 GiB`` for a change of 0.09 MiB). Decimals
     are added (up to three) where the rounded figures differ and the rounded change is none, or the reverse. A figure
     that is not known is ``n/a``, and so is the change."""
     known = [abs(v) for v in (base, candidate) if finite(v) is not None]
