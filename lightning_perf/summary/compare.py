@@ -299,7 +299,10 @@ def compare_summaries(
     its interval and ``speedup_significant`` are :func:`repeats_headline`'s, between runs; the other figures are the
     first pair's, and every run that did not complete, repeats included, gets a note. ``samples_per_iter_unknown``:
     the run whose samples per iteration are unknown where the other's are known (the basis is then it/s, and a
-    change of batch size would not show), else empty."""
+    change of batch size would not show), else empty. ``comparison``: the verdict once decided
+    (:class:`~lightning_perf.summary.comparison.Comparison`), from which every line derived from the speed (Typical,
+    the time to N iterations, break-even, the section that moved most) is said. ``time_saved_s`` is like for like:
+    where batch sizes differ, the base's time for the samples of the candidate's N iterations."""
     base, candidate = as_summary(base, base_name), as_summary(candidate, candidate_name)
     base_runs = [base] + [as_summary(r, f"{base_name} repeat {i + 2}") for i, r in enumerate(base_repeats)]
     candidate_runs = [candidate] + [as_summary(r, f"{candidate_name} repeat {i + 2}")
