@@ -4,8 +4,9 @@
 
 The speed verdict, the section that moved most, memory and quality in a line each, and where the full tables and
 files are. The figures are compare's (:func:`lightning_perf.summary.compare.compare_summaries`), so this block and
-`lightning-perf compare` never disagree. With one run a side the drift between runs is not measured: the block says
-faster, slower or within noise of the variation inside each run, never "significant".
+`lightning-perf compare` never disagree. With one run a side the drift between runs is not measured: the block gives
+the candidate/base speed and its interval inside each run, and says the direction is not decided (issue 59: a
+direction word only where the verdict decides one).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 from lightning_perf.summary import read_summary
 from lightning_perf.summary.compare import compare_summaries, memory_texts, ratio_words
+from lightning_perf.summary.comparison import Comparison
 from lightning_perf.summary.contention import contention
 from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS, eval_peak_mb, fmt_pct, run_names, train_peak_mb
 
@@ -38,7 +40,9 @@ def speed_lines(result: Dict[str, Any]) -> List[str]:
     if speedup is None:
         return [f"Speed:    no verdict: {next(iter(result['notes']), 'a run has no speed')}"]
     b, c = result["base"], result["candidate"]
-    change = (f"{ratio_words(speedup)} ({fmt_pct(result['change_pct'])} {result['speedup_basis']}),"
+    decided = Comparison.of(result).direction is not None
+    words = ratio_words(speedup) if decided else f"candidate/base speed {speedup:.3f}"
+    change = (f"{words} ({fmt_pct(result['change_pct'])} {result['speedup_basis']}),"
               f" {b['ms_per_iter_mean']:.2f} -> {c['ms_per_iter_mean']:.2f} ms/iter mean")
     ci = result["speedup_ci95"]
     if ci is None:
@@ -46,33 +50,44 @@ def speed_lines(result: Dict[str, Any]) -> List[str]:
     if result["speedup_interval"] == "between runs":
         runs = result["repeats"]
         verdict = "" if result["speedup_significant"] else "within noise: "
+        bounds = interval_words(*ci) if decided else f"{ci[0]:.2f} to {ci[1]:.2f}"
         return [f"Speed:    {verdict}{change}",
-                f"          95% CI {interval_words(*ci)}, from the spread between {runs['base']} + {runs['candidate']}"
-                " runs"]
+                f"          95% CI {bounds}, from the spread between {runs['base']} + {runs['candidate']} runs"]
     beyond = result["speedup_beyond_within_run_noise"]
-    return [f"Speed:    {'' if beyond else 'within noise: '}{change}",
-            f"          95% CI {interval_words(*ci)} within each run; one run a side does not measure the drift",
-            "          between runs, so no claim of significance (repeat each side: compare --base-repeats ...)"]
+    return [f"Speed:    {'not decided: ' if beyond else 'within noise: '}{change}",
+            f"          95% CI {ci[0]:.2f} to {ci[1]:.2f} within each run; one run a side does not measure the",
+            "          drift between runs, so no claim of a direction (repeat each side: compare --base-repeats ...)"]
 
 
 def section_line(result: Dict[str, Any]) -> str:
     sections = result["sections"]
     row = next((r for r in (sections or {}).get("rows", []) if r["name"] == (sections or {}).get("moved_most")), None)
     if row is None:
-        return "Moved:    no section moved (or a run has no SectionProfiler table)"
+        return "Moved:    no section past its noise (or a run has no SectionProfiler table)"
+    if Comparison.of(result).direction is None:
+        return (f"Moved:    not decided (the speed is not); past its noise within these runs: {row['name']},"
+                f" {row['base_ms_per_iter']:.2f} -> {row['candidate_ms_per_iter']:.2f} ms/iter")
     whole = sections["iteration_delta_ms"]
     return (f"Moved:    {row['name']} most, {row['base_ms_per_iter']:.2f} -> {row['candidate_ms_per_iter']:.2f}"
             f" ms/iter ({row['delta_ms']:+.2f} ms)"
             + (f" of the whole iteration's {whole:+.2f} ms" if whole is not None else ""))
 
 
-def memory_line(base: Any, candidate: Any) -> str:
-    parts = []
+def memory_lines(base: Any, candidate: Any, result: Dict[str, Any]) -> List[str]:
+    """Train and eval peak, each change past compare's noise floor for that figure, else ``same`` (and the floor on
+    a line of its own)."""
+    parts, floors = [], []
     for label, read in (("train peak", train_peak_mb), ("eval peak", eval_peak_mb)):
         old, new, change = memory_texts(read(base), read(candidate))
+        entry = next((d for key, d in result["memory_mb"].items() if key.startswith(label)
+                      and d["base"] == read(base) and d["candidate"] == read(candidate)), None)
+        if entry is not None and entry.get("beyond_floor") is False:
+            floors.append(entry["floor_mb"])
+            change = "same"
         parts.append(f"{label} {old} -> {new} ({change})")
     source = candidate.vram.source if candidate.vram is not None else None
-    return "Memory:   " + ", ".join(parts) + (f" ({source})" if source else "")
+    same = [f"          same: within the noise floor (\u00b1{memory_texts(None, max(floors))[1]})"] if floors else []
+    return ["Memory:   " + ", ".join(parts) + (f" ({source})" if source else "")] + same
 
 
 def quality_line(result: Dict[str, Any], candidate: Any) -> str:
@@ -97,7 +112,7 @@ def answer_lines(base_path: str, candidate_path: str, out_dir: Optional[str] = N
     result = compare_summaries(base, candidate, base_name=base_name, candidate_name=candidate_name)
     lines = [RULE, f"The answer: {candidate_name} against {base_name}", RULE]
     lines += speed_lines(result)
-    lines += [section_line(result), memory_line(base, candidate), quality_line(result, candidate)]
+    lines += [section_line(result), *memory_lines(base, candidate, result), quality_line(result, candidate)]
     for name, run in ((base_name, base), (candidate_name, candidate)):
         busy = contention(run)  # the speed above may be the machine's: say so where the verdict is read
         if busy["contended"]:

@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -39,7 +40,9 @@ def test_compare_text_shows_speedup_ci_and_time_saved(runs):
     assert "TRAINING TIME COMPARISON" in out
     assert "slow:" in out and "fast:" in out
     assert "95% CI" in out and "within each run (the change is past it); no verdict" in out
-    assert "Estimated time to 30,000 iterations" in out and "Time saved:" in out
+    # one run a side: the time saved is the range the within-run interval gives, not decided (issue 59)
+    assert "Estimated time to 30,000 iterations" in out and re.search(r"Time change: +[\d.]+ \w+ saved \(not decided\)",
+                                                                         out)
 
 
 def test_compare_json_is_consistent_with_the_files(runs):
@@ -67,7 +70,8 @@ def test_compare_markdown(runs):
     first, base, table = out.split("\n\n", 2)  # each run's diagnosis (tests/test_diagnosis.py), then the table
     assert first.startswith("**Diagnosis of B: not enough measured") and base == "**A: the same verdict**"
     assert table.startswith("| run | ms/iter (mean) | it/s | samples/s | min ms | median ms | p95 ms | p99 ms | max ms")
-    assert "| A |" in out and "| B |" in out and "**Slowdown:** 3.00x slower" in out  # 2 ms against 6 ms a step
+    # 2 ms against 6 ms a step; one run a side decides no direction (issue 59)
+    assert "| A |" in out and "| B |" in out and "**Speed ratio:** candidate/base speed 0.333" in out
 
 
 def test_fail_if_slower_exit_codes(runs):
@@ -131,7 +135,7 @@ def test_compare_needs_no_torch(runs):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "Speedup" in proc.stdout
+    assert "Speed ratio:" in proc.stdout  # one run a side: no direction decided (issue 59)
 
 
 def test_console_script_is_installed():

@@ -50,13 +50,24 @@ def saved(tmp_path, name, data):
     return str(path)
 
 
+def again(tmp_path, path, name):
+    """A second run of ``path``'s setup (its copy, started a minute later): with it, each side has repeats and the
+    verdict is decided between runs (issue 59: with one run a side no line says faster or slower)."""
+    data = load(path)
+    data["run"]["started_at"] = "2026-01-01T00:01:00+00:00"
+    return saved(tmp_path, name, data)
+
+
 # -- a slowdown reads as one -------------------------------------------------------------------------------------------
-def test_a_slower_candidate_is_said_slower_not_a_speedup_below_one(runs):
+def test_a_slower_candidate_is_said_slower_not_a_speedup_below_one(runs, tmp_path):
     """Before: "Speedup: 0.14x (-86.2%)" and "Time saved: -16.1 min (-624.4%)"."""
-    proc = cli("compare", runs["fast"], runs["slow"])
+    repeats = [again(tmp_path, runs["fast"], "fast2"), again(tmp_path, runs["slow"], "slow2")]
+    proc = cli("compare", runs["fast"], runs["slow"], "--base-repeats", repeats[0], "--candidate-repeats", repeats[1],
+               "--names", "fast", "slow")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    result = compare_summaries(load(runs["fast"]), load(runs["slow"]))
+    result = compare_summaries(load(runs["fast"]), load(runs["slow"]), base_repeats=[load(repeats[0])],
+                               candidate_repeats=[load(repeats[1])])
     factor = 1.0 / result["speedup"]
     assert 6.0 < factor < 8.5  # 14.4 ms against 2 ms a step, plus the loop's own time in both
     assert re.search(rf"Slowdown:\s+{factor:.2f}x slower", out), out
@@ -69,11 +80,19 @@ def test_a_slower_candidate_is_said_slower_not_a_speedup_below_one(runs):
     assert f"{factor:.2f}x slower" in md and "longer" in md and "0." not in md.split("**Slowdown:**")[1][:6], md
 
 
-def test_a_faster_candidate_still_reads_speedup_and_time_saved(runs):
-    out = cli("compare", runs["slow"], runs["fast"]).stdout
+def test_a_faster_candidate_still_reads_speedup_and_time_saved(runs, tmp_path):
+    repeats = [again(tmp_path, runs["slow"], "slow2"), again(tmp_path, runs["fast"], "fast2")]
+    out = cli("compare", runs["slow"], runs["fast"], "--base-repeats", repeats[0], "--candidate-repeats",
+              repeats[1]).stdout
     result = compare_summaries(load(runs["slow"]), load(runs["fast"]))
     assert re.search(rf"Speedup:\s+{result['speedup']:.2f}x faster", out), out
     assert re.search(r"Time saved:\s+[\d.]+ (min|s|hours) \([\d.]+%\)", out), out
+    # one run a side: the same figures, no direction decided (issue 59)
+    out = cli("compare", runs["slow"], runs["fast"]).stdout
+    assert re.search(rf"Speed ratio:\s+candidate/base speed {result['speedup']:.3f}", out), out
+    assert re.search(r"Time change:\s+between [\d.]+ (min|s|hours) and [\d.]+ (min|s|hours) saved \(not decided\)",
+                     out) or re.search(r"Time change:\s+[\d.]+ (min|s|hours) saved \(not decided\)", out), out
+    assert "faster" not in out.split("TRAINING TIME COMPARISON")[1], out
 
 
 # -- one memory unit per line ------------------------------------------------------------------------------------------
@@ -86,20 +105,20 @@ def test_memory_uses_one_unit_per_line_and_shows_a_change_only_where_there_is_on
     cand["vram"]["phases"]["train"][field] = 1039.41
     out = format_text(compare_summaries(base, cand))
     line = next(l for l in out.splitlines() if "train peak" in l and "->" in l)
-    assert "1039 MB -> 1039 MB (+0 MB, +0.0%)" in line, line
+    assert "1039 MiB -> 1039 MiB (same within the noise floor (\u00b1156 MiB))" in line, line
     cand["vram"]["phases"]["train"][field] = 30000.0  # 29.30 GB: one unit, GB, for the three figures
     line = next(l for l in format_text(compare_summaries(base, cand)).splitlines() if "train peak" in l and "->" in l)
-    assert "1.01 GB -> 29.30 GB (+28.28 GB" in line and "MB" not in line, line
+    assert "1.01 GiB -> 29.30 GiB (+28.28 GiB" in line and "MiB" not in line, line
     def train_peaks(table):
         lines = table.splitlines()
         column = [c.strip() for c in lines[0].split("|")].index("Train peak")
         return [[c.strip() for c in line.split("|")][column] for line in lines[2:4]]
 
     assert train_peaks(format_report(report_rows([base, cand], ["fast", "slow"]))) == [
-        "1039 MB", "29.30 GB (+28.28 GB, +2786.5%)"]
+        "1039 MiB", "29.30 GiB (+28.28 GiB, +2786.5%)"]
     cand["vram"]["phases"]["train"][field] = 1039.41
     assert train_peaks(format_report(report_rows([base, cand], ["fast", "slow"]))) == [
-        "1039 MB", "1039 MB (+0 MB, +0.0%)"]
+        "1039 MiB", "1039 MiB (same within the noise floor, \u00b1156 MiB)"]
 
 
 # -- compare's first line ------------------------------------------------------------------------------------------------
@@ -125,7 +144,7 @@ def test_the_gate_fails_closed_on_a_mean_with_zero_measured_iterations(runs, tmp
         proc = cli("compare", *args, "--fail-if-slower", "50")
         assert proc.returncode == 1, (proc.stdout, proc.stderr)
         assert "cannot decide" in proc.stderr and "0 measured iterations" in proc.stderr, proc.stderr
-        assert re.search(r"Speedup:\s+n/a", proc.stdout), proc.stdout
+        assert re.search(r"Speed ratio:\s+n/a", proc.stdout), proc.stdout
 
 
 # -- item 4: --version ---------------------------------------------------------------------------------------------------

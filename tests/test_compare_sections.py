@@ -73,34 +73,56 @@ def test_section_table_is_the_two_summaries_section_blocks_side_by_side(runs):
     assert result["speedup"] == pytest.approx(9.0 / 5.0, rel=1e-6)
 
 
-def test_text_and_markdown_show_the_breakdown_and_the_section_that_moved(runs):
-    text = cli(runs["base"], runs["fast_render"])
+def again(tmp_path, path, name):
+    """A second run of ``path``'s setup (its copy, started later): each side with repeats decides the verdict."""
+    with open(path) as fh:
+        data = json.load(fh)
+    data["run"]["started_at"] = "2026-01-01T00:01:00+00:00"
+    out = tmp_path / name / "perf_summary.json"
+    out.parent.mkdir(parents=True)
+    out.write_text(json.dumps(data))
+    return str(out)
+
+
+def test_text_and_markdown_show_the_breakdown_and_the_section_that_moved(runs, tmp_path):
+    repeats = ["--base-repeats", again(tmp_path, runs["base"], "base2"), "--candidate-repeats",
+               again(tmp_path, runs["fast_render"], "fast_render2"), "--names", "base", "fast_render"]
+    text = cli(runs["base"], runs["fast_render"], *repeats)
     block = text[text.index("Sections (SectionProfiler"):]
     assert "  Moved most: render, -4.00 ms/iter (-66.7%); the whole iteration -4.00 ms" in block
     line = next(x for x in block.splitlines() if x.strip().startswith("render"))
     assert line.split()[1:] == ["6.00", "(66.7%)", "2.00", "(40.0%)", "-4.00", "ms", "(-66.7%)"]
-    md = cli(runs["base"], runs["fast_render"], "--format", "markdown")
+    md = cli(runs["base"], runs["fast_render"], "--format", "markdown", *repeats)
     assert "| section | base ms/iter | base share | fast_render ms/iter | fast_render share |" in md
     assert "| render | 6.00 | 66.7% | 2.00 | 40.0% | -4.00 | -66.7% |" in md
     assert "**Moved most:** render, -4.00 ms/iter (-66.7%)" in md
+    # one run a side: the speed is not decided, and neither is the section behind it (issue 59)
+    text = cli(runs["base"], runs["fast_render"])
+    block = text[text.index("Sections (SectionProfiler"):]
+    assert "  Moved most: not decided: the speed verdict decides no direction (past their noise within these" \
+           " runs: render)" in block
+    line = next(x for x in block.splitlines() if x.strip().startswith("render"))
+    assert line.split()[1:] == ["6.00", "(66.7%)", "2.00", "(40.0%)", "-4.00", "ms", "(-66.7%,", "not", "decided)"]
 
 
 def test_a_run_against_itself_names_no_section_that_moved(runs):
     """Nothing moved: no section is named for a change of +0.00 ms."""
     result = json.loads(cli(runs["base"], runs["base"], "--format", "json"))
     assert result["sections"]["moved_most"] is None
-    assert all(row["delta_ms"] == 0 for row in result["sections"]["rows"])
-    assert "Moved most" not in cli(runs["base"], runs["base"])
+    assert all(row["delta_ms"] == 0 and not row["beyond_noise"] for row in result["sections"]["rows"])
+    text = cli(runs["base"], runs["base"])
+    assert "  Moved most: no section past its noise" in text and "+0.00 ms" not in text
 
 
 def test_a_change_that_prints_as_zero_is_no_move(runs, tmp_path):
-    """A section 0.001 ms slower per iteration (the table's +0.00) is not named; 0.01 ms is."""
+    """A section 0.001 ms or 0.01 ms slower per iteration is within its noise (2% of its 6 ms at least) and not
+    named; 1 ms is."""
     from lightning_perf.summary.compare import compare_summaries
 
     with open(runs["base"]) as fh:
         base = json.load(fh)
     iterations = base["section_profiler"]["iterations"]
-    for extra_ms, named in ((0.001, False), (0.01, True)):
+    for extra_ms, named in ((0.001, False), (0.01, False), (1.0, True)):
         cand = json.loads(json.dumps(base))
         cand["section_profiler"]["sections"]["render"]["total_s"] += extra_ms * iterations / 1000.0
         moved = compare_summaries(base, cand)["sections"]["moved_most"]

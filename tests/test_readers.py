@@ -89,7 +89,7 @@ def test_gate_cannot_decide_on_a_zero_mean_or_a_speedup_that_overflows(runs, tmp
     zero = edited(runs, tmp_path, "cand", **{"iteration_timer.ms_per_iter.mean": 0})
     proc = cli("compare", runs["base"], zero, "--fail-if-slower", "5")
     assert proc.returncode == 1 and "cannot decide" in proc.stderr and "not a positive finite time" in proc.stderr
-    assert re.search(r"Speedup:\s+n/a", proc.stdout)
+    assert re.search(r"Speed ratio:\s+n/a", proc.stdout)
     huge = edited(runs, tmp_path, "base", **{"iteration_timer.ms_per_iter.mean": 1e300})
     tiny = edited(runs, tmp_path, "cand", **{"iteration_timer.ms_per_iter.mean": 1e-300})
     for pair in ((huge, tiny), (tiny, huge)):  # 1e600x and 1e-600x: no finite speedup either way

@@ -87,6 +87,18 @@ def runs(tmp_path_factory):
     return out
 
 
+def decided(base, candidate, **names):
+    """compare with a second run of each side (a copy started later): the verdict is decided between runs, so the
+    break-even is said (with one run a side it is "not decided": issue 59)."""
+    def again(summary):
+        copy = json.loads(json.dumps(summary))
+        copy["run"]["started_at"] = "2026-01-01T00:01:00+00:00"
+        return copy
+
+    return compare_summaries(base, candidate, base_repeats=[again(base)], candidate_repeats=[again(candidate)],
+                             **names)
+
+
 def results_of(runs, names):
     return [{"name": n, "overrides": [], "exit_code": 0, "wall_s": 1.0, "summary": runs[n][0], "log": "",
              "summary_path": runs[n][1]} for n in names]
@@ -134,13 +146,16 @@ def test_break_even_is_extra_warm_up_over_the_saving_per_iteration(runs):
     assert back["verdict"] == "ahead_until" and back["iterations"] == 767
     assert break_even(base, runs["slowwarm"][0])["verdict"] == "never"
     assert break_even(base, runs["quick"][0])["verdict"] == "no_warmup_cost"
-    result = compare_summaries(base, comp, base_name="baseline", candidate_name="compile")
+    result = decided(base, comp, base_name="baseline", candidate_name="compile")
     assert result["break_even"] == be
     text = format_text(result)
-    assert "Break-even: pays back its 2.30 s of extra warm-up after 767 iterations (7.7 s)" in text
-    assert "Warm-up:    baseline 0.00 s, compile 2.30 s" in text
+    assert "Break-even:  pays back its 2.30 s of extra warm-up after 767 iterations (7.7 s)" in text
+    assert "Warm-up:     baseline 0.00 s, compile 2.30 s" in text
     assert "**Break-even:** pays back its 2.30 s" in format_markdown(result)
-    assert "never pays back: 1.00 s more warm-up" in format_text(compare_summaries(base, runs["slowwarm"][0]))
+    assert "never pays back: 1.00 s more warm-up" in format_text(decided(base, runs["slowwarm"][0]))
+    # one run a side: the speed is not decided, so no break-even is named (issue 59)
+    one = format_text(compare_summaries(base, comp, base_name="baseline", candidate_name="compile"))
+    assert "Break-even:  not decided: the speed verdict decides no direction" in one and "pays back" not in one
 
 
 def test_break_even_at_equal_warm_up_or_equal_speed(runs):
@@ -152,7 +167,7 @@ def test_break_even_at_equal_warm_up_or_equal_speed(runs):
     slower["iteration_timer"]["ms_per_iter"]["mean"] = 11.0
     slower["iteration_timer"]["warmup_time_s"] = 2 * 0.011  # its warm-up steps at its own pace: no extra cost
     assert break_even(base, slower)["verdict"] == "never"
-    assert "never ahead: no less warm-up and slower per iteration" in format_text(compare_summaries(base, slower))
+    assert "never ahead: no less warm-up and slower per iteration" in format_text(decided(base, slower))
     later = json.loads(json.dumps(base))
     later["iteration_timer"]["startup_time_s"] = 1.0
     be = break_even(base, later)
@@ -165,7 +180,7 @@ def test_break_even_fails_closed_without_a_startup_time(runs, tmp_path):
     old["iteration_timer"].pop("startup_time_s")  # a file written before it was measured
     be = break_even(base, old)
     assert be["verdict"] is None and be["iterations"] is None and "startup_time_s" in be["reason"]
-    assert "Break-even: n/a: the candidate's warm-up cost is unknown" in format_text(compare_summaries(base, old))
+    assert "Break-even:  n/a: the candidate's warm-up cost is unknown" in format_text(compare_summaries(base, old))
     results = results_of(runs, ["baseline", "compile"])
     results[1]["summary"] = old
     rows = matrix_rows(results)

@@ -31,6 +31,7 @@ from lightning_perf.summary.trial_view import trial_lines, trial_results
 from lightning_perf.summary.energy import ENERGY_LABELS, energy_change, energy_lines, fmt_energy
 from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.schema import SummaryError
+from lightning_perf.summary.comparison import NOT_DECIDED, Comparison, section_noise_ms
 from lightning_perf.summary.projection import project_time, warmup_cost
 
 
@@ -116,6 +117,73 @@ def headline(base: SummaryLike, candidate: SummaryLike, with_ci: bool = True,
                 excludes_one = out["ci95"][0] > 1.0 or out["ci95"][1] < 1.0
                 out["significant"] = excludes_one and abs(out["speedup"] - 1.0) * 100.0 >= min_effect_pct
     return out
+
+
+def _samples_scale(b: Dict[str, Any], c: Dict[str, Any]) -> float:
+    """The candidate's samples per iteration over the base's where they differ (the headline's samples/s basis),
+    else 1."""
+    spi_b, spi_c = b["samples_per_iter"], c["samples_per_iter"]
+    if spi_b and spi_c and abs(spi_b - spi_c) > 0.01 * spi_b:
+        return spi_c / spi_b
+    return 1.0
+
+
+#: Memory floors where a side has no repeats, per figure: (MiB, % of the larger peak); the floor is the larger of
+#: the two. Host RSS: two runs of one command have read 12% apart (a GAN, 1.3 GiB) and 0.01-2 MiB apart (the tiny
+#: CPU fits of the tests, six runs); docs/cli.md#memory-noise-floor says how they were measured.
+MEMORY_FLOORS = {"peak_allocated_mb": (2.0, 1.0), "peak_reserved_mb": (2.0, 1.0), "nvml_peak_used_mb": (64.0, 2.0),
+                 "host_rss_peak_mb": (32.0, 15.0)}
+
+
+def memory_floor(field: str, base: float, candidate: float) -> float:
+    """The documented noise floor, in MiB, of a memory figure (:data:`MEMORY_FLOORS`)."""
+    mib, pct = MEMORY_FLOORS.get(field, (2.0, 1.0))
+    return max(mib, pct / 100.0 * max(abs(base), abs(candidate)))
+
+
+def memory_changes(bases: Sequence[PerfSummary], candidates: Sequence[PerfSummary]) -> Dict[str, Dict[str, Any]]:
+    """Each peak both sides measured: the figures (the mean over the runs of a side), the change and its noise
+    floor: the larger spread (max - min) of the runs of a side where both sides have two runs or more (at least the
+    figure's MiB in :data:`MEMORY_FLOORS`), else :func:`memory_floor`. ``beyond_floor``: the change is larger than
+    the floor (only then is it a change)."""
+    from lightning_perf.summary.fields import MEMORY_FIELDS
+
+    out: Dict[str, Dict[str, Any]] = {}
+    for label, _, field in MEMORY_FIELDS:
+        sides = [[memory(run)[label] for run in runs] for runs in (bases, candidates)]
+        if sides[0][0] is None or sides[1][0] is None:
+            continue
+        known = [[v for v in side if finite(v) is not None] for side in sides]
+        repeated = all(len(side) >= 2 for side in known)
+        values = [sum(side) / len(side) if repeated else side[0] for side in known] if all(known) else \
+            [sides[0][0], sides[1][0]]
+        entry = _delta(*values)
+        if entry["delta"] is None:
+            continue
+        if repeated:  # a few runs can agree by chance: never below the figure's resolution (MEMORY_FLOORS' MiB)
+            spread = max(max(side) - min(side) for side in known)
+            entry["floor_mb"], entry["floor_from"] = max(spread, MEMORY_FLOORS.get(field, (2.0, 1.0))[0]), "repeats"
+        else:
+            entry["floor_mb"], entry["floor_from"] = memory_floor(field, *values), "documented"
+        entry["beyond_floor"] = abs(entry["delta"]) > entry["floor_mb"]
+        out[label] = entry
+    return out
+
+
+def quality_not_checked(base: PerfSummary, candidate: PerfSummary, base_name: str = "base",
+                        candidate_name: str = "candidate") -> Optional[str]:
+    """Why the candidate's quality verdict cannot stand (its gate scored a different validation set than its
+    baseline, or the two runs scored different numbers of images), else None."""
+    gates = [(name, run.quality_gate) for name, run in ((base_name, base), (candidate_name, candidate))]
+    for name, gate in gates:
+        if gate is not None and gate.images_scored and gate.baseline_images \
+                and gate.images_scored != gate.baseline_images:
+            return (f"{name}'s gate scored {gate.images_scored} images against a baseline of {gate.baseline_images}:"
+                    " different validation sets")
+    scored = [gate.images_scored if gate is not None else None for _, gate in gates]
+    if None not in scored and 0 not in scored and scored[0] != scored[1]:
+        return f"the runs scored different validation sets ({scored[0]} vs {scored[1]} images)"
+    return None
 
 
 def between_runs_note(base: PerfSummary, candidate: PerfSummary) -> Optional[str]:
@@ -231,7 +299,10 @@ def compare_summaries(
     its interval and ``speedup_significant`` are :func:`repeats_headline`'s, between runs; the other figures are the
     first pair's, and every run that did not complete, repeats included, gets a note. ``samples_per_iter_unknown``:
     the run whose samples per iteration are unknown where the other's are known (the basis is then it/s, and a
-    change of batch size would not show), else empty."""
+    change of batch size would not show), else empty. ``comparison``: the verdict once decided
+    (:class:`~lightning_perf.summary.comparison.Comparison`), from which every line derived from the speed (Typical,
+    the time to N iterations, break-even, the section that moved most) is said. ``time_saved_s`` is like for like:
+    where batch sizes differ, the base's time for the samples of the candidate's N iterations."""
     base, candidate = as_summary(base, base_name), as_summary(candidate, candidate_name)
     base_runs = [base] + [as_summary(r, f"{base_name} repeat {i + 2}") for i, r in enumerate(base_repeats)]
     candidate_runs = [candidate] + [as_summary(r, f"{candidate_name} repeat {i + 2}")
@@ -299,25 +370,34 @@ def compare_summaries(
                 "eval_time_s": timer.eval_time_s}
 
     times = {key: project_time(timer_dict(run), iterations) for key, run in (("base", base), ("candidate", candidate))}
+    # like for like: where batch sizes differ, the base's time for the samples of the candidate's N iterations
+    like = _samples_scale(b, c) if head["basis"] == "samples/s" else 1.0
+    base_like = project_time(timer_dict(base), max(0, round(iterations * like))) if like != 1.0 else times["base"]
 
     def saved(field: str) -> Dict[str, Optional[float]]:
         t_b, t_c = finite(times["base"][field]), finite(times["candidate"][field])
-        s = None if t_b is None or t_c is None else finite(t_b - t_c)
-        pct = None if s is None or not t_b else finite(100.0 * s / t_b)
+        t_like = finite(base_like[field])
+        s = None if t_like is None or t_c is None else finite(t_like - t_c)
+        pct = None if s is None or not t_like else finite(100.0 * s / t_like)
         return {"base": t_b, "candidate": t_c, "saved_s": s, "saved_pct": pct}
 
     train_times, eval_times = saved("train_s"), saved("with_eval_s")
-    mem_b, mem_c = memory(base), memory(candidate)
-    mem = {k: _delta(mem_b[k], mem_c[k]) for k in mem_b if mem_b[k] is not None and mem_c[k] is not None}
+    steady = {"base": finite(iterations * like * b["ms_per_iter_mean"] / 1000.0)
+              if b["ms_per_iter_mean"] is not None else None,
+              "candidate": finite(iterations * c["ms_per_iter_mean"] / 1000.0)
+              if c["ms_per_iter_mean"] is not None else None}
+    mem = memory_changes(base_runs, candidate_runs)
     q_b, q_c = quality(base), quality(candidate)
+    unchecked = quality_not_checked(base, candidate, base_name, candidate_name)
     qual = {}
     for name in q_b:
         if name in q_c:
             entry = _delta(q_b[name].value, q_c[name].value)
             entry["mode"] = q_c[name].mode or IMAGE_METRIC_DIRECTIONS.get(name)
-            entry["candidate_passed"] = q_c[name].passed
+            entry["candidate_passed"] = None if unchecked else q_c[name].passed
+            entry["not_checked"] = unchecked
             qual[name] = entry
-    return {
+    result = {
         "diagnosis": diagnoses(base, candidate, base_name, candidate_name),
         "base": {"name": base_name, "status": base.status, "device": devices[0], **b},
         "candidate": {"name": candidate_name, "status": candidate.status, "device": devices[1], **c},
@@ -342,6 +422,8 @@ def compare_summaries(
         "time_saved_pct": train_times["saved_pct"],
         "time_to_iterations_with_eval_s": {"base": eval_times["base"], "candidate": eval_times["candidate"]},
         "time_saved_with_eval_s": eval_times["saved_s"],
+        "time_saved_samples_scale": like,
+        "steady_time_s": steady,
         "memory_mb": mem,
         "energy": energy_change(base, candidate),
         "quality": qual,
@@ -354,10 +436,12 @@ def compare_summaries(
         "stragglers": {"base": recorded_or_computed_straggler(base),
                        "candidate": recorded_or_computed_straggler(candidate),
                        "text": {"base": straggler_text(base), "candidate": straggler_text(candidate)}},
-        "sections": section_changes(base, candidate),
+        "sections": section_changes(base, candidate, base_runs, candidate_runs, min_effect_pct),
         "break_even": break_even(base, candidate),
         "notes": notes,
     }
+    result["comparison"] = Comparison.of(result).as_dict()
+    return result
 
 
 def diagnoses(base: PerfSummary, candidate: PerfSummary, base_name: str, candidate_name: str) -> Dict[str, Any]:
@@ -395,27 +479,49 @@ def _section_ms(run: PerfSummary) -> Dict[str, Dict[str, Optional[float]]]:
     for name, sec in profiler.sections.items():
         per_iter = (finite(1000.0 * sec.total_s / iterations) if sec is not None and sec.total_s is not None
                     and iterations else None)
-        out[name] = {"ms_per_iter": per_iter, "share_pct": sec.share_pct if sec is not None else None}
+        out[name] = {"ms_per_iter": per_iter, "share_pct": sec.share_pct if sec is not None else None,
+                     "se_ms": _section_se_ms(sec, iterations)}
     return out
 
 
-def section_changes(base: PerfSummary, candidate: PerfSummary) -> Optional[Dict[str, Any]]:
+def _section_se_ms(sec: Any, iterations: Optional[int]) -> Optional[float]:
+    """A rough standard error of a section's ms per iteration: its calls' p50-p95 spread read as 1.645 standard
+    deviations, over the square root of its calls, times its calls per iteration. None where a figure is missing."""
+    if sec is None or None in (sec.p50_ms, sec.p95_ms) or not sec.count or not iterations:
+        return None
+    return finite(max(0.0, sec.p95_ms - sec.p50_ms) / 1.645 / math.sqrt(sec.count) * sec.count / iterations)
+
+
+def section_changes(base: PerfSummary, candidate: PerfSummary, base_runs: Sequence[PerfSummary] = (),
+                    candidate_runs: Sequence[PerfSummary] = (),
+                    min_effect_pct: float = MIN_EFFECT_PCT) -> Optional[Dict[str, Any]]:
     """The section breakdown side by side, so a speed change can be traced to the section that moved: per section
     (the base's order, then the candidate's new ones) ms per measured iteration and share of iteration time in each
-    run and the change; ``moved_most``: the section whose ms per iteration changed most; ``iteration_delta_ms``:
-    the change of SectionProfiler's mean iteration. None unless both runs have a section table."""
+    run and the change, its noise floor (``noise_ms``: :func:`~lightning_perf.summary.comparison.section_noise_ms`)
+    and whether the change is past it (``beyond_noise``); ``moved_most``: of the sections past their noise, the one
+    whose ms per iteration changed most; ``iteration_delta_ms``: the change of SectionProfiler's mean iteration.
+    None unless both runs have a section table."""
     b, c = _section_ms(base), _section_ms(candidate)
     if not b or not c:
         return None
+    repeats = [[_section_ms(run) for run in runs] for runs in (base_runs, candidate_runs)]
     rows = []
     for name in list(b) + [n for n in c if n not in b]:
         d = _delta((b.get(name) or {}).get("ms_per_iter"), (c.get(name) or {}).get("ms_per_iter"))
-        rows.append({"name": name, "base_ms_per_iter": d["base"], "candidate_ms_per_iter": d["candidate"],
-                     "base_share_pct": (b.get(name) or {}).get("share_pct"),
-                     "candidate_share_pct": (c.get(name) or {}).get("share_pct"),
-                     "delta_ms": d["delta"], "delta_pct": d["delta_pct"]})
-    # a section whose change prints as +0.00 ms (or that is in one run only) did not move
-    moved = [r for r in rows if r["delta_ms"] is not None and abs(r["delta_ms"]) >= 0.005]
+        row = {"name": name, "base_ms_per_iter": d["base"], "candidate_ms_per_iter": d["candidate"],
+               "base_share_pct": (b.get(name) or {}).get("share_pct"),
+               "candidate_share_pct": (c.get(name) or {}).get("share_pct"),
+               "delta_ms": d["delta"], "delta_pct": d["delta_pct"], "min_effect_pct": min_effect_pct,
+               "base_se_ms": (b.get(name) or {}).get("se_ms"), "candidate_se_ms": (c.get(name) or {}).get("se_ms")}
+        sides = [[v for v in ((t.get(name) or {}).get("ms_per_iter") for t in side) if finite(v) is not None]
+                 for side in repeats]
+        if all(len(side) >= 2 for side in sides):
+            row["repeats_spread_ms"] = max(max(side) - min(side) for side in sides)
+        row["noise_ms"] = section_noise_ms(row)
+        row["beyond_noise"] = (d["delta"] is not None and row["noise_ms"] is not None
+                               and abs(d["delta"]) > row["noise_ms"])
+        rows.append(row)
+    moved = [r for r in rows if r["beyond_noise"]]
     means = [run.section_profiler.iteration_ms.mean if run.section_profiler.iteration_ms is not None else None
              for run in (base, candidate)]
     return {"rows": rows,
@@ -423,13 +529,29 @@ def section_changes(base: PerfSummary, candidate: PerfSummary) -> Optional[Dict[
             "iteration_delta_ms": _delta(*means)["delta"]}
 
 
-def _moved_text(sections: Dict[str, Any]) -> Optional[str]:
+def _moved_text(sections: Dict[str, Any], comparison: Optional[Comparison] = None) -> Optional[str]:
+    """The section behind the speed change: named only where the speed verdict is decided and the section's change
+    is past its noise."""
     row = next((r for r in sections["rows"] if r["name"] == sections["moved_most"]), None)
     if row is None:
-        return None
+        return "no section past its noise" if any(r["delta_ms"] is not None for r in sections["rows"]) else None
+    if comparison is not None and not comparison.sections_decided():
+        past = [r["name"] for r in sections["rows"] if r["beyond_noise"]]
+        return (f"{NOT_DECIDED}: the speed verdict decides no direction (past their noise within these runs:"
+                f" {', '.join(past)})")
     whole = sections["iteration_delta_ms"]
     return (f"{row['name']}, {row['delta_ms']:+.2f} ms/iter ({fmt_pct(row['delta_pct'])})"
             + (f"; the whole iteration {whole:+.2f} ms" if whole is not None else ""))
+
+
+def _section_change(r: Dict[str, Any], decided: bool = True) -> str:
+    """A section's change: the signed figure past its noise (marked ``not decided`` where the speed verdict is not),
+    else ``within noise (±0.12 ms)``."""
+    if r["delta_ms"] is None:
+        return "n/a"
+    if not r.get("beyond_noise", True):
+        return f"within noise (\u00b1{r['noise_ms']:.2f} ms)"
+    return f"{r['delta_ms']:+.2f} ms ({fmt_pct(r['delta_pct'])}{'' if decided else f', {NOT_DECIDED}'})"
 
 
 def _sections_text(result: Dict[str, Any]) -> List[str]:
@@ -447,11 +569,12 @@ def _sections_text(result: Dict[str, Any]) -> List[str]:
     col = max(18, len(b) + 2, len(c) + 2)
     lines = ["", "Sections (SectionProfiler: ms per measured iteration, share of iteration time):",
              f"  {'section':<{w}}{b:<{col}}{c:<{col}}change"]
+    decided = Comparison.of(result).sections_decided()
     for r in sections["rows"]:
-        change = "n/a" if r["delta_ms"] is None else f"{r['delta_ms']:+.2f} ms ({fmt_pct(r['delta_pct'])})"
+        change = _section_change(r, decided)
         lines.append(f"  {r['name']:<{w}}{cell(r['base_ms_per_iter'], r['base_share_pct']):<{col}}"
                      f"{cell(r['candidate_ms_per_iter'], r['candidate_share_pct']):<{col}}{change}")
-    moved = _moved_text(sections)
+    moved = _moved_text(sections, Comparison.of(result))
     if moved:
         lines.append(f"  Moved most: {moved}")
     return lines
@@ -472,11 +595,14 @@ def _sections_markdown(result: Dict[str, Any]) -> List[str]:
     if not sections:
         return []
     b, c = result["base"]["name"], result["candidate"]["name"]
+    decided = Comparison.of(result).sections_decided()
     rows = [[r["name"], fmt_num(r["base_ms_per_iter"]), fmt_num(r["base_share_pct"], 1, "%"),
              fmt_num(r["candidate_ms_per_iter"]), fmt_num(r["candidate_share_pct"], 1, "%"),
-             "n/a" if r["delta_ms"] is None else f"{r['delta_ms']:+.2f}", fmt_pct(r["delta_pct"])]
+             *(["n/a", "n/a"] if r["delta_ms"] is None else
+               [f"{r['delta_ms']:+.2f}", fmt_pct(r["delta_pct"]) + ("" if decided else f" ({NOT_DECIDED})")]
+               if r.get("beyond_noise", True) else [_section_change(r), ""])]
             for r in sections["rows"]]
-    moved = _moved_text(sections)
+    moved = _moved_text(sections, Comparison.of(result))
     table = markdown_table(["section", f"{b} ms/iter", f"{b} share", f"{c} ms/iter", f"{c} share", "change ms/iter",
                             "change"], rows)
     return ["", table] + (["", f"**Moved most:** {moved}."] if moved else [])
@@ -567,12 +693,13 @@ def _warmup_lines(result: Dict[str, Any], width: int) -> List[str]:
     be = result.get("break_even")
     if not be:
         return []
+    decided = Comparison.of(result)
     costs = be["warmup_cost_s"]
     names = (result["base"]["name"], result["candidate"]["name"])
     cost_text = ("n/a" if None in costs.values() else
                  f"{names[0]} {costs['base']:.2f} s, {names[1]} {costs['candidate']:.2f} s (fit start to the first"
                  " measured iteration, beyond the steady pace)")
-    return [f"  {'Warm-up:':<{width}}{cost_text}", f"  {'Break-even:':<{width}}{break_even_text(be)}"]
+    return [f"  {'Warm-up:':<{width}}{cost_text}", f"  {'Break-even:':<{width}}{decided.break_even_text(be)}"]
 
 
 def tail_text(run: PerfSummary) -> Optional[str]:
@@ -626,58 +753,64 @@ def _ci_words(lo: float, hi: float) -> str:
 
 
 def speed_label(result: Dict[str, Any]) -> str:
-    """``Slowdown`` where the candidate is slower, else ``Speedup``."""
-    return "Slowdown" if result["speedup"] is not None and result["speedup"] < 1.0 else "Speedup"
+    """``Slowdown`` where the candidate is decided slower, ``Speedup`` where decided faster, else ``Speed ratio``."""
+    direction = Comparison.of(result).direction
+    return {"faster": "Speedup", "slower": "Slowdown"}.get(direction or "", "Speed ratio")
 
 
 def _speedup_text(result: Dict[str, Any]) -> str:
+    """The headline: the ratio with its direction word where the verdict is decided, else candidate/base speed with
+    its interval (no direction: nothing decided one)."""
     if result["speedup"] is None:
         return "n/a"
-    text = f"{ratio_words(result['speedup'])} ({fmt_pct(result['change_pct'])} {result['speedup_basis']})"
+    decided = Comparison.of(result).direction is not None
+    ratio_text = (ratio_words(result["speedup"]) if decided else
+                  f"candidate/base speed {result['speedup']:.3f}")
+    text = f"{ratio_text} ({fmt_pct(result['change_pct'])} {result['speedup_basis']})"
     if not result["speedup_ci95"]:
-        return text
+        return text + ("" if decided else f", {NOT_DECIDED}: no interval")
     lo, hi = result["speedup_ci95"]
+    ci_words = _ci_words(lo, hi) if decided else f"{lo:.3f} to {hi:.3f}"
     excludes_one = lo > 1.0 or hi < 1.0
     small = f"within noise: below the {result['min_effect_pct']:g}% a second run of the same setup can move"
     if result.get("speedup_interval") == "between runs":
         runs = result["repeats"]
         verdict = ("significant" if result["speedup_significant"] else small if excludes_one
                    else "not significant: within noise")
-        return text + f", 95% CI {_ci_words(lo, hi)} between {runs['base']} + {runs['candidate']} runs, {verdict}"
+        return text + f", 95% CI {ci_words} between {runs['base']} + {runs['candidate']} runs, {verdict}"
     inside = ("the change is past it" if result.get("speedup_beyond_within_run_noise")
               else small if excludes_one else "the change is inside it")
-    return (text + f", 95% CI {_ci_words(lo, hi)} within each run ({inside}); no verdict: the drift between runs was"
+    return (text + f", 95% CI {ci_words} within each run ({inside}); no verdict: the drift between runs was"
             " not measured (one run a side): run each side again and pass the runs with --base-repeats and"
             " --candidate-repeats")
 
 
 def time_saved_words(result: Dict[str, Any], duration=fmt_duration) -> tuple:
-    """(label, text) of the time to N iterations: ``Time saved``, ``6.2 min (86.1%)``; where the candidate takes
-    longer ``Time lost``, ``amp takes 6.2 min longer (+620.0%)``, never a negative saving."""
-    saved, pct = result["time_saved_s"], result["time_saved_pct"]
-    if finite(saved) is None:
-        return "Time saved", "n/a"
-    known = finite(pct) is not None
-    if saved < 0:
-        return "Time lost", (f"{result['candidate']['name']} takes {duration(-saved)} longer"
-                             + (f" (+{-pct:.1f}%)" if known else ""))
-    return "Time saved", duration(saved) + (f" ({pct:.1f}%)" if known else "")
+    """(label, text) of the time to N iterations (like for like: the same samples where batch sizes differ): where
+    the speed is decided ``Time saved``, ``6.2 min (86.1%)``, or ``Time lost``, ``amp takes 6.2 min longer
+    (+620.0%)``, never a negative saving; where it is not, ``Time change`` and the range the interval allows
+    (:meth:`~lightning_perf.summary.comparison.Comparison.time_saved`)."""
+    label, text = Comparison.of(result).time_saved(result, duration)
+    if result.get("time_saved_samples_scale", 1.0) != 1.0 and text != "n/a":
+        text += " (for the same samples: the batch sizes differ)"
+    return label, text
 
 
-#: Memory from this many MB on is said in GB: below, MB keeps a change of one MB visible.
+#: Memory from this many MiB on is said in GiB: below, MiB keeps a change of one MiB visible (the summary's `_mb`
+#: figures are MiB).
 GB_FROM_MB = 10 * 1024.0
 
 
 def _memory_unit(largest: float) -> tuple:
-    """(MB per unit, unit, decimals) for figures up to ``largest`` MB."""
+    """(MiB per unit, unit, decimals) for figures up to ``largest`` MiB."""
     if largest >= GB_FROM_MB:
-        return 1024.0, "GB", 2
-    return 1.0, "MB", 0 if largest >= 100 else 1
+        return 1024.0, "GiB", 2
+    return 1.0, "MiB", 0 if largest >= 100 else 1
 
 
 def memory_texts(base: Optional[float], candidate: Optional[float]) -> tuple:
-    """(base, candidate, change) in MB or GB, one unit for the three, chosen by the larger figure: ``1039 MB``,
-    ``1039 MB``, ``+0 MB`` for 1039.32 -> 1039.41 (never ``1.01 GB -> 1.02 GB`` for a change of 0.09 MB). Decimals
+    """(base, candidate, change) in MiB or GiB, one unit for the three, chosen by the larger figure: ``1039 MiB``,
+    ``1039 MiB``, ``+0 MiB`` for 1039.32 -> 1039.41 (never ``1.01 GiB -> 1.02 GiB`` for a change of 0.09 MiB). Decimals
     are added (up to three) where the rounded figures differ and the rounded change is none, or the reverse. A figure
     that is not known is ``n/a``, and so is the change."""
     known = [abs(v) for v in (base, candidate) if finite(v) is not None]
@@ -694,11 +827,31 @@ def memory_texts(base: Optional[float], candidate: Optional[float]) -> tuple:
     return f"{b:.{places}f} {unit}", f"{c:.{places}f} {unit}", f"{d:+.{places}f} {unit}"
 
 
+def memory_change_text(d: Dict[str, Any]) -> str:
+    """A memory change past its floor (``+12 MiB, +3.1%``), else ``same within the noise floor (±32 MiB)``."""
+    if d.get("beyond_floor") is False:
+        return f"same within the noise floor (\u00b1{_mib(d['floor_mb'])})"
+    _, _, change = memory_texts(d["base"], d["candidate"])
+    return f"{change}, {fmt_pct(d['delta_pct'])}"
+
+
+def _mib(value: float) -> str:
+    scale, unit, digits = _memory_unit(abs(value))
+    return f"{value / scale:.{digits}f} {unit}"
+
+
+def quality_verdict_text(d: Dict[str, Any]) -> str:
+    """The candidate's gate verdict for a metric: ``passed``, ``FAILED``, ``not checked: <why>`` or nothing."""
+    if d.get("not_checked"):
+        return f"not checked: {d['not_checked']}"
+    return {True: "passed", False: "FAILED", None: ""}[d["candidate_passed"]]
+
+
 def format_text(result: Dict[str, Any]) -> str:
     b, c = result["base"], result["candidate"]
     n = result["iterations"]
-    width = max(len(b["name"]), len(c["name"]), len("Time saved")) + 2
-    typical = result["typical_iteration_speedup"]
+    width = max(len(b["name"]), len(c["name"]), len("Time change")) + 2
+    typical = Comparison.of(result).typical_text(result["typical_iteration_speedup"])
     saved_label, saved_text = time_saved_words(result)
     lines = [
         *_diagnosis_text(result),
@@ -710,9 +863,7 @@ def format_text(result: Dict[str, Any]) -> str:
         f"  {b['name'] + ':':<{width}}{_speed_line(b)}",
         f"  {c['name'] + ':':<{width}}{_speed_line(c)}",
         f"  {speed_label(result) + ':':<{width}}{_speedup_text(result)}",
-        f"  {'Typical:':<{width}}"
-        + ("n/a" if typical is None else f"{ratio_words(typical)} in the median iteration (stalls and slow steps left"
-                                         " out)"),
+        f"  {'Typical:':<{width}}{typical}",
         *([f"  {'Between:':<{width}}{result['between_runs']}"] if result.get("between_runs") else []),
         *_warmup_lines(result, width),
         "",
@@ -734,18 +885,17 @@ def format_text(result: Dict[str, Any]) -> str:
     ]
     lines += _sections_text(result)
     if result["memory_mb"]:
-        lines += ["", "Peak memory:"]
+        lines += ["", "Peak memory (MiB: 2^20 bytes):"]
         for label, d in result["memory_mb"].items():
-            base_text, candidate_text, change = memory_texts(d["base"], d["candidate"])
-            lines.append(f"  {label}: {base_text} -> {candidate_text} ({change}, {fmt_pct(d['delta_pct'])})")
+            base_text, candidate_text, _ = memory_texts(d["base"], d["candidate"])
+            lines.append(f"  {label}: {base_text} -> {candidate_text} ({memory_change_text(d)})")
     lines += energy_lines(result.get("energy"), b["name"], c["name"])
     if result["quality"]:
         lines += ["", "Quality:"]
         for name, d in result["quality"].items():
-            verdict = {True: "passed", False: "FAILED", None: ""}[d["candidate_passed"]]
             lines.append(
                 f"  {name}: {fmt_num(d['base'], 4)} -> {fmt_num(d['candidate'], 4)}"
-                f" ({fmt_pct(d['delta_pct'])}) {verdict}".rstrip()
+                f" ({fmt_pct(d['delta_pct'])}) {quality_verdict_text(d)}".rstrip()
             )
     if result["notes"]:
         lines += ["", "Notes:"] + [f"  - {note}" for note in result["notes"]]
@@ -797,21 +947,23 @@ def format_markdown(result: Dict[str, Any]) -> str:
         parts += ["", "**Stragglers (DDP):** " + "; ".join(
             f"{run['name']}: {stragglers['text'][key] or 'n/a (one device)'}"
             for run, key in ((b, "base"), (c, "candidate"))) + "."]
-    parts += ["", f"**Break-even:** {break_even_text(result['break_even'])}."] if result.get("break_even") else []
+    parts += (["", f"**Break-even:** {Comparison.of(result).break_even_text(result['break_even'])}."]
+              if result.get("break_even") else [])
     if result["memory_mb"]:
-        mem_rows = [[label, *memory_texts(d["base"], d["candidate"]), fmt_pct(d["delta_pct"])]
+        mem_rows = [[label, *memory_texts(d["base"], d["candidate"])[:2], memory_change_text(d)]
                     for label, d in result["memory_mb"].items()]
-        parts += ["", markdown_table(["peak memory", b["name"], c["name"], "change", "change %"], mem_rows)]
+        parts += ["", markdown_table(["peak memory (MiB: 2^20 bytes)", b["name"], c["name"], "change"], mem_rows)]
     if result.get("energy"):  # training energy (docs/energy.md)
         e_rows = [[label, fmt_energy(result["energy"][k]["base"]), fmt_energy(result["energy"][k]["candidate"]),
                    fmt_pct(result["energy"][k]["delta_pct"])] for k, label in ENERGY_LABELS]
         parts += ["", markdown_table(["energy (training)", b["name"], c["name"], "change"], e_rows)]
     if result["quality"]:
         q_rows = [
-            [name, fmt_num(d["base"], 4), fmt_num(d["candidate"], 4), fmt_pct(d["delta_pct"])]
+            [name, fmt_num(d["base"], 4), fmt_num(d["candidate"], 4), fmt_pct(d["delta_pct"]),
+             quality_verdict_text(d) or "-"]
             for name, d in result["quality"].items()
         ]
-        parts += ["", markdown_table(["quality", b["name"], c["name"], "change"], q_rows)]
+        parts += ["", markdown_table(["quality", b["name"], c["name"], "change", "gate"], q_rows)]
     if result["notes"]:
         parts += [""] + [f"- {one_line(note)}" for note in result["notes"]]
     return "\n".join(parts)

@@ -243,7 +243,11 @@ def report_html(summaries: List[Any], names: List[str], notes: Optional[List[str
     body = before + "<h2>Phase table</h2>" + _table(headers, cells, "phase-table")
     body += "".join(f'<p class="note">{esc(p[2:] if p.startswith("- ") else p)}</p>' for p in below.split("\n")
                     if p.strip())
-    body += bars_svg("Speed (it/s)", [(r["run"], r["it_per_s"], fmt_num(r["it_per_s"])) for r in rows], "speed-bars")
+    # the bars in the headline's unit: samples/s where a run's batch size differs from its reference's
+    key, unit = (("samples_per_s", "samples/s") if any(r["speedup_basis"] == "samples/s" for r in rows[1:])
+                 else ("it_per_s", "it/s"))
+    body += bars_svg(f"Speed ({unit})", [(r["run"], r[key], fmt_num(r[key], 1 if key == "samples_per_s" else 2))
+                                         for r in rows], "speed-bars")
     for key, label in (("train_peak_mb", "Train peak memory"), ("eval_peak_mb", "Eval peak memory")):
         body += bars_svg(label, [(r["run"], r[key], memory_texts(None, r[key])[1]) for r in rows],
                          f"{key.replace('_', '-')}-bars")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from lightning_perf.summary.compare import headline, memory_texts
+from lightning_perf.summary.compare import headline, memory_floor, memory_texts
 from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.diagnosis import recorded_or_computed_straggler
 from lightning_perf.summary.fields import (
@@ -69,7 +69,7 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
     for i, (summary, name) in enumerate(zip(typed, names)):
         s = speed(summary)
         ref = 0 if change_vs == "first" or i == 0 else i - 1
-        head = headline(typed[ref], summary, with_ci=False)
+        head = headline(typed[ref], summary)
         speedup = head["speedup"]
         q = quality(summary)
         values = (summary.logged.values if summary.logged is not None else None) or {}
@@ -86,6 +86,8 @@ def report_rows(summaries: List[SummaryLike], names: List[str],
             "speedup_basis": head["basis"] if speedup is not None else None,
             "change_pct": None if i == 0 or speedup is None else finite(100.0 * (speedup - 1.0)),
             "change_vs": change_vs,
+            "change_ci95": None if i == 0 else head["ci95"],
+            "change_beyond_noise": None if i == 0 or speedup is None else head["significant"],
             "reference": None if i == 0 else names[ref],
             **_speed_deltas(speed(typed[ref]), s, i == 0),
             "train_peak_mb": train_peak_mb(summary),
@@ -138,7 +140,8 @@ _PEAK_FIELDS = ("peak_allocated_mb", "nvml_peak_used_mb", "host_rss_peak_mb")
 _FIXED = ("run", "date", "notes", "status", "it_per_s", "samples_per_s", "ms_per_iter_mean", "ms_per_iter_median", "speedup",
           "speedup_basis", "change_pct", "change_vs", "reference", "it_per_s_delta", "samples_per_s_delta",
           "train_peak_mb", "eval_peak_mb", "eval_in_train_hooks_peak_mb",
-          *(f"{key}_delta_{unit}" for key, _, _ in _MEMORY for unit in ("mb", "pct")),
+          *(f"{key}_{part}" for key, _, _ in _MEMORY for part in ("delta_mb", "delta_pct", "floor_mb")),
+          "change_ci95", "change_beyond_noise",
           "tflops_per_s", "mfu_pct", "quality_gate", "eval_in_training_mode", "contention", "j_per_sample",
           "j_per_sample_delta_pct", "samples_per_j", "trial", "straggler")
 
@@ -209,16 +212,19 @@ def _memory_deltas(ref: PerfSummary, run: PerfSummary, first: bool) -> Dict[str,
         delta = finite(b - a) if same else None
         out[f"{key}_delta_mb"] = delta
         out[f"{key}_delta_pct"] = finite(100.0 * delta / a) if delta is not None and a else None
+        out[f"{key}_floor_mb"] = memory_floor(field_a, a, b) if delta is not None else None
     return out
 
 
 def _memory_cell(row: Dict[str, Any], key: str, first: bool) -> str:
     """``1039 MB``, or with the change from the reference row in the same unit: ``1039 MB (+0 MB, +0.0%)`` (the
     rule of compare's memory lines: :func:`~lightning_perf.summary.compare.memory_texts`)."""
-    value, delta = row[f"{key}_mb"], row[f"{key}_delta_mb"]
+    value, delta, floor = row[f"{key}_mb"], row[f"{key}_delta_mb"], row.get(f"{key}_floor_mb")
     if first or finite(value) is None or finite(delta) is None:
         return memory_texts(None, value)[1]
     _, text, change = memory_texts(value - delta, value)
+    if finite(floor) is not None and abs(delta) <= floor:
+        return f"{text} (same within the noise floor, \u00b1{memory_texts(None, floor)[1]})"
     return f"{text} ({change}, {fmt_pct(row[f'{key}_delta_pct'])})"
 
 
@@ -302,16 +308,20 @@ def phase_table(rows: List[Dict[str, Any]]) -> Tuple[List[str], List[List[str]]]
 
 
 def _change_cell(row: Dict[str, Any], first: bool) -> str:
-    """``+2.7%, +0.30 it/s``: the headline change and the absolute change in its unit."""
+    """``+2.7%, +0.30 it/s``: the headline change and the absolute change in its unit, followed by ``within noise``
+    where the change is inside the noise within the runs (or below the smallest effect), or ``not decided: no
+    interval`` where no interval could be made (fewer than 32 measured iterations)."""
     if first:
         return "baseline"
     if row["change_pct"] is None:
         return "n/a"
-    text = fmt_pct(row["change_pct"])
     samples = row["speedup_basis"] == "samples/s"
+    text = fmt_pct(row["change_pct"])
     if samples:
         text += " (samples/s)"
     delta = row["samples_per_s_delta"] if samples else row["it_per_s_delta"]
     if delta is not None:
         text += f", {delta:+.1f} samples/s" if samples else f", {delta:+.2f} it/s"
+    if row.get("change_beyond_noise") is not True:  # a figure, but no change: said so beside it
+        text += ", within noise" if row.get("change_ci95") else ", not decided: no interval"
     return text
