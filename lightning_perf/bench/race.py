@@ -261,7 +261,7 @@ def format_race(result: Dict[str, Any]) -> str:
     for name, cmp in result["comparisons"].items():
         if name == result["noise_floor_copy"] or cmp["between_runs"] is None:  # no speed: nothing to compare
             continue
-        lines += [f"### {name} against {base}", "", format_text(cmp), ""]
+        lines += [f"### {name} against {base}", "", format_text(_one_voice(cmp, base)), ""]
     lines += ["RACE VERDICT", "=" * 70, rounds_line(result["rounds"]) or ""]
     for name, runs in result["runs"].items():
         bad = [f"run {k}: " + ("timed out" if r["exit_code"] is None else f"exit {r['exit_code']}")
@@ -292,20 +292,47 @@ def format_race(result: Dict[str, Any]) -> str:
             lines.append(f"  {name} against {base}: {verdict['verdict']}: {verdict['why']}")
             continue
         unused = [r for side in (name, base) for r in result["runs"][side] if r["status"] != "completed"]
-        if verdict["verdict"] in (FASTER, SLOWER):
-            words = f"{ratio_text(between['ratio'])}, decided"
-        else:
-            words = verdict["verdict"]
-        interval = (f" (95% CI {between['low']:.3f}x to {between['high']:.3f}x, {between['method']},"
-                    f" {cmp['speedup_basis']}, over {between['runs'][1]} + {between['runs'][0]} runs)"
-                    if between["low"] is not None else "")
-        lines.append(f"  {name} against {base}: {words}{interval}" + (f": {verdict['why']}" if verdict["why"] else "")
+        lines.append(f"  {name} against {base}: {between_words(between, verdict, cmp['speedup_basis'])}"
                      + (f" ({len(unused)} run(s) of {name} and {base} left out: not completed)" if unused else ""))
     if result["best"]:
         lines.append(f"  Fastest: {result['best']}, decided against every other command (samples/s).")
     elif len(result["tie"]) > 1:
         lines.append(f"  Fastest: not decided: {', '.join(result['tie'])} tie within noise between runs.")
     return "\n".join(lines)
+
+
+def _ratio_words(ratio: float) -> str:
+    """``1.048x faster`` / ``1.048x slower``: a ratio of rates with its direction, the factor never below 1."""
+    return f"{ratio:.3f}x faster" if ratio >= 1.0 else f"{1.0 / ratio:.3f}x slower"
+
+
+def between_words(between: Dict[str, Any], verdict: Dict[str, Any], basis: Optional[str]) -> str:
+    """The race's verdict on one command in a sentence: ``1.30x slower, decided (95% CI ...)``, ``within noise
+    (1.048x slower, 95% CI 0.93x to 1.02x, rank interval, it/s, over 6 + 3 runs): its interval holds 1`` or
+    ``no verdict ...``; the ratio always with its direction."""
+    why = f": {verdict['why']}" if verdict.get("why") else ""
+    if between.get("ratio") is None:
+        return f"{verdict['verdict']}{why}"
+    interval = (f"95% CI {between['low']:.3f}x to {between['high']:.3f}x, {between['method']}, {basis or 'it/s'},"
+                f" over {between['runs'][1]} + {between['runs'][0]} runs" if between.get("low") is not None
+                else f"{basis or 'it/s'}, over {between['runs'][1]} + {between['runs'][0]} runs")
+    if verdict["verdict"] in (FASTER, SLOWER):
+        return f"{ratio_text(between['ratio'])}, decided ({interval}){why}"
+    return f"{verdict['verdict']} ({_ratio_words(between['ratio'])}, {interval}){why}"
+
+
+def _one_voice(cmp: Dict[str, Any], base: str) -> Dict[str, Any]:
+    """The comparison of the first runs as the race shows it: its between-runs line is the race's verdict in a
+    sentence, and it calls the change significant only where that verdict decided it (one verdict, every view)."""
+    view = dict(cmp)
+    between, verdict = cmp["between_runs"], cmp["verdict"]
+    decided = verdict["verdict"] in (FASTER, SLOWER)
+    view["between_runs"] = (f"{between_words(between, verdict, cmp.get('speedup_basis'))}; by ranks against the runs"
+                            f" of {base} and of its A/A copy (the race verdict below)")
+    view["speedup_significant"] = decided
+    if not decided:
+        view["speedup_verdict_words"] = f"not significant: {verdict['verdict']} by the race verdict below"
+    return view
 
 
 def write_result(result: Dict[str, Any], path: str) -> None:

@@ -641,8 +641,9 @@ def _speedup_text(result: Dict[str, Any]) -> str:
     small = f"within noise: below the {result['min_effect_pct']:g}% a second run of the same setup can move"
     if result.get("speedup_interval") == "between runs":
         runs = result["repeats"]
-        verdict = ("significant" if result["speedup_significant"] else small if excludes_one
-                   else "not significant: within noise")
+        verdict = result.get("speedup_verdict_words") or (  # race: its own verdict's words
+            "significant" if result["speedup_significant"] else small if excludes_one
+            else "not significant: within noise")
         return text + f", 95% CI {_ci_words(lo, hi)} between {runs['base']} + {runs['candidate']} runs, {verdict}"
     inside = ("the change is past it" if result.get("speedup_beyond_within_run_noise")
               else small if excludes_one else "the change is inside it")
