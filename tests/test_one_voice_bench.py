@@ -235,6 +235,19 @@ def test_race_says_between_runs_in_a_sentence_and_one_voice(real, tmp_path):
     assert re.search(r"within noise \(1\.\d+x (faster|slower), 95% CI", verdict), verdict
 
 
+def test_race_says_a_quality_change_within_the_aa_noise_is_no_change(real, tmp_path):
+    runs = {"a": [_copy(real, loss=v) for v in (0.500, 0.503, 0.498)],
+            "b": [_copy(real, loss=v) for v in (0.508, 0.506, 0.509)],
+            "a_aa": [_copy(real, loss=v) for v in (0.515, 0.497, 0.501)]}
+    for s in runs["b"]:  # its own gate failed against a baseline the A/A pair moves by 3%
+        s["quality_gate"]["metrics"]["val_loss"].update(passed=False, baseline=0.5, delta_pct=1.6)
+    result = race_result([(n, ["true"]) for n in runs], _race_info(tmp_path, runs), "a_aa")
+    text = format_race(result)
+    line = next(x for x in text.splitlines() if x.startswith("  Quality val_loss, b against a:"))
+    assert "within noise: the A/A pair moved val_loss by 3.00%" in line, line
+    assert not re.search(r"val_loss: .*FAILED", text)
+
+
 def test_a_refused_trial_leads_with_its_refusal_and_shows_no_ceiling(real):
     s = copy_module.deepcopy(real)
     s["trial"] = {"change": "channels_last", "targets": "compute-bound", "status": "not-started",
@@ -293,6 +306,8 @@ def test_a_known_change_is_claimed_with_its_sign(real, tmp_path):
     verdict = next(x for x in text.splitlines() if x.startswith("  slow against a:"))
     assert re.search(r"1\.[23]\dx slower, decided", verdict) and "faster" not in verdict, verdict
     assert "significant" in next(x for x in text.splitlines() if x.lstrip().startswith("Slowdown:"))
+    memory = next(x for x in text.splitlines() if x.startswith("  Train peak memory, slow against a:"))
+    assert re.search(r"3\d\d\.\d MiB less \(beyond the 16 MiB floor: spread of repeats\)", memory), memory
     results = _matrix_results(tmp_path, {name: ([] if name != "slow" else ["--x=1"], s) for name, s in runs.items()})
     text = format_matrix(matrix_rows(results, noise_floor="a_aa"), best_by="steady")
     assert re.search(r"Decided against a: slow 1\.[23]\dx slower", text) and "Least memory: slow (" in text, text

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -32,8 +33,10 @@ from lightning_perf.bench.rounds import run_rounds, rounds_line
 from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.compare import compare_summaries, format_text, run_speed
 from lightning_perf.summary.contention import contention, contention_line
+from lightning_perf.summary.fields import finite, quality, train_peak_mb
 from lightning_perf.summary.io import load_summary, probe_folder, special_kind
-from lightning_perf.summary.model import as_summary
+from lightning_perf.summary.memory_floor import floor_words, memory_change
+from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.schema import SummaryError
 
 #: The longest command name: it names a folder under --out.
@@ -200,11 +203,50 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
                                   by_rounds=all(_every_round(runs[n], info) for n in setups))
         cmp["verdict"] = decide(between, None if name == copy else floor, min_effect_pct)
         cmp["between_runs"] = between
+    out["memory"], out["quality"] = _memory_verdicts(typed, base_name, copy), _quality_verdicts(typed, base_name, copy)
     pool = {name: [run_speed(r, "samples/s") for r in typed[name] + (typed.get(copy, []) if name == base_name else [])]
             for name, _ in commands if name != copy and typed[name]}
     if len(pool) >= 2 and all(len([v for v in values if v]) >= 2 for values in pool.values()):
         found = best_or_tie(pool, floor, min_effect_pct)
         out["best"], out["tie"] = found["best"], found["tie"]
+    return out
+
+
+def _memory_verdicts(typed: Dict[str, List[PerfSummary]], base: str, copy: Optional[str]) -> Dict[str, Any]:
+    """name -> its train peak against the baseline setup's runs (the first command's and its A/A copy's), decided
+    only beyond the memory noise floor (:func:`lightning_perf.summary.memory_floor.memory_change`)."""
+    reference = typed.get(base, []) + (typed.get(copy) or [])
+    if not reference:
+        return {}
+    train = (reference[0].vram.phases or {}).get("train") if reference[0].vram is not None else None
+    source = "allocator" if train is not None and train.peak_allocated_mb is not None else "process"
+    peaks = [train_peak_mb(r) for r in reference]
+    return {name: memory_change(peaks, [train_peak_mb(r) for r in runs], source) for name, runs in typed.items()
+            if name not in (base, copy) and runs}
+
+
+def _quality_verdicts(typed: Dict[str, List[PerfSummary]], base: str, copy: Optional[str]) -> Dict[str, Any]:
+    """name -> metric -> ``change_pct`` (its median against the first command's) and ``noise_pct`` (how far the
+    first command's own second runs, its A/A copy's and its repeats, moved the metric; None where none scored it):
+    a change within that noise is no change of the command's."""
+    def median_of(runs: List[PerfSummary], metric: str) -> Optional[float]:
+        values = [finite(quality(r)[metric].value) for r in runs if metric in quality(r)]
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    reference = typed.get(base, [])
+    metrics = [m for m in quality(reference[0]) if median_of(reference, m)] if reference else []
+    out: Dict[str, Any] = {}
+    for metric in metrics:
+        middle = median_of(reference, metric)
+        again = [finite(quality(r)[metric].value) for r in reference + (typed.get(copy) or []) if metric in quality(r)]
+        moved = [100.0 * abs(v - middle) / abs(middle) for v in again if v is not None]
+        noise = max(moved) if len(moved) >= 2 else None
+        for name, runs in typed.items():
+            value = median_of(runs, metric) if name not in (base, copy) and runs else None
+            if value is not None:
+                out.setdefault(name, {})[metric] = {"change_pct": 100.0 * (value - middle) / abs(middle),
+                                                    "noise_pct": noise}
     return out
 
 
@@ -261,7 +303,7 @@ def format_race(result: Dict[str, Any]) -> str:
     for name, cmp in result["comparisons"].items():
         if name == result["noise_floor_copy"] or cmp["between_runs"] is None:  # no speed: nothing to compare
             continue
-        lines += [f"### {name} against {base}", "", format_text(_one_voice(cmp, base)), ""]
+        lines += [f"### {name} against {base}", "", format_text(_one_voice(cmp, base, name, result.get("quality"))), ""]
     lines += ["RACE VERDICT", "=" * 70, rounds_line(result["rounds"]) or ""]
     for name, runs in result["runs"].items():
         bad = [f"run {k}: " + ("timed out" if r["exit_code"] is None else f"exit {r['exit_code']}")
@@ -294,6 +336,21 @@ def format_race(result: Dict[str, Any]) -> str:
         unused = [r for side in (name, base) for r in result["runs"][side] if r["status"] != "completed"]
         lines.append(f"  {name} against {base}: {between_words(between, verdict, cmp['speedup_basis'])}"
                      + (f" ({len(unused)} run(s) of {name} and {base} left out: not completed)" if unused else ""))
+    for name, change in (result.get("memory") or {}).items():
+        if change["sign"] is None:
+            continue
+        said = floor_words(change) if not change["decided"] else (
+            f"{floor_words(change)} (beyond the {change['floor_mib']:.0f} MiB floor: {change['how']})")
+        lines.append(f"  Train peak memory, {name} against {base}: {said}")
+    for name, metrics in (result.get("quality") or {}).items():
+        for metric, d in metrics.items():
+            noise = d["noise_pct"]
+            said = (f"{d['change_pct']:+.2f}%, the run-to-run noise not measured (one run of {base}, no A/A copy)"
+                    if noise is None else
+                    f"{d['change_pct']:+.2f}%, within noise: the A/A pair moved {metric} by {noise:.2f}%"
+                    if abs(d["change_pct"]) <= noise else
+                    f"{d['change_pct']:+.2f}%, beyond the run-to-run noise (the A/A pair moved it by {noise:.2f}%)")
+            lines.append(f"  Quality {metric}, {name} against {base}: {said}")
     if result["best"]:
         lines.append(f"  Fastest: {result['best']}, decided against every other command (samples/s).")
     elif len(result["tie"]) > 1:
@@ -321,7 +378,8 @@ def between_words(between: Dict[str, Any], verdict: Dict[str, Any], basis: Optio
     return f"{verdict['verdict']} ({_ratio_words(between['ratio'])}, {interval}){why}"
 
 
-def _one_voice(cmp: Dict[str, Any], base: str) -> Dict[str, Any]:
+def _one_voice(cmp: Dict[str, Any], base: str, name: str = "",
+               quality: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The comparison of the first runs as the race shows it: its between-runs line is the race's verdict in a
     sentence, and it calls the change significant only where that verdict decided it (one verdict, every view)."""
     view = dict(cmp)
@@ -332,7 +390,15 @@ def _one_voice(cmp: Dict[str, Any], base: str) -> Dict[str, Any]:
     view["speedup_significant"] = decided
     if not decided:
         view["speedup_verdict_words"] = f"not significant: {verdict['verdict']} by the race verdict below"
+    moved = (quality or {}).get(name) or {}
+    if view.get("quality"):  # a quality change within the first command's own noise is not the command's to fail
+        view["quality"] = {metric: dict(d, candidate_passed=None) if _within_own_noise(moved.get(metric)) else d
+                           for metric, d in view["quality"].items()}
     return view
+
+
+def _within_own_noise(d: Optional[Dict[str, Any]]) -> bool:
+    return d is not None and d["noise_pct"] is not None and abs(d["change_pct"]) <= d["noise_pct"]
 
 
 def write_result(result: Dict[str, Any], path: str) -> None:
