@@ -265,6 +265,21 @@ def test_a_refused_trial_leads_with_its_refusal_and_shows_no_ceiling(real):
     assert line.startswith("with channels_last: within noise (1.048x slower, 95% CI 0.93–1.02"), line
 
 
+def test_a_name_ending_in_s_has_a_plain_possessive_and_a_trial_ratio_its_direction(real, tmp_path):
+    from lightning_perf.bench.matrix_trial import pooled_trial, trial_findings
+
+    results = _matrix_results(tmp_path, {"baseline": ([], [_copy(real, warmup_s=0.02)]),
+                                          "workers": (["--data.num_workers=2"], [_copy(real, warmup_s=5.0)])})
+    text = format_matrix(matrix_rows(results, noise_floor=None))
+    assert "workers's" not in text and "Warm-up cost: workers' warm-up" in text
+    summary = copy_module.deepcopy(real)
+    summary["trial"] = {"change": "channels_last", "status": "done", "pair_off_ms": [10.0, 10.2, 9.9, 10.1],
+                        "pair_on_ms": [10.4, 10.1, 10.6, 10.3]}
+    row = dict(variant="baseline", **pooled_trial("channels_last", [{"summary": summary}]))
+    line = trial_findings([row])[0]
+    assert re.search(r"baseline: (within noise|slower) \(1\.\d{3}x slower\), 0\.\d{3}x \[", line), line
+
+
 def test_a_warmup_that_is_not_decided_pays_nothing_back(real, tmp_path):
     results = _matrix_results(tmp_path, {"baseline": ([], [_copy(real, rate=100.0, warmup_s=0.02)]),
                                           "again": (["--x=1"], [_copy(real, rate=100.3, warmup_s=0.21)])})

@@ -424,7 +424,7 @@ def quality_verdict(base: Optional[PerfSummary], run: PerfSummary, is_base: bool
             unchecked.append(f"{name}: the {100 * tolerance:g}% tolerance is below the run-to-run noise (A/A moved"
                              f" {name} by {moved:.1f}%)")
         elif not result["passed"] and reordered:
-            unchecked.append(f"{_within(name, result)}: num_workers {workers[0]} against {base_name}'s {workers[1]}"
+            unchecked.append(f"{_within(name, result)}: num_workers {workers[0]} against {possessive(base_name)} {workers[1]}"
                              " changes the data order, and a change of order moves the metric too; gate it against"
                              " a baseline run with the same num_workers")
         else:
@@ -692,9 +692,9 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
         end = r.get("end_to_end_speedup")
         # two runs of one start-up code can differ by 0.2 s: a difference within the spread of runs is said so
         decided = "in every run" if _warmup_decided(r, base) else "(not decided: one run each, or their runs overlap)"
-        out.append(f"Warm-up cost: {r['variant']}'s warm-up (the fit's start to its first measured iteration:"
+        out.append(f"Warm-up cost: {possessive(r['variant'])} warm-up (the fit's start to its first measured iteration:"
                    " compilation, autotuning such as cudnn.benchmark, caches) is"
-                   f" {extra:.2f} s longer than {base['variant']}'s {decided}: {ratio_text(r['speedup'])} per"
+                   f" {extra:.2f} s longer than {possessive(base['variant'])} {decided}: {ratio_text(r['speedup'])} per"
                    f" iteration, {'n/a' if end is None else ratio_text(end)} end to end at {_length(r)};"
                    f" {_break_even_words(r, base)}.")
     for r in rows:
@@ -703,7 +703,7 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
         if len(epochs) >= 2:
             later = sum(epochs[1:]) / len(epochs[1:])
             if later > 0 and epochs[0] > WARMUP_EPOCH_RATIO * later:
-                out.append(f"Warm-up cost: {r['variant']}'s first epoch took {epochs[0] / later:.1f}x its later ones"
+                out.append(f"Warm-up cost: {possessive(r['variant'])} first epoch took {epochs[0] / later:.1f}x its later ones"
                            " (autotuning such as cudnn.benchmark, compilation, caches), paid once per run.")
     out += trial_findings(rows)
     busy = [r for r in rows if r.get("contention")]
@@ -711,6 +711,11 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
         out.append("Busy machine: " + "; ".join(f"{r['variant']} ({r['contention'].split(': ', 1)[1]})" for r in busy)
                    + ": their speed and every ratio against them may be the machine's, not the variant's.")
     return out
+
+
+def possessive(name: str) -> str:
+    """``amp's``, ``workers'``: a name's possessive (never ``workers's``)."""
+    return f"{name}'" if name.endswith("s") else f"{name}'s"
 
 
 def least_memory(rows: List[Dict[str, Any]]) -> str:
