@@ -16,7 +16,7 @@ import pytest
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import IterationTimer, QualityGate, SectionProfiler, VRAMMonitor
-from lightning_perf.bench.analysis import compare_bench, format_bench_compare, frontier, frontier_lines
+from lightning_perf.bench.analysis import analysis, compare_bench, format_bench_compare, frontier, frontier_lines
 from lightning_perf.bench.matrix import format_matrix, matrix_rows
 from lightning_perf.bench.race import format_race, race_result
 from lightning_perf.summary.memory_floor import FLOOR_MIB, memory_change
@@ -340,6 +340,12 @@ def test_no_line_of_an_aa_bench_or_bench_compare_claims_a_difference(sweep_rows)
 
     old, new = noisy(), noisy()
     text = "\n".join(frontier_lines(old))
+    # a size against the smallest inside the rows' noise says so (the per-sample line of the analysis)
+    two = copy_module.deepcopy(old) + [dict(r, tile_size=17, avg_time_ms=r["avg_time_ms"] * 1.01,
+                                            pixels_per_sec=r["pixels_per_sec"] * 17 ** 2 / 16 ** 2 / 1.01,
+                                            std_time_ms=0.2 * r["avg_time_ms"]) for r in copy_module.deepcopy(old)]
+    line = next(x for x in analysis(two).splitlines() if x.startswith("- 17 is "))
+    assert "(within noise, ±" in line, line
     assert claims(text) == [] and "more memory" not in text.lower()
     assert all(not r["memory_decided"] for r in compare_bench(old, new))
 

@@ -131,9 +131,11 @@ def analysis(rows: List[Dict[str, Any]]) -> str:
                 if r is None:
                     continue
                 pixel = (r["pixels_per_sec"] / base["pixels_per_sec"] - 1.0) * 100.0
+                found = _decide(r.get("_pixels_rounds"), base.get("_pixels_rounds"), pixel, (r, base))
+                noise = f" (within noise, {found[2]})" if found is not None and found[1] == 0 else ""
                 parts.append(f"- {size} is {per_sample_words(r['avg_time_ms'] / base['avg_time_ms'])}"
                              f" than {sizes[0]} (batch {b0}) and processes {abs(pixel):.0f}%"
-                             f" {'more' if pixel >= 0 else 'fewer'} pixels per second.")
+                             f" {'more' if pixel >= 0 else 'fewer'} pixels per second{noise}.")
         if len(batches) > 1:
             headers = ["Batch size"] + [f"{s} throughput" for s in sizes] + ["Memory vs batch " + str(b0)]
             table = []
