@@ -27,7 +27,7 @@ CLAIMS = ("faster", "slower", "saved", "lost", "pays back", "least memory", "mor
           "significant", "failed", "leak", "more efficient", "benefit", "mib more", "mib less", "decided against")
 #: What marks a line as making no claim.
 HEDGES = ("within noise", "not decided", "no verdict", "not significant", "within the memory noise floor",
-          "not checked", "tie", "n/a", "never pays back", "noise floor (a/a", "a/a noise floor", "at most")
+          "not checked", "tie", "n/a", "never pays back", "noise floor (a/a", "a/a noise floor", "at most", "no leak")
 
 
 def race_lines(text: str) -> str:
@@ -394,3 +394,13 @@ def test_a_real_aa_race_claims_nothing(tmp_path):
     verdict = proc.stdout.split("RACE VERDICT", 1)[1]
     assert claims(verdict) == [], verdict
     assert "{'ratio'" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_run_commands_printed_answer_claims_nothing(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TRAIN).lstrip())
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "run", "--out", "out", "--", sys.executable,
+                           str(script), "40", "0.003"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert claims(proc.stdout + proc.stderr) == []
