@@ -169,6 +169,7 @@ def test_twelve_against_six_mib_does_not_drive_the_frontier(sweep_rows):
     assert [r["batch_size"] for r in on] == [2]  # the same memory within the floor: the faster one alone
     text = "\n".join(frontier_lines(rows))
     assert "MiB" in text and " MB" not in text
+    assert "within the memory noise floor of every other" in text and "least peak memory" not in text, text
     rows = _set(sweep_rows, b1=(1.0e6, 60.0), b2=(2.0e6, 400.0))  # a decided cost: both on the frontier
     assert [r["batch_size"] for r in frontier(rows)] == [1, 2]
 

@@ -226,8 +226,13 @@ def frontier_lines(rows: List[Dict[str, Any]]) -> List[str]:
              " memory), least memory first: " + ", ".join(names)
              + (f" (not placed, no peak memory: {', '.join(unplaced)})" if unplaced else "")]
     if len(on) == 1:
-        lines.append(f"Trade-offs: none; {label(on[0])} has the most pixels/s ({_mpx(on[0])}) and the least peak"
-                     f" memory ({_mb(on[0]['memory_peak_mb'])}) of all")
+        placed = [r for r in _ok(rows) if r["memory_peak_mb"] is not None and r is not on[0]]
+        tied = [r for r in placed if not memory_change([on[0]["memory_peak_mb"]], [r["memory_peak_mb"]],
+                                                      _source(r))["decided"]]
+        lines.append(f"Trade-offs: none; {label(on[0])} has the most pixels/s ({_mpx(on[0])}) and "
+                     + (f"a peak ({_mb(on[0]['memory_peak_mb'])}) within the memory noise floor of"
+                        f" {'every other' if len(tied) == len(placed) else 'those of ' + ', '.join(map(label, tied))}"
+                        if tied else f"the least peak memory ({_mb(on[0]['memory_peak_mb'])}) of all"))
         return lines
     lines.append("Trade-offs along the frontier:")
     lines.append(f"- {label(on[0])}: the least peak memory ({_mb(on[0]['memory_peak_mb'])}), {_mpx(on[0])}")
