@@ -424,7 +424,8 @@ def quality_verdict(base: Optional[PerfSummary], run: PerfSummary, is_base: bool
             unchecked.append(f"{name}: the {100 * tolerance:g}% tolerance is below the run-to-run noise (A/A moved"
                              f" {name} by {moved:.1f}%)")
         elif not result["passed"] and reordered:
-            unchecked.append(f"{_within(name, result)}: num_workers {workers[0]} against {possessive(base_name)} {workers[1]}"
+            unchecked.append(f"{_within(name, result)}: num_workers {workers[0]} against"
+                             f" {possessive(base_name)} {workers[1]}"
                              " changes the data order, and a change of order moves the metric too; gate it against"
                              " a baseline run with the same num_workers")
         else:
@@ -703,7 +704,8 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
         if len(epochs) >= 2:
             later = sum(epochs[1:]) / len(epochs[1:])
             if later > 0 and epochs[0] > WARMUP_EPOCH_RATIO * later:
-                out.append(f"Warm-up cost: {possessive(r['variant'])} first epoch took {epochs[0] / later:.1f}x its later ones"
+                out.append(f"Warm-up cost: {possessive(r['variant'])} first epoch took {epochs[0] / later:.1f}x its"
+                           " later ones"
                            " (autotuning such as cudnn.benchmark, compilation, caches), paid once per run.")
     out += trial_findings(rows)
     busy = [r for r in rows if r.get("contention")]
@@ -873,11 +875,15 @@ def _best_line(rows: List[Dict[str, Any]], best_by: str) -> str:
         why = f" ({'; '.join(reasons)})" if best_by == "end-to-end" and reasons else ""
         return f"**Best:** n/a: no completed variant has the {best_by} figure{why}."
     key, other = _rank_key(best_by), "speedup" if best_by == "end-to-end" else "end_to_end_speedup"
-    other_text = "n/a" if not best.get(other) else f"{best[other]:.2f}x"
+    other_text = "n/a" if not best.get(other) else ratio_text(best[other])
     undecided = best_words(rows, eligible_rows(rows, best_by), best_by)
     lead = "**Best:** " if undecided is None else f"**Best:** not decided: {undecided}; fastest measured: "
-    line = (f"{lead}{best['variant']}, by {_basis_words(best, best_by)}: {best[key]:.2f}x the baseline"
-            f" ({base['variant']}); {other_text} {'steady state' if best_by == 'end-to-end' else 'end to end'}")
+    if best.get("baseline"):
+        line = f"{lead}{best['variant']}, by {_basis_words(best, best_by)}: the baseline itself"
+    else:
+        line = (f"{lead}{best['variant']}, by {_basis_words(best, best_by)}: {ratio_text(best[key])} than the"
+                f" baseline ({base['variant']}); {other_text}"
+                f" {'steady state' if best_by == 'end-to-end' else 'end to end'}")
     if not best.get("baseline"):
         line += f"; break-even: {_break_even_words(best, base)}"
     return line + f"; quality: {best.get('quality_gate_note') or 'no gate ran'}."
