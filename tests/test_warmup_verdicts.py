@@ -207,10 +207,11 @@ def test_best_by_end_to_end_and_by_steady_state_pick_different_variants(runs):
             " included:" in text)
     steady = format_matrix(rows, best_by="steady")
     assert "fastest measured: compile, by steady state: mean ms/iter over the measured iterations" in steady
-    assert "break-even: pays back its 2.30 s of extra warm-up after 767 iterations" in steady
+    # one run a variant: neither the speed nor the warm-up is decided, so nothing pays back (tests/test_one_voice_bench)
+    assert "break-even: not decided: the speed per iteration is not decided against the baseline's" in steady
     assert any(f.startswith("Noise floor: not measured") for f in findings(rows, "steady"))  # one run a variant
     warm = [f for f in findings(rows) if f.startswith("Warm-up cost: compile's warm-up")]
-    assert len(warm) == 1 and "2.30 s longer than baseline's" in warm[0] and "after 767 iterations" in warm[0]
+    assert len(warm) == 1 and "2.30 s longer than baseline's (not decided" in warm[0] and "after 767" not in warm[0]
     with pytest.raises(ValueError, match=r"--best-by 'fastest': expected one of end-to-end, steady"):
         best_variant(rows, "fastest")
 
@@ -230,9 +231,8 @@ def test_a_variant_over_3x_slower_is_flagged_and_the_baseline_has_no_self_interv
     assert base[header.index("Steady speedup (95% CI)")] == "baseline"
     assert base[header.index("End-to-end speedup")] == "baseline"
     assert comp[header.index("Status")] == f"⚠ completed: {slower:.1f}x slower than the baseline end to end"
-    assert comp[header.index("Break-even")] == "after 767 it (7.67 s)"
-    assert lines["slowwarm"][header.index("Break-even")] == "never"
-    assert lines["quick"][header.index("Break-even")] == "none needed"
+    # one run a variant: no break-even is decided (with repeats: tests/test_one_voice_bench.py)
+    assert {lines[n][header.index("Break-even")] for n in ("compile", "slowwarm", "quick")} == {"not decided"}
 
 
 def test_each_time_column_has_one_unit():

@@ -14,6 +14,7 @@ from lightning_perf.bench.sweep import (CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEE
 from lightning_perf.bench.sweep_rounds import (DEFAULT_ROUNDS, between_rounds, combine_rounds, interval_words,
                                                per_round_ratio, rounds_of)
 from lightning_perf.summary.fields import markdown_table
+from lightning_perf.summary.memory_floor import memory_change
 
 _INTS = ("tile_size", "batch_size", "model_params")
 _TEXT = ("timestamp", "mode", "device", "precision", "error", "sweep_id")
@@ -130,15 +131,18 @@ def analysis(rows: List[Dict[str, Any]]) -> str:
                 if r is None:
                     continue
                 pixel = (r["pixels_per_sec"] / base["pixels_per_sec"] - 1.0) * 100.0
+                found = _decide(r.get("_pixels_rounds"), base.get("_pixels_rounds"), pixel, (r, base))
+                noise = f" (within noise, {found[2]})" if found is not None and found[1] == 0 else ""
                 parts.append(f"- {size} is {per_sample_words(r['avg_time_ms'] / base['avg_time_ms'])}"
                              f" than {sizes[0]} (batch {b0}) and processes {abs(pixel):.0f}%"
-                             f" {'more' if pixel >= 0 else 'fewer'} pixels per second.")
+                             f" {'more' if pixel >= 0 else 'fewer'} pixels per second{noise}.")
         if len(batches) > 1:
             headers = ["Batch size"] + [f"{s} throughput" for s in sizes] + ["Memory vs batch " + str(b0)]
             table = []
             for b in batches:
                 row = [str(b)]
-                mem_ratios = []
+                mem_ratios: List[float] = []
+                mem_decided: List[bool] = []
                 for s in sizes:
                     r, first = cells.get((s, b)), cells.get((s, b0))
                     if r is None or first is None:
@@ -148,8 +152,10 @@ def analysis(rows: List[Dict[str, Any]]) -> str:
                     row.append(f"{r['throughput_samples_per_sec']:.1f} /s" + ("" if b == b0 else f" ({gain:+.0f}%)"))
                     if r["memory_peak_mb"] and first["memory_peak_mb"]:
                         mem_ratios.append(r["memory_peak_mb"] / first["memory_peak_mb"])
-                row.append("baseline" if b == b0 else (f"{sum(mem_ratios) / len(mem_ratios):.2f}x" if mem_ratios
-                                                        else "n/a"))
+                        mem_decided.append(memory_change([first["memory_peak_mb"]], [r["memory_peak_mb"]],
+                                                         _source(r))["decided"])
+                row.append("baseline" if b == b0 else (f"{sum(mem_ratios) / len(mem_ratios):.2f}x" + (
+                    "" if any(mem_decided) else " (within the memory noise floor)") if mem_ratios else "n/a"))
                 table.append(row)
             parts += ["", "Batch size effects:", markdown_table(headers, table)]
         parts += [""] + frontier_lines(list(cells.values()))
@@ -168,15 +174,24 @@ def label(row: Dict[str, Any]) -> str:
 def frontier(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """The memory/throughput frontier of one sweep's rows (one mode, device and precision; see :func:`groups`): the
     successful rows with a peak memory that no other row beats, a row being beaten by one with at least its pixels/s
-    at no more peak memory and better on one of the two. Least memory first (hence fewest pixels/s first)."""
+    at no more peak memory and better on one of the two; peaks within the memory noise floor of each other
+    (:func:`lightning_perf.summary.memory_floor.memory_change`) count as the same. Least memory first."""
     placed = [r for r in _ok(rows) if r["memory_peak_mb"] is not None and r["pixels_per_sec"] is not None]
 
     def beats(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
-        return (a["pixels_per_sec"] >= b["pixels_per_sec"] and a["memory_peak_mb"] <= b["memory_peak_mb"]
-                and (a["pixels_per_sec"] > b["pixels_per_sec"] or a["memory_peak_mb"] < b["memory_peak_mb"]))
+        # memory is compared against its noise floor (summary/memory_floor.py): 12 against 6 MiB is the same peak
+        sign = memory_change([b["memory_peak_mb"]], [a["memory_peak_mb"]], _source(a))["sign"]
+        return (a["pixels_per_sec"] >= b["pixels_per_sec"] and sign != 1
+                and (a["pixels_per_sec"] > b["pixels_per_sec"] or sign == -1))
 
     on = [r for r in placed if not any(beats(other, r) for other in placed)]
     return sorted(on, key=lambda r: (r["memory_peak_mb"], r["pixels_per_sec"]))
+
+
+def _source(row: Dict[str, Any]) -> str:
+    """Where a sweep row's peak comes from (memory_floor.SOURCES): the allocator on CUDA, the process's RSS rise on
+    CPU."""
+    return "allocator" if str(row.get("device") or "").startswith("cuda") else "process"
 
 
 def _noise(*rows: Dict[str, Any]) -> float:
@@ -196,7 +211,7 @@ def _mpx(row: Dict[str, Any]) -> str:
 
 
 def _mb(value: float) -> str:
-    return f"{significant(value, 2)} MB"
+    return f"{significant(value, 2)} MiB"
 
 
 def frontier_lines(rows: List[Dict[str, Any]]) -> List[str]:
@@ -211,8 +226,13 @@ def frontier_lines(rows: List[Dict[str, Any]]) -> List[str]:
              " memory), least memory first: " + ", ".join(names)
              + (f" (not placed, no peak memory: {', '.join(unplaced)})" if unplaced else "")]
     if len(on) == 1:
-        lines.append(f"Trade-offs: none; {label(on[0])} has the most pixels/s ({_mpx(on[0])}) and the least peak"
-                     f" memory ({_mb(on[0]['memory_peak_mb'])}) of all")
+        placed = [r for r in _ok(rows) if r["memory_peak_mb"] is not None and r is not on[0]]
+        tied = [r for r in placed if not memory_change([on[0]["memory_peak_mb"]], [r["memory_peak_mb"]],
+                                                      _source(r))["decided"]]
+        lines.append(f"Trade-offs: none; {label(on[0])} has the most pixels/s ({_mpx(on[0])}) and "
+                     + (f"a peak ({_mb(on[0]['memory_peak_mb'])}) within the memory noise floor of"
+                        f" {'every other' if len(tied) == len(placed) else 'those of ' + ', '.join(map(label, tied))}"
+                        if tied else f"the least peak memory ({_mb(on[0]['memory_peak_mb'])}) of all"))
         return lines
     lines.append("Trade-offs along the frontier:")
     lines.append(f"- {label(on[0])}: the least peak memory ({_mb(on[0]['memory_peak_mb'])}), {_mpx(on[0])}")
@@ -221,7 +241,9 @@ def frontier_lines(rows: List[Dict[str, Any]]) -> List[str]:
         noise = _noise(a, b)
         cost = _pct(b["memory_peak_mb"], a["memory_peak_mb"])
         paid = (f"{cost:+.0f}%" if cost is not None
-                else f"+{significant(b['memory_peak_mb'] - a['memory_peak_mb'], 2)} MB")
+                else f"+{significant(b['memory_peak_mb'] - a['memory_peak_mb'], 2)} MiB")
+        if not memory_change([a["memory_peak_mb"]], [b["memory_peak_mb"]], _source(a))["decided"]:
+            paid += " (within the memory noise floor)"
         lines.append(f"- {label(a)} -> {label(b)}: {gain:+.0f}% pixels/s ({_mpx(a).split()[0]} -> {_mpx(b)})"
                      + (f", within noise (±{noise:.0f}%)," if _sign(gain, noise) == 0 else "")
                      + f" for {paid} peak memory ({_mb(a['memory_peak_mb']).split()[0]} ->"
@@ -346,7 +368,7 @@ def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[
         row: Dict[str, Any] = dict(zip(MATCH_ON, k))
         row.update(old_samples_per_s=None, new_samples_per_s=None, speed_change_pct=None, old_spread_pct=None,
                    new_spread_pct=None, noise_pct=None, within_noise=None, old_peak_mb=None, new_peak_mb=None,
-                   memory_change_pct=None, note="")
+                   memory_change_pct=None, memory_decided=None, note="")
         if ra is None or rb is None:
             row["note"] = "only in the new sweep" if ra is None else "only in the old sweep"
         elif ra["error"] or rb["error"]:
@@ -356,6 +378,8 @@ def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[
                        old_peak_mb=ra["memory_peak_mb"], new_peak_mb=rb["memory_peak_mb"])
             row["speed_change_pct"] = _pct(rb["throughput_samples_per_sec"], ra["throughput_samples_per_sec"])
             row["memory_change_pct"] = _pct(rb["memory_peak_mb"], ra["memory_peak_mb"])
+            change = memory_change([ra["memory_peak_mb"]], [rb["memory_peak_mb"]], _source(ra))
+            row["memory_decided"] = change["decided"] if change["sign"] is not None else None
             row["old_spread_pct"], row["new_spread_pct"] = spread_pct(ra), spread_pct(rb)
             spreads = [v for v in (row["old_spread_pct"], row["new_spread_pct"]) if v is not None]
             if spreads and row["speed_change_pct"] is not None:
@@ -388,10 +412,15 @@ def format_bench_compare(rows: List[Dict[str, Any]]) -> str:
     def speed(r: Dict[str, Any]) -> str:
         return f"within noise ({pct(r['speed_change_pct'])})" if r["within_noise"] else pct(r["speed_change_pct"])
 
+    def memory(r: Dict[str, Any]) -> str:  # a change inside the memory noise floor is no change (memory_floor.py)
+        if r.get("memory_decided") is False:
+            return f"within floor ({r['new_peak_mb'] - r['old_peak_mb']:+.1f} MiB)"
+        return pct(r["memory_change_pct"])
+
     table = [[r["mode"], str(r["tile_size"]), str(r["batch_size"]), str(r["precision"]), str(r["device"]),
               num(r["old_samples_per_s"]), num(r["new_samples_per_s"]), speed(r),
               "-" if r["noise_pct"] is None else f"±{r['noise_pct']:.1f}%",
-              num(r["old_peak_mb"], 0), num(r["new_peak_mb"], 0), pct(r["memory_change_pct"]), r["note"]]
+              num(r["old_peak_mb"], 0), num(r["new_peak_mb"], 0), memory(r), r["note"]]
              for r in rows]
     return markdown_table(["mode", "size", "batch", "precision", "device", "old samples/s", "new samples/s", "speed",
-                           "noise", "old peak MB", "new peak MB", "memory", "note"], table)
+                           "noise", "old peak MiB", "new peak MiB", "memory", "note"], table)

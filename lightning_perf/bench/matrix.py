@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from lightning_perf._attach import read_manifest
 from lightning_perf.bench.matrix_trial import add_trial_column, trial_findings
 from lightning_perf.bench.matrix_verdicts import add_verdicts, best_words, floor_cell, verdict_cell, verdict_findings
-from lightning_perf.bench.noise_floor import MIN_EFFECT_PCT
+from lightning_perf.bench.noise_floor import FASTER, MIN_EFFECT_PCT, SLOWER, ratio_text
 from lightning_perf.bench.process_group import run_in_group
 from lightning_perf.bench.matrix_sequential import add_sequential_verdicts
 from lightning_perf.bench.rounds import check_repeats, run_rounds
@@ -39,8 +39,9 @@ from lightning_perf.summary.fields import (
     train_peak_mb,
 )
 from lightning_perf.summary.io import load_summary
+from lightning_perf.summary.memory_floor import floor_words, memory_change
 from lightning_perf.summary.model import PerfSummary, Versions, as_summary
-from lightning_perf.summary.projection import end_to_end_time
+from lightning_perf.summary.projection import end_to_end_time, warmup_cost
 from lightning_perf.summary.schema import SummaryError
 
 #: Shipped presets: name -> LightningCLI overrides. Model and data presets need those init arguments.
@@ -378,17 +379,29 @@ def _within(name: str, r: Dict[str, Any]) -> str:
 
 
 def quality_verdict(base: Optional[PerfSummary], run: PerfSummary, is_base: bool, base_name: str = "the baseline",
-                    tolerance: float = DEFAULT_TOLERANCE) -> Tuple[Optional[bool], str]:
+                    tolerance: float = DEFAULT_TOLERANCE, noise: Optional[Dict[str, float]] = None
+                    ) -> Tuple[Optional[bool], str]:
     """(verdict, note) of a variant's quality: its own QualityGate's verdict, and each metric the baseline variant
     scored gated against the baseline's value (``tolerance`` relative, the bad way only). The note starts with what
     happened: ``passed:``, ``FAILED:``, ``not checked:`` (a gate ran and could not decide: a metric the baseline
-    scored and this variant did not, or its own gate's reason), ``no gate ran:`` or, for the baseline, ``reference:``.
-    The verdict is None unless a gate decided: a gate that checked nothing says nothing about the model."""
+    scored and this variant did not, its own gate's reason, a gate that compared different validation sets, a
+    tolerance below the run-to-run noise, or a variant whose data order differs), ``no gate ran:`` or, for the
+    baseline, ``reference:``. The verdict is None unless a gate decided: a gate that checked nothing says nothing
+    about the model.
+
+    ``noise``: metric -> how far (%) the baseline's own runs moved it (its A/A copy, its repeats); where that is
+    beyond the tolerance, the metric is "not checked" (the tolerance is below the run-to-run noise), never FAILED.
+    A variant run with another ``num_workers`` than the baseline sees its data in another order: a metric beyond
+    the tolerance there is "not checked" too (the order's change, not the variant's)."""
     own = run.quality_gate
     if own is None:
         return None, "no gate ran: the variant's run has no QualityGate"
     failed, unchecked, passed = [], [], []
-    if own.failed_check_count or (own.passed is False and not own.reason):
+    if own.passed and own.images_scored is not None and own.baseline_images is not None and (
+            own.images_scored != own.baseline_images):
+        unchecked.append(f"its own gate scored {own.images_scored} images against its baseline's"
+                         f" {own.baseline_images}: different validation sets, so its pass says nothing")
+    elif own.failed_check_count or (own.passed is False and not own.reason):
         failed.append(f"its own gate failed {own.failed_check_count or 'a'} check"
                       + ("s" if (own.failed_check_count or 1) != 1 else ""))
     elif own.passed is False:
@@ -396,6 +409,14 @@ def quality_verdict(base: Optional[PerfSummary], run: PerfSummary, is_base: bool
     elif own.passed:
         passed.append("its own gate passed")
     mine, theirs = quality(run), quality(base) if base is not None and not is_base else {}
+    scored = [g.images_scored if g is not None else None for g in (run.quality_gate,
+                                                                    base.quality_gate if base else None)]
+    if theirs and None not in scored and scored[0] != scored[1]:
+        unchecked.append(f"it scored {scored[0]} validation images, {base_name} {scored[1]}: different validation"
+                         " sets")
+        theirs = {}
+    workers = (run.run.num_workers, base.run.num_workers) if base is not None and not is_base else (None, None)
+    reordered = None not in workers and workers[0] != workers[1]
     for name, entry in mine.items():  # no value: a verdict of its gate (NaN: a diverged model), or not scored
         if finite(entry.value) is None:
             (failed if entry.passed is False else unchecked).append(f"{name} {entry.reason or 'has no value'}")
@@ -410,7 +431,17 @@ def quality_verdict(base: Optional[PerfSummary], run: PerfSummary, is_base: bool
         if mode not in ("max", "min"):
             continue
         result = verdict(value, entry.value, mode, tolerance, relative=True)
-        (passed if result["passed"] else failed).append(_within(name, result))
+        moved = (noise or {}).get(name)
+        if moved is not None and moved > 100.0 * tolerance:
+            unchecked.append(f"{name}: the {100 * tolerance:g}% tolerance is below the run-to-run noise (A/A moved"
+                             f" {name} by {moved:.1f}%)")
+        elif not result["passed"] and reordered:
+            unchecked.append(f"{_within(name, result)}: num_workers {workers[0]} against"
+                             f" {possessive(base_name)} {workers[1]}"
+                             " changes the data order, and a change of order moves the metric too; gate it against"
+                             " a baseline run with the same num_workers")
+        else:
+            (passed if result["passed"] else failed).append(_within(name, result))
     if not is_base and base is not None and not any(finite(e.value) is not None for e in theirs.values()):
         unchecked.append(f"nothing to gate against: {base_name} scored no quality metric")
     if failed:
@@ -425,6 +456,21 @@ def quality_verdict(base: Optional[PerfSummary], run: PerfSummary, is_base: bool
     if passed:
         return True, "passed: " + "; ".join(passed)
     return None, "no gate ran: the variant's QualityGate scored no metric the baseline scored"
+
+
+def quality_noise(base: PerfSummary, again: Sequence[PerfSummary]) -> Dict[str, float]:
+    """Metric -> how far (%, of the baseline's value) the baseline's setup moved it by itself: its A/A copy's runs
+    and its own repeats against its first run; metrics no second run scored are left out."""
+    out: Dict[str, float] = {}
+    mine = quality(base)
+    for run in again:
+        for name, entry in quality(run).items():
+            first = mine.get(name)
+            if first is None or finite(first.value) is None or finite(entry.value) is None or not first.value:
+                continue
+            moved = 100.0 * abs(entry.value - first.value) / abs(first.value)
+            out[name] = max(out.get(name, 0.0), moved)
+    return out
 
 
 def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAULT_TOLERANCE,
@@ -450,6 +496,9 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
     base_done = [x for x in base_again if x.status == "completed"]
     base_name = next((r["name"] for r, s in zip(results, typed) if s is not None), "the baseline")
     base_end = _end_to_end(base, base)[1] if base is not None else None
+    aa_runs = [x for r, s, a in zip(results, typed, done_again) if noise_floor and r["name"] == noise_floor
+               and s is not None for x in [s] + a]
+    noise = quality_noise(base, base_done + aa_runs) if base is not None else {}
     rows = []
     for r, s, s_again, s_done in zip(results, typed, again, done_again):
         row: Dict[str, Any] = {"variant": r["name"], "status": _status(r, s), "overrides": " ".join(r["overrides"]),
@@ -464,7 +513,7 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
             train = timer.train_time_s if timer is not None else None
             evaluation = timer.eval_time_s if timer is not None else None
             psnr = quality(s).get("psnr")
-            gate, note = quality_verdict(base, s, s is base, base_name, quality_tolerance)
+            gate, note = quality_verdict(base, s, s is base, base_name, quality_tolerance, noise)
             row.update(
                 total_time_s=None if train is None else finite(train + (evaluation or 0.0)),
                 train_time_s=train,
@@ -494,6 +543,12 @@ def matrix_rows(results: List[Dict[str, Any]], quality_tolerance: float = DEFAUL
                 row["status"] = "quality gate not checked"
             _add_warmup(row, base, s, base_end, cmp.get("break_even"))
             _add_rates(row, base, [s] + s_again, cmp.get("speedup_basis"))
+            done = [x for x in [s] + s_done if x.status == "completed"] or [s]
+            row["_memory_runs"] = [train_peak_mb(x) for x in done]
+            train = (s.vram.phases or {}).get("train") if s.vram is not None else None
+            row["_memory_source"] = "allocator" if train is not None and train.peak_allocated_mb is not None else (
+                "process")
+            row["_warmup_runs"] = [warmup_cost(warmup_section(x))[0] for x in done]
             if s.status != "completed" or base.status != "completed":  # a crash's speed: of the steps before it
                 row.update({key: None for key in ("speedup", "speedup_ci_low", "speedup_ci_high",
                                                   "speedup_significant", "end_to_end_speedup")})
@@ -631,9 +686,8 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
     base = next((r for r in rows if r.get("baseline")), rows[0] if rows else None)
     out += verdict_findings(rows, best_by)
     with_memory = [r for r in ok if r.get("peak_memory_mb") and not r.get("noise_floor")]  # the A/A copy: no choice
-    if with_memory:
-        low = min(with_memory, key=lambda r: r["peak_memory_mb"])
-        out.append(f"Least memory: {low['variant']} ({fmt_mb(low['peak_memory_mb'])} peak in training).")
+    if len(with_memory) >= 2:
+        out.append(least_memory(with_memory))
     speed = {r["variant"]: r["speedup"] for r in ok}
     for r in ok:
         parts = r["variant"].split("+")
@@ -651,18 +705,21 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
         if r.get("baseline") or extra is None or not base_end or extra <= WARMUP_SHARE * base_end:
             continue
         end = r.get("end_to_end_speedup")
-        out.append(f"Warm-up cost: {r['variant']}'s warm-up (the fit's start to its first measured iteration:"
+        # two runs of one start-up code can differ by 0.2 s: a difference within the spread of runs is said so
+        decided = "in every run" if _warmup_decided(r, base) else "(not decided: one run each, or their runs overlap)"
+        out.append(f"Warm-up cost: {possessive(r['variant'])} warm-up (the fit's start to its first measured iteration:"
                    " compilation, autotuning such as cudnn.benchmark, caches) is"
-                   f" {extra:.2f} s longer than {base['variant']}'s: {r['speedup']:.2f}x per iteration,"
-                   f" {'n/a' if end is None else f'{end:.2f}x'} end to end at {_length(r)};"
-                   f" {break_even_text(_break_even_of(r))}.")
+                   f" {extra:.2f} s longer than {possessive(base['variant'])} {decided}: {ratio_text(r['speedup'])} per"
+                   f" iteration, {'n/a' if end is None else ratio_text(end)} end to end at {_length(r)};"
+                   f" {_break_even_words(r, base)}.")
     for r in rows:
         epochs = [r[k] for k in sorted((k for k in r if k.startswith("epoch_") and k.endswith("_s")),
                                        key=lambda k: int(k.split("_")[1])) if r[k]]
         if len(epochs) >= 2:
             later = sum(epochs[1:]) / len(epochs[1:])
             if later > 0 and epochs[0] > WARMUP_EPOCH_RATIO * later:
-                out.append(f"Warm-up cost: {r['variant']}'s first epoch took {epochs[0] / later:.1f}x its later ones"
+                out.append(f"Warm-up cost: {possessive(r['variant'])} first epoch took {epochs[0] / later:.1f}x its"
+                           " later ones"
                            " (autotuning such as cudnn.benchmark, compilation, caches), paid once per run.")
     out += trial_findings(rows)
     busy = [r for r in rows if r.get("contention")]
@@ -670,6 +727,60 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
         out.append("Busy machine: " + "; ".join(f"{r['variant']} ({r['contention'].split(': ', 1)[1]})" for r in busy)
                    + ": their speed and every ratio against them may be the machine's, not the variant's.")
     return out
+
+
+def possessive(name: str) -> str:
+    """``amp's``, ``workers'``: a name's possessive (never ``workers's``)."""
+    return f"{name}'" if name.endswith("s") else f"{name}'s"
+
+
+def least_memory(rows: List[Dict[str, Any]]) -> str:
+    """The Least memory finding: the variant of least train peak, named only where its peak is decided below every
+    other's (:func:`lightning_perf.summary.memory_floor.memory_change`: beyond the spread of repeats, or the A/A
+    floor with one run each); else the variants within the floor of it."""
+    def runs(r: Dict[str, Any]) -> List[Optional[float]]:
+        return r.get("_memory_runs") or [r["peak_memory_mb"]]
+
+    low = min(rows, key=lambda r: r["peak_memory_mb"])
+    changes = [(r, memory_change(runs(r), runs(low), low.get("_memory_source") or "process")) for r in rows
+               if r is not low]
+    tied = [(r, c) for r, c in changes if c["sign"] != -1]
+    if not tied:
+        r, c = min(changes, key=lambda rc: abs(rc[1]["delta_mib"]))
+        return (f"Least memory: {low['variant']} ({fmt_mb(low['peak_memory_mb'])} peak in training, {floor_words(c)}"
+                f" than {r['variant']}, the next lowest; beyond the {c['floor_mib']:.0f} MiB floor: {c['how']}).")
+    c = tied[0][1]
+    names = ", ".join(f"{r['variant']} {fmt_mb(r['peak_memory_mb'])}" for r in [low] + [r for r, _ in tied])
+    return (f"Least memory: not decided: {names} peak in training, within the memory noise floor of each other"
+            f" ({c['floor_mib']:.0f} MiB: {c['how']}).")
+
+
+def _speed_decided(row: Dict[str, Any]) -> bool:
+    """The row's steady speed is decided against the baseline: only then does a warm-up pay back."""
+    return row.get("steady_verdict") in (FASTER, SLOWER)
+
+
+def _warmup_decided(row: Dict[str, Any], base: Dict[str, Any]) -> bool:
+    """The row's warm-up differs from the baseline's beyond the spread of their runs (two runs a side or more: the
+    ranges do not meet); with one run a side, never."""
+    a = [v for v in row.get("_warmup_runs") or [] if finite(v) is not None]
+    b = [v for v in base.get("_warmup_runs") or [] if finite(v) is not None]
+    return len(a) >= 2 and len(b) >= 2 and (min(a) > max(b) or max(a) < min(b))
+
+
+def _break_even_decided(row: Dict[str, Any], base: Optional[Dict[str, Any]]) -> Optional[str]:
+    """None where the row's break-even rests on decided differences (its speed per iteration and its warm-up against
+    the baseline's), else why it is not decided."""
+    if not _speed_decided(row):
+        return "the speed per iteration is not decided against the baseline's"
+    if base is not None and not _warmup_decided(row, base):
+        return "the warm-up differs from the baseline's by less than the spread of their runs"
+    return None
+
+
+def _break_even_words(row: Dict[str, Any], base: Optional[Dict[str, Any]]) -> str:
+    why = _break_even_decided(row, base)
+    return f"not decided: {why}, so no break-even" if why else break_even_text(_break_even_of(row))
 
 
 #: Time units a column can use: (name, seconds per unit, a column's largest value below which the unit is chosen).
@@ -688,9 +799,11 @@ def _in(value: Optional[float], unit: Tuple[str, float, int]) -> str:
     return "n/a" if finite(value) is None else f"{value / unit[1]:.{unit[2]}f}"
 
 
-def _break_even_cell(row: Dict[str, Any], unit: Tuple[str, float, int]) -> str:
+def _break_even_cell(row: Dict[str, Any], unit: Tuple[str, float, int], base: Optional[Dict[str, Any]]) -> str:
     if row.get("baseline"):
         return "baseline"
+    if _break_even_decided(row, base):
+        return "not decided"
     verdict, n = row.get("break_even"), row.get("break_even_iterations")
     when = f"{n:,} it ({_in(row.get('break_even_s'), unit)} {unit[0]})" if n is not None else ""
     return {"pays_back": f"after {when}", "never": "never", "no_warmup_cost": "none needed",
@@ -709,6 +822,7 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
         f"epoch_{i}_s" for i in range(1, n_epochs + 1)]
     units = {key: _unit([r.get(key) for r in rows]) for key in timed}
     table = []
+    base_row = next((r for r in rows if r.get("baseline")), None)
     for r in rows:
         if r.get("baseline"):
             speed, end = "baseline", "baseline"
@@ -732,7 +846,7 @@ def format_matrix(rows: List[Dict[str, Any]], fmt: str = "markdown", header: Opt
                       _in(r.get("warmup_cost_s"), units["warmup_cost_s"]),
                       fmt_num(r.get("ms_per_iter")), fmt_num(r.get("samples_per_s"), 1), speed,
                       verdict_cell(r, best_by), floor_cell(r, best_by),
-                      _break_even_cell(r, units["break_even_s"]), fmt_mb(r.get("peak_memory_mb"))]
+                      _break_even_cell(r, units["break_even_s"], base_row), fmt_mb(r.get("peak_memory_mb"))]
                      + ([fmt_num(r.get("tflops_per_s"), 3), fmt_num(r.get("mfu_pct"), 1, "%")] if compute else [])
                      + [_in(r.get(f"epoch_{i}_s"), units[f"epoch_{i}_s"]) for i in range(1, n_epochs + 1)]
                      + [fmt_num(r.get("psnr")), gate, status])
@@ -775,11 +889,15 @@ def _best_line(rows: List[Dict[str, Any]], best_by: str) -> str:
         why = f" ({'; '.join(reasons)})" if best_by == "end-to-end" and reasons else ""
         return f"**Best:** n/a: no completed variant has the {best_by} figure{why}."
     key, other = _rank_key(best_by), "speedup" if best_by == "end-to-end" else "end_to_end_speedup"
-    other_text = "n/a" if not best.get(other) else f"{best[other]:.2f}x"
+    other_text = "n/a" if not best.get(other) else ratio_text(best[other])
     undecided = best_words(rows, eligible_rows(rows, best_by), best_by)
     lead = "**Best:** " if undecided is None else f"**Best:** not decided: {undecided}; fastest measured: "
-    line = (f"{lead}{best['variant']}, by {_basis_words(best, best_by)}: {best[key]:.2f}x the baseline"
-            f" ({base['variant']}); {other_text} {'steady state' if best_by == 'end-to-end' else 'end to end'}")
+    if best.get("baseline"):
+        line = f"{lead}{best['variant']}, by {_basis_words(best, best_by)}: the baseline itself"
+    else:
+        line = (f"{lead}{best['variant']}, by {_basis_words(best, best_by)}: {ratio_text(best[key])} than the"
+                f" baseline ({base['variant']}); {other_text}"
+                f" {'steady state' if best_by == 'end-to-end' else 'end to end'}")
     if not best.get("baseline"):
-        line += f"; break-even: {break_even_text(_break_even_of(best))}"
+        line += f"; break-even: {_break_even_words(best, base)}"
     return line + f"; quality: {best.get('quality_gate_note') or 'no gate ran'}."

@@ -100,7 +100,9 @@ def trial_findings(rows: Sequence[Dict[str, Any]]) -> List[str]:
     for r in with_trial:
         if r.get("trial_speedup") is None:
             parts.append(f"{r['variant']}: n/a ({r.get('trial_reason')})")
-        else:
-            parts.append(f"{r['variant']}: {words[r['trial_verdict']]}, {trial_cell(r)}")
+        else:  # the ratio with its direction: "within noise (1.048x slower)", never a bare 0.954x
+            speedup = r["trial_speedup"]
+            way = f"{speedup:.3f}x faster" if speedup >= 1.0 else f"{1.0 / speedup:.3f}x slower"
+            parts.append(f"{r['variant']}: {words[r['trial_verdict']]} ({way}), {trial_cell(r)}")
     return [f"Trial of {with_trial[0]['trial_change']} inside each fit (paired blocks, pooled over each variant's"
             f" runs; the speedup with the change against the same fit without it): {'; '.join(parts)}."]

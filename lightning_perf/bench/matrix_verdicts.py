@@ -124,9 +124,12 @@ def floor_cell(row: Dict[str, Any], best_by: str) -> str:
     return f"{floor['ratio']:.2f}x [{floor['low']:.2f}-{floor['high']:.2f}]"
 
 
-def _interval(cmp: Dict[str, Any]) -> str:
+def _interval(cmp: Dict[str, Any], direction: bool = False) -> str:
+    """The ratio and its interval; with ``direction``, the ratio in words (``1.02x slower``): a ratio within noise
+    is never a bare ``0.98x``."""
     runs = f"over {cmp['runs'][1]} + {cmp['runs'][0]} runs"
-    return f"{cmp['ratio']:.2f}x, 95% CI {cmp['low']:.2f}x to {cmp['high']:.2f}x ({cmp['method']}) {runs}"
+    ratio = ratio_text(cmp["ratio"]) if direction else f"{cmp['ratio']:.2f}x"
+    return f"{ratio}, 95% CI {cmp['low']:.2f}x to {cmp['high']:.2f}x ({cmp['method']}) {runs}"
 
 
 def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
@@ -164,7 +167,8 @@ def verdict_findings(rows: List[Dict[str, Any]], best_by: str) -> List[str]:
     tied = [r for r in others if r[f"{basis}_verdict"] == WITHIN_NOISE and not r.get("noise_floor")]
     if tied:
         out.append(f"Within noise of {base['variant']}: " + "; ".join(
-            f"{r['variant']} ({_interval(r[f'_{basis}_cmp'])}: {r[f'{basis}_verdict_why']})" for r in tied)
+            f"{r['variant']} ({_interval(r[f'_{basis}_cmp'], direction=True)}: {r[f'{basis}_verdict_why']})"
+            for r in tied)
             + ": no change the machine could not have made.")
     failed = [r for r in others if "a failed run decides nothing" in (r.get(f"{basis}_verdict_why") or "")]
     if failed:

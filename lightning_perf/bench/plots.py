@@ -66,7 +66,7 @@ def plot_sweep(rows: List[Dict[str, Any]], path: str, title: str = "") -> None:
         ax_mem.plot(sizes, [r["memory_peak_mb"] or 0 for r in rs], marker="o", linestyle=style, label=label)
         ax_thr.plot(sizes, [r["throughput_samples_per_sec"] for r in rs], marker="o", linestyle=style, label=label)
     device = ok[0]["device"] if ok else ""
-    mem_label = "peak memory (MB, allocator)" if device.startswith("cuda") else "peak memory (MB, RSS growth)"
+    mem_label = "peak memory (MiB, allocator)" if device.startswith("cuda") else "peak memory (MiB, RSS growth)"
     ax_mem.set(title="GPU memory vs input size" if device.startswith("cuda") else "Memory vs input size",
                xlabel="input size (pixels per side)", ylabel=mem_label)
     ax_thr.set(title="Throughput vs input size", xlabel="input size (pixels per side)", ylabel="samples / s")
@@ -137,7 +137,7 @@ def plot_report(rows: List[Dict[str, Any]], path: str) -> None:
     axes[1].bar([x - width / 2 for x in xs], [r["train_peak_mb"] or 0 for r in rows], width, label="train")
     axes[1].bar([x + width / 2 for x in xs], [r["eval_peak_mb"] or 0 for r in rows], width, label="eval")
     axes[1].set_xticks(list(xs), names)
-    axes[1].set(title="Peak memory", ylabel="MB")
+    axes[1].set(title="Peak memory", ylabel="MiB")
     axes[1].legend()
     if has_quality:
         axes[2].bar(names, [r.get("psnr") or 0 for r in rows], color="tab:green")

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -40,8 +41,10 @@ from lightning_perf.bench.sequential import decide_rounds, round_log_ratios
 from lightning_perf.bench.threads import thread_env
 from lightning_perf.summary.compare import compare_summaries, format_text, run_speed
 from lightning_perf.summary.contention import contention, contention_line
+from lightning_perf.summary.fields import finite, quality, train_peak_mb
 from lightning_perf.summary.io import load_summary, probe_folder, special_kind
-from lightning_perf.summary.model import as_summary
+from lightning_perf.summary.memory_floor import floor_words, memory_change
+from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.schema import SummaryError
 
 #: How the always-valid interval of ``--repeats auto`` is named where one is printed.
@@ -229,6 +232,7 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
         cmp["between_runs"] = between
         if info.get("rule") == "sequential":  # --repeats auto: the always-valid interval, round by round
             _sequential_verdict(cmp, name, runs, typed, base_name, copy, basis, min_effect_pct, same_within_pct)
+    out["memory"], out["quality"] = _memory_verdicts(typed, base_name, copy), _quality_verdicts(typed, base_name, copy)
     pool = {name: [run_speed(r, "samples/s") for r in typed[name] + (typed.get(copy, []) if name == base_name else [])]
             for name, _ in commands if name != copy and typed[name]}
     if len(pool) >= 2 and all(len([v for v in values if v]) >= 2 for values in pool.values()):
@@ -263,6 +267,44 @@ def _sequential_verdict(cmp: Dict[str, Any], name: str, runs: Dict[str, List[Dic
     cmp["between_runs"] = {"ratio": found["ratio"], "low": found["low"], "high": found["high"],
                            "runs": (found["rounds"], found["rounds"]), "method": SEQUENTIAL_INTERVAL,
                            "round_drift_f": None}
+
+
+def _memory_verdicts(typed: Dict[str, List[PerfSummary]], base: str, copy: Optional[str]) -> Dict[str, Any]:
+    """name -> its train peak against the baseline setup's runs (the first command's and its A/A copy's), decided
+    only beyond the memory noise floor (:func:`lightning_perf.summary.memory_floor.memory_change`)."""
+    reference = typed.get(base, []) + (typed.get(copy) or [])
+    if not reference:
+        return {}
+    train = (reference[0].vram.phases or {}).get("train") if reference[0].vram is not None else None
+    source = "allocator" if train is not None and train.peak_allocated_mb is not None else "process"
+    peaks = [train_peak_mb(r) for r in reference]
+    return {name: memory_change(peaks, [train_peak_mb(r) for r in runs], source) for name, runs in typed.items()
+            if name not in (base, copy) and runs}
+
+
+def _quality_verdicts(typed: Dict[str, List[PerfSummary]], base: str, copy: Optional[str]) -> Dict[str, Any]:
+    """name -> metric -> ``change_pct`` (its median against the first command's) and ``noise_pct`` (how far the
+    first command's own second runs, its A/A copy's and its repeats, moved the metric; None where none scored it):
+    a change within that noise is no change of the command's."""
+    def median_of(runs: List[PerfSummary], metric: str) -> Optional[float]:
+        values = [finite(quality(r)[metric].value) for r in runs if metric in quality(r)]
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    reference = typed.get(base, [])
+    metrics = [m for m in quality(reference[0]) if median_of(reference, m)] if reference else []
+    out: Dict[str, Any] = {}
+    for metric in metrics:
+        middle = median_of(reference, metric)
+        again = [finite(quality(r)[metric].value) for r in reference + (typed.get(copy) or []) if metric in quality(r)]
+        moved = [100.0 * abs(v - middle) / abs(middle) for v in again if v is not None]
+        noise = max(moved) if len(moved) >= 2 else None
+        for name, runs in typed.items():
+            value = median_of(runs, metric) if name not in (base, copy) and runs else None
+            if value is not None:
+                out.setdefault(name, {})[metric] = {"change_pct": 100.0 * (value - middle) / abs(middle),
+                                                    "noise_pct": noise}
+    return out
 
 
 def _completed(run: Dict[str, Any]) -> bool:
@@ -318,7 +360,7 @@ def format_race(result: Dict[str, Any]) -> str:
     for name, cmp in result["comparisons"].items():
         if name == result["noise_floor_copy"] or cmp["between_runs"] is None:  # no speed: nothing to compare
             continue
-        lines += [f"### {name} against {base}", "", format_text(cmp), ""]
+        lines += [f"### {name} against {base}", "", format_text(_one_voice(cmp, base, name, result.get("quality"))), ""]
     lines += ["RACE VERDICT", "=" * 70, rounds_line(result["rounds"]) or ""]
     for name, runs in result["runs"].items():
         bad = [f"run {k}: " + ("timed out" if r["exit_code"] is None else f"exit {r['exit_code']}")
@@ -349,20 +391,71 @@ def format_race(result: Dict[str, Any]) -> str:
             lines.append(f"  {name} against {base}: {verdict['verdict']}: {verdict['why']}")
             continue
         unused = [r for side in (name, base) for r in result["runs"][side] if r["status"] != "completed"]
-        if verdict["verdict"] in (FASTER, SLOWER):
-            words = f"{ratio_text(between['ratio'])}, decided"
-        else:
-            words = verdict["verdict"]
-        interval = (f" (95% CI {between['low']:.3f}x to {between['high']:.3f}x, {between['method']},"
-                    f" {cmp['speedup_basis']}, over {between['runs'][1]} + {between['runs'][0]} runs)"
-                    if between["low"] is not None else "")
-        lines.append(f"  {name} against {base}: {words}{interval}" + (f": {verdict['why']}" if verdict["why"] else "")
+        lines.append(f"  {name} against {base}: {between_words(between, verdict, cmp['speedup_basis'])}"
                      + (f" ({len(unused)} run(s) of {name} and {base} left out: not completed)" if unused else ""))
+    for name, change in (result.get("memory") or {}).items():
+        if change["sign"] is None:
+            continue
+        said = floor_words(change) if not change["decided"] else (
+            f"{floor_words(change)} (beyond the {change['floor_mib']:.0f} MiB floor: {change['how']})")
+        lines.append(f"  Train peak memory, {name} against {base}: {said}")
+    for name, metrics in (result.get("quality") or {}).items():
+        for metric, d in metrics.items():
+            noise = d["noise_pct"]
+            said = (f"{d['change_pct']:+.2f}%, the run-to-run noise not measured (one run of {base}, no A/A copy)"
+                    if noise is None else
+                    f"{d['change_pct']:+.2f}%, within noise: the A/A pair moved {metric} by {noise:.2f}%"
+                    if abs(d["change_pct"]) <= noise else
+                    f"{d['change_pct']:+.2f}%, beyond the run-to-run noise (the A/A pair moved it by {noise:.2f}%)")
+            lines.append(f"  Quality {metric}, {name} against {base}: {said}")
     if result["best"]:
         lines.append(f"  Fastest: {result['best']}, decided against every other command (samples/s).")
     elif len(result["tie"]) > 1:
         lines.append(f"  Fastest: not decided: {', '.join(result['tie'])} tie within noise between runs.")
     return "\n".join(lines)
+
+
+def _ratio_words(ratio: float) -> str:
+    """``1.048x faster`` / ``1.048x slower``: a ratio of rates with its direction, the factor never below 1."""
+    return f"{ratio:.3f}x faster" if ratio >= 1.0 else f"{1.0 / ratio:.3f}x slower"
+
+
+def between_words(between: Dict[str, Any], verdict: Dict[str, Any], basis: Optional[str]) -> str:
+    """The race's verdict on one command in a sentence: ``1.30x slower, decided (95% CI ...)``, ``within noise
+    (1.048x slower, 95% CI 0.93x to 1.02x, rank interval, it/s, over 6 + 3 runs): its interval holds 1`` or
+    ``no verdict ...``; the ratio always with its direction."""
+    why = f": {verdict['why']}" if verdict.get("why") else ""
+    if between.get("ratio") is None:
+        return f"{verdict['verdict']}{why}"
+    interval = (f"95% CI {between['low']:.3f}x to {between['high']:.3f}x, {between['method']}, {basis or 'it/s'},"
+                f" over {between['runs'][1]} + {between['runs'][0]} runs" if between.get("low") is not None
+                else f"{basis or 'it/s'}, over {between['runs'][1]} + {between['runs'][0]} runs")
+    if verdict["verdict"] in (FASTER, SLOWER):
+        return f"{ratio_text(between['ratio'])}, decided ({interval}){why}"
+    return f"{verdict['verdict']} ({_ratio_words(between['ratio'])}, {interval}){why}"
+
+
+def _one_voice(cmp: Dict[str, Any], base: str, name: str = "",
+               quality: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The comparison of the first runs as the race shows it: its between-runs line is the race's verdict in a
+    sentence, and it calls the change significant only where that verdict decided it (one verdict, every view)."""
+    view = dict(cmp)
+    between, verdict = cmp["between_runs"], cmp["verdict"]
+    decided = verdict["verdict"] in (FASTER, SLOWER)
+    view["between_runs"] = (f"{between_words(between, verdict, cmp.get('speedup_basis'))}; by ranks against the runs"
+                            f" of {base} and of its A/A copy (the race verdict below)")
+    view["speedup_significant"] = decided
+    if not decided:
+        view["speedup_verdict_words"] = f"not significant: {verdict['verdict']} by the race verdict below"
+    moved = (quality or {}).get(name) or {}
+    if view.get("quality"):  # a quality change within the first command's own noise is not the command's to fail
+        view["quality"] = {metric: dict(d, candidate_passed=None) if _within_own_noise(moved.get(metric)) else d
+                           for metric, d in view["quality"].items()}
+    return view
+
+
+def _within_own_noise(d: Optional[Dict[str, Any]]) -> bool:
+    return d is not None and d["noise_pct"] is not None and abs(d["change_pct"]) <= d["noise_pct"]
 
 
 def write_result(result: Dict[str, Any], path: str) -> None:

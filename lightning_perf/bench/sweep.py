@@ -416,8 +416,8 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
     width = max(len(str(i)) for i in ids) if len(ids) > 1 else 0
     lead = (lambda r: f"{str(r.get('sweep_id')):<{width}} ") if width else (lambda r: "")
     of = (lambda r: f", sweep {r.get('sweep_id')}") if width else (lambda r: "")
-    lines = [f"{'sweep':<{width}} " * bool(width) + f"{'size':>6} {'batch':>6} {'time ms':>10} {'± std':>8} {'samples/s':>11} {'Mpx/s':>8} {'peak MB':>9}"
-             f" {'px/s/MB':>10}  error / note"]
+    lines = [f"{'sweep':<{width}} " * bool(width) + f"{'size':>6} {'batch':>6} {'time ms':>10} {'± std':>8} {'samples/s':>11} {'Mpx/s':>8} {'peak MiB':>9}"
+             f" {'px/s/MiB':>10}  error / note"]
     for r in rows:
         def f(key: str, fmt: str) -> str:
             v = r.get(key)
@@ -437,5 +437,5 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
         if eff:
             best = max(eff, key=lambda r: r["efficiency_pixels_per_sec_per_mb"])
             lines.append(f"best efficiency: size {best['tile_size']} batch {best['batch_size']}"
-                         f" ({best['efficiency_pixels_per_sec_per_mb']:.0f} pixels/s per MB{of(best)})")
+                         f" ({best['efficiency_pixels_per_sec_per_mb']:.0f} pixels/s per MiB{of(best)})")
     return "\n".join(lines)

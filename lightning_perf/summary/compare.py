@@ -30,6 +30,7 @@ from lightning_perf.summary.diagnosis import recorded_or_computed_straggler, str
 from lightning_perf.summary.trial_view import trial_lines, trial_results
 from lightning_perf.summary.energy import ENERGY_LABELS, energy_change, energy_lines, fmt_energy
 from lightning_perf.summary.model import PerfSummary, as_summary
+from lightning_perf.summary.memory_floor import FIELD_SOURCES, FLOORS, floor_mib
 from lightning_perf.summary.schema import SummaryError
 from lightning_perf.summary.comparison import NOT_DECIDED, Comparison, section_noise_ms
 from lightning_perf.summary.projection import project_time, warmup_cost
@@ -128,23 +129,16 @@ def _samples_scale(b: Dict[str, Any], c: Dict[str, Any]) -> float:
     return 1.0
 
 
-#: Memory floors where a side has no repeats, per figure: (MiB, % of the larger peak); the floor is the larger of
-#: the two. Host RSS: two runs of one command have read 12% apart (a GAN, 1.3 GiB) and 0.01-2 MiB apart (the tiny
-#: CPU fits of the tests, six runs); docs/cli.md#memory-noise-floor says how they were measured.
-MEMORY_FLOORS = {"peak_allocated_mb": (2.0, 1.0), "peak_reserved_mb": (2.0, 1.0), "nvml_peak_used_mb": (64.0, 2.0),
-                 "host_rss_peak_mb": (32.0, 15.0)}
-
-
 def memory_floor(field: str, base: float, candidate: float) -> float:
-    """The documented noise floor, in MiB, of a memory figure (:data:`MEMORY_FLOORS`)."""
-    mib, pct = MEMORY_FLOORS.get(field, (2.0, 1.0))
-    return max(mib, pct / 100.0 * max(abs(base), abs(candidate)))
+    """The documented noise floor, in MiB, of a memory figure with one run a side
+    (:data:`lightning_perf.summary.memory_floor.FLOORS`, by the field's source)."""
+    return floor_mib(FIELD_SOURCES.get(field, "allocator"), base, candidate)
 
 
 def memory_changes(bases: Sequence[PerfSummary], candidates: Sequence[PerfSummary]) -> Dict[str, Dict[str, Any]]:
     """Each peak both sides measured: the figures (the mean over the runs of a side), the change and its noise
     floor: the larger spread (max - min) of the runs of a side where both sides have two runs or more (at least the
-    figure's MiB in :data:`MEMORY_FLOORS`), else :func:`memory_floor`. ``beyond_floor``: the change is larger than
+    floor's MiB of the figure's source), else :func:`memory_floor`. ``beyond_floor``: the change is larger than
     the floor (only then is it a change)."""
     from lightning_perf.summary.fields import MEMORY_FIELDS
 
@@ -160,9 +154,10 @@ def memory_changes(bases: Sequence[PerfSummary], candidates: Sequence[PerfSummar
         entry = _delta(*values)
         if entry["delta"] is None:
             continue
-        if repeated:  # a few runs can agree by chance: never below the figure's resolution (MEMORY_FLOORS' MiB)
+        if repeated:  # a few runs can agree by chance: never below the floor's MiB of the figure's source
             spread = max(max(side) - min(side) for side in known)
-            entry["floor_mb"], entry["floor_from"] = max(spread, MEMORY_FLOORS.get(field, (2.0, 1.0))[0]), "repeats"
+            least = FLOORS[FIELD_SOURCES.get(field, "allocator")][0]
+            entry["floor_mb"], entry["floor_from"] = max(spread, least), "repeats"
         else:
             entry["floor_mb"], entry["floor_from"] = memory_floor(field, *values), "documented"
         entry["beyond_floor"] = abs(entry["delta"]) > entry["floor_mb"]
@@ -775,8 +770,9 @@ def _speedup_text(result: Dict[str, Any]) -> str:
     small = f"within noise: below the {result['min_effect_pct']:g}% a second run of the same setup can move"
     if result.get("speedup_interval") == "between runs":
         runs = result["repeats"]
-        verdict = ("significant" if result["speedup_significant"] else small if excludes_one
-                   else "not significant: within noise")
+        verdict = result.get("speedup_verdict_words") or (  # race: its own verdict's words
+            "significant" if result["speedup_significant"] else small if excludes_one
+            else "not significant: within noise")
         return text + f", 95% CI {ci_words} between {runs['base']} + {runs['candidate']} runs, {verdict}"
     inside = ("the change is past it" if result.get("speedup_beyond_within_run_noise")
               else small if excludes_one else "the change is inside it")

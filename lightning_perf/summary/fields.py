@@ -179,9 +179,10 @@ def fmt_num(value: Optional[float], digits: int = 2, suffix: str = "") -> str:
 
 
 def fmt_mb(value: Optional[float]) -> str:
+    """A figure of 2^20 bytes (the summary's ``_mb`` fields): ``816 MiB``, ``1.50 GiB``."""
     if finite(value) is None:
         return "n/a"
-    return f"{value / 1024:.2f} GB" if value >= 1024 else f"{value:.0f} MB"
+    return f"{value / 1024:.2f} GiB" if value >= 1024 else f"{value:.0f} MiB"
 
 
 def fmt_duration(seconds: Optional[float]) -> str:

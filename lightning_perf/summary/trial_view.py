@@ -3,6 +3,7 @@ change targets (from the same file's diagnosis). Pure Python on the summary."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Sequence
 
 from lightning_perf.summary.diagnosis import ceiling_words, recorded_or_computed
@@ -18,7 +19,13 @@ def trial_line(summary: Any) -> Optional[str]:
     trial = run.trial
     if trial is None:
         return None
+    if trial.status == "not-started" and trial.reason:  # refused at set-up: no pair, no interval, no ceiling
+        return f"with {trial.change}: not tried: {trial.reason}"
     line = (trial.line or f"with {trial.change}: no result").removeprefix("ABTrial: ")
+    if trial.speedup:  # "within noise (0.954x)": the ratio with its direction, beside its interval
+        words = (f"{trial.speedup:.3f}x faster" if trial.speedup >= 1.0 else f"{1.0 / trial.speedup:.3f}x slower")
+        line = re.sub(r"within noise \([0-9.]+x\) \(([^,]*CI[^,]*),", lambda m: f"within noise ({words}, {m.group(1)},",
+                      line, count=1)
     if trial.targets:
         ceiling = ceiling_words(recorded_or_computed(run), trial.targets)
         line += (f"; the diagnosis's ceiling for {trial.targets}: {ceiling}" if ceiling else
