@@ -201,8 +201,9 @@ def use_virtual_clock(monkeypatch: Any) -> VirtualClock:
 
     from lightning_perf.measure import clock as clock_module
 
-    for name in ("lightning_perf.callbacks.iteration_timer", "lightning_perf.callbacks.section_profiler",
-                 "lightning_perf.callbacks._timed_checkpoint_io", "lightning_perf.measure.sections"):
+    for name in ("lightning_perf.callbacks.iteration_timer.callback",
+                 "lightning_perf.callbacks.section_profiler.callback",
+                 "lightning_perf.callbacks.section_profiler.timed_checkpoint_io", "lightning_perf.measure.sections"):
         importlib.import_module(name)
     clock = VirtualClock()
     real = clock_module.now
@@ -308,7 +309,7 @@ TOY_CLI_PRINTS_CALLBACKS = '''
 class CLI(LightningCLI):
     def after_fit(self):
         from lightning_perf import PerfSuite
-        from lightning_perf.callbacks._base import PerfCallback
+        from lightning_perf.callbacks.core.base import PerfCallback
 
         ran = []
         for cb in self.trainer.callbacks:

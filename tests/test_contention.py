@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from lightning.pytorch import Callback
 
-import lightning_perf.callbacks._vram_activity as activity_module
+import lightning_perf.callbacks.vram_monitor.activity as activity_module
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import VRAMMonitor
 from lightning_perf.measure.device_activity import HostActivityReader, NvmlActivityReader, ThreadWaitReader

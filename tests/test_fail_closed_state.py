@@ -356,7 +356,7 @@ def test_at_steps_may_be_any_iterable_of_steps(tmp_path):
 def test_a_failing_gate_fails_the_fit_when_its_baseline_cannot_be_written(tmp_path, monkeypatch):
     """The disk fails when the baseline is written at fit end: the verdict, the summary and the failure still come
     (before, the write's OSError ended the hook: no summary, and a failing gate passed)."""
-    from lightning_perf.callbacks import quality_gate
+    from lightning_perf.callbacks.quality_gate import callback as quality_gate
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -388,7 +388,7 @@ def test_a_histogram_from_another_version_or_out_of_range_is_refused(edit, match
 
 
 def test_a_count_past_any_real_run_is_refused_in_checkpoint_state():
-    from lightning_perf.callbacks._state import StateError, StateReader
+    from lightning_perf.callbacks.core.state import StateError, StateReader
 
     assert StateReader({"iterations": 12}).count("iterations") == 12
     for bad in (10**18, 10**400, -1, 1.5):

@@ -1,4 +1,4 @@
-"""The step hooks guard themselves inline (see ``lightning_perf.callbacks._base.guarded``): each one, broken, is
+"""The step hooks guard themselves inline (see ``lightning_perf.callbacks.core.base.guarded``): each one, broken, is
 recorded under its own name, warns, and the fit goes on to write its summary; and no other hook goes unguarded."""
 
 import warnings

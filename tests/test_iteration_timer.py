@@ -333,7 +333,7 @@ def test_logged_block_holds_the_last_value_tensorboard_got(tmp_path):
 def test_the_step_path_keeps_bounded_memory_and_reads_see_every_iteration(tmp_path, monkeypatch):
     """Iteration times wait in a list for at most FOLD_EVERY iterations; any read (here the histogram mid-fit)
     folds them first, so nothing is missing from what a reader sees."""
-    from lightning_perf.callbacks import iteration_timer as module
+    from lightning_perf.callbacks.iteration_timer import callback as module
 
     monkeypatch.setattr(module, "FOLD_EVERY", 4)
     timer = IterationTimer(warmup_steps=0)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import lightning_perf.callbacks.vram_monitor as vram_module
+import lightning_perf.callbacks.vram_monitor.callback as vram_module
 from helpers import TinyModel, fit, use_virtual_clock
 from lightning_perf import IterationTimer, VRAMMonitor, phase
 from lightning_perf.measure.memory import MB

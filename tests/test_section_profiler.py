@@ -311,7 +311,8 @@ def test_the_periodic_table_is_not_built_where_lightnings_info_logging_is_off(tm
 
     from lightning_utilities.core import rank_zero
 
-    from lightning_perf.callbacks import _printer, section_profiler
+    from lightning_perf.callbacks.core import printer as _printer
+    from lightning_perf.callbacks.section_profiler import callback as section_profiler
 
     printed = []
     for module in (section_profiler, _printer):  # the final table; the periodic ones, on the printer's thread
@@ -628,7 +629,7 @@ def test_without_lightnings_fetch_announcement_data_loading_falls_back_loudly(tm
     clock (helpers.VirtualClock), where the 8 items of a batch cost 2 ms each and nothing else costs anything: with
     real time, on a loaded machine, the sections and IterationTimer's mean drifted apart by scheduling alone; here
     the counted iterations (after the fallback) hold exactly the 16 ms of their fetch, all of it in data_loading."""
-    from lightning_perf.callbacks import section_profiler as module
+    from lightning_perf.callbacks.section_profiler import callback as module
 
     monkeypatch.setattr(SlowDataset, "pace", staticmethod(use_virtual_clock(monkeypatch).advance))
     monkeypatch.setattr(module, "_FETCH_MARKS", ("_on_before_fetch_renamed", "_on_after_fetch_renamed"))
@@ -659,7 +660,7 @@ def test_the_fetch_marks_see_every_fetch_and_nothing_else_and_the_loop_gets_its_
     back as they were."""
     from lightning.pytorch.profilers import PassThroughProfiler
 
-    from lightning_perf.callbacks import section_profiler as module
+    from lightning_perf.callbacks.section_profiler import callback as module
 
     seen, started = [], []
     real = module.SectionProfiler._fetch_started

@@ -6,7 +6,7 @@ import pynvml
 import pytest
 import torch
 
-import lightning_perf.callbacks.vram_monitor as vram_module
+import lightning_perf.callbacks.vram_monitor.callback as vram_module
 import lightning_perf.measure.memory as memory_module
 from helpers import TinyModel, find_summary, fit, hold_until_sampled, read_scalars
 from lightning_perf import VRAMMonitor

@@ -22,10 +22,10 @@ from lightning_perf._attach import (
     summary_file,
 )
 from lightning_perf._attach.hook import is_lightning_perf_callback, next_trainer_number, warn_once
-from lightning_perf.callbacks._arguments import check_path, check_text
-from lightning_perf.callbacks._base import SUITE_KEY
-from lightning_perf.callbacks._summary_book import book_for
-from lightning_perf.callbacks.perf_suite import PerfSuite
+from lightning_perf.callbacks.core.arguments import check_path, check_text
+from lightning_perf.callbacks.core.base import SUITE_KEY
+from lightning_perf.callbacks.core.summary_book import book_for
+from lightning_perf.callbacks.perf_suite.callback import PerfSuite
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 
 

@@ -61,7 +61,7 @@ def at_iteration(iteration: int, step: Optional[int]) -> str:
 
 
 def report_table(iteration: int, step: int, iters: int, mean_ms: float, rows: List[tuple]) -> str:
-    """The periodic report's table (built on the printer's thread: see ``callbacks._printer``), in the final
+    """The periodic report's table (built on the printer's thread: see ``callbacks.core.printer``), in the final
     table's order; ``rows`` as :meth:`SectionLedger.take_window` gives them. ``iteration``: the iterations of the
     run so far (batches under manual optimization); ``step``: the trainer's global step, shown where it differs."""
     table = {row[0]: {"kind": row[7], "parent": row[8], "count": row[1], "total_s": row[2], "row": row}

@@ -1,7 +1,7 @@
 """An A/B trial inside one run: which arm each iteration runs, and the paired statistics over blocks of iterations.
 
-Pure Python, no Lightning: the callback (``callbacks/ab_trial.py``) asks :class:`BlockSchedule` where an iteration
-falls and feeds each counted iteration's time to :class:`TrialBlocks`; :func:`paired_ratio` gives the result.
+Pure Python, no Lightning: the callback (``callbacks/ab_trial/callback.py``) asks :class:`BlockSchedule` where an
+iteration falls and feeds each counted iteration's time to :class:`TrialBlocks`; :func:`paired_ratio` gives the result.
 
 The rules (docs/trials.md): ``warmup`` iterations first, uncounted, half with the change off and half with it on (so
 each arm's first-time costs, an autotuner, a cache, a layout conversion, are paid before counting); then ``blocks``

@@ -9,10 +9,10 @@ from typing import Any, Dict, List, Optional
 
 from lightning.pytorch import Callback
 
-from lightning_perf.callbacks._arguments import bad_argument
-from lightning_perf.callbacks._base import HeldStateKey, PerfCallback, callback_states
-from lightning_perf.callbacks._rank_gather import close_gather_batch, open_gather_batch
-from lightning_perf.callbacks._scalars import WAITING, close_log_batch, drain_scalars, flush_scalars, open_log_batch
+from lightning_perf.callbacks.core.arguments import bad_argument
+from lightning_perf.callbacks.core.base import HeldStateKey, PerfCallback, callback_states
+from lightning_perf.callbacks.core.rank_gather import close_gather_batch, open_gather_batch
+from lightning_perf.callbacks.core.scalars import WAITING, close_log_batch, drain_scalars, flush_scalars, open_log_batch
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 
 #: Every hook Lightning calls on a callback with (trainer, pl_module, ...): state_dict/load_state_dict are not here,
@@ -68,10 +68,10 @@ class PerfSuite(Callback):
     def __init__(self, callbacks: Optional[List[Callback]] = None) -> None:
         super().__init__()
         if callbacks is None:
-            from lightning_perf.callbacks.eval_no_grad_guard import EvalNoGradGuard
-            from lightning_perf.callbacks.iteration_timer import IterationTimer
-            from lightning_perf.callbacks.section_profiler import SectionProfiler
-            from lightning_perf.callbacks.vram_monitor import VRAMMonitor
+            from lightning_perf.callbacks.eval_no_grad_guard.callback import EvalNoGradGuard
+            from lightning_perf.callbacks.iteration_timer.callback import IterationTimer
+            from lightning_perf.callbacks.section_profiler.callback import SectionProfiler
+            from lightning_perf.callbacks.vram_monitor.callback import VRAMMonitor
 
             callbacks = [IterationTimer(), SectionProfiler(), VRAMMonitor(), EvalNoGradGuard()]
         if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, (list, tuple)):
@@ -241,7 +241,7 @@ class PerfSuite(Callback):
         self._forward("setup", trainer, pl_module, stage)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Forwarded, then the loggers get what the callbacks queued (a few scalars a batch end, see ``_scalars``).
+        """Forwarded, then the loggers get what the callbacks queued (a few scalars a batch end, see ``core.scalars``).
         Not a logging hook: it runs only while fitting."""
         try:
             self._forward("on_train_batch_end", trainer, pl_module, outputs, batch, batch_idx)

@@ -8,7 +8,7 @@ from typing import Any
 
 from lightning.pytorch import Trainer
 
-from lightning_perf.callbacks._base import guarded
+from lightning_perf.callbacks.core.base import guarded
 from lightning_perf.measure.phases import add_listener, remove_listener
 
 

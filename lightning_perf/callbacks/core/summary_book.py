@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_perf.callbacks._run_info import iso_now, logged_scalars, run_info
+from lightning_perf.callbacks.core.run_info import iso_now, logged_scalars, run_info
 from lightning_perf.errors import PerfConfigError
 from lightning_perf.measure.tail_advice import explain_with_sections
 from lightning_perf.summary.diagnosis import NOT_ENOUGH, diagnose, diagnosis_line
@@ -25,7 +25,7 @@ from lightning_perf.summary.io import probe_folder, special_kind, write_json_ato
 from lightning_perf.summary.schema import SCHEMA_VERSION, SUMMARY_FILENAME
 
 if TYPE_CHECKING:
-    from lightning_perf.callbacks._base import PerfCallback
+    from lightning_perf.callbacks.core.base import PerfCallback
 
 #: Environment variable naming the summary file (used by `lightning-perf matrix` for each variant's process).
 SUMMARY_PATH_ENV = "LIGHTNING_PERF_SUMMARY_PATH"

@@ -10,10 +10,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_perf.callbacks._arguments import check_path, check_text
-from lightning_perf.callbacks._scalars import WAITING, discard_scalars, drain_scalars, flush_scalars
-from lightning_perf.callbacks._state import StateError
-from lightning_perf.callbacks._summary_book import book_for, error_message, trainer_stage
+from lightning_perf.callbacks.core.arguments import check_path, check_text
+from lightning_perf.callbacks.core.scalars import WAITING, discard_scalars, drain_scalars, flush_scalars
+from lightning_perf.callbacks.core.state import StateError
+from lightning_perf.callbacks.core.summary_book import book_for, error_message, trainer_stage
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,7 +48,8 @@ def reads_state(load: F) -> F:
     """Wraps a callback's ``load_state_dict``: state this version cannot read (another version's, edited by hand) is
     warned about once, recorded under the section's ``unavailable.checkpoint_state`` and left out; the callback goes
     on with what it had (fresh, on a resume) and training resumes. The loaders read everything (with
-    :class:`~lightning_perf.callbacks._state.StateReader`) before they assign anything, so nothing is half-loaded."""
+    :class:`~lightning_perf.callbacks.core.state.StateReader`) before they assign anything, so nothing is
+    half-loaded."""
 
     @functools.wraps(load)
     def wrapper(self: "PerfCallback", state_dict: Any) -> None:
@@ -280,7 +281,7 @@ class PerfCallback(Callback):
             self._record_failure("write_summary", err)
 
     def _flush_scalars(self, trainer: Trainer) -> None:
-        """Window scalars that still wait for the loggers (see ``_scalars``) go out before the run ends."""
+        """Window scalars that still wait for the loggers (see ``core.scalars``) go out before the run ends."""
         try:
             flush_scalars(trainer)
         except Exception as err:  # noqa: BLE001

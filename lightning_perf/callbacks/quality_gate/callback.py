@@ -9,10 +9,13 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_path, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
-from lightning_perf.callbacks._check_schedule import check_at_steps, is_due, schedule_text, unreachable
-from lightning_perf.callbacks._gate_tolerance import (
+from lightning_perf.callbacks.core.arguments import bad_argument, check_bool, check_path, check_positive_int
+from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks.core.scalars import log_scalars
+from lightning_perf.callbacks.core.state import StateError, StateReader
+from lightning_perf.callbacks.core.summary_book import check_writable, error_message
+from lightning_perf.callbacks.quality_gate.check_schedule import check_at_steps, is_due, schedule_text, unreachable
+from lightning_perf.callbacks.quality_gate.tolerance import (
     DEFAULT_TOLERANCE_MODE,
     MAX_TOLERANCE,
     TOLERANCE_MODES,
@@ -20,9 +23,6 @@ from lightning_perf.callbacks._gate_tolerance import (
     check_tolerance_mode,
     per_metric,
 )
-from lightning_perf.callbacks._scalars import log_scalars
-from lightning_perf.callbacks._state import StateError, StateReader
-from lightning_perf.callbacks._summary_book import check_writable, error_message
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 from lightning_perf.measure.image_quality import (
     IMAGE_METRICS,

@@ -1,5 +1,5 @@
 """SectionProfiler's window report: the window's figures to the loggers and, on rank 0, its table to the printer
-thread (``_printer``), which builds and prints it off the step path."""
+thread (``core.printer``), which builds and prints it off the step path."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Callable
 from lightning.pytorch import Trainer
 from lightning_utilities.core import rank_zero as _rank_zero
 
-from lightning_perf.callbacks._printer import PRINTER
-from lightning_perf.callbacks._scalars import log_scalars
+from lightning_perf.callbacks.core.printer import PRINTER
+from lightning_perf.callbacks.core.scalars import log_scalars
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.section_ledger import SectionLedger
 from lightning_perf.measure.section_report import report_table

@@ -10,15 +10,15 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
-from lightning_perf.callbacks._iteration_state import load_into, state_of
-from lightning_perf.callbacks._iteration_flops import count_flops, start_flops
-from lightning_perf.callbacks._iteration_summary import final_scalars, summary_section, verdict_line
-from lightning_perf.callbacks._iteration_window import LoggingWindow
-from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks._scalars import log_scalars
-from lightning_perf.callbacks._summary_book import error_message
+from lightning_perf.callbacks.core.arguments import bad_argument, check_bool, check_number, check_positive_int
+from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks.core.rank_gather import Rows, gather_floats_then, spread_across_ranks
+from lightning_perf.callbacks.core.scalars import log_scalars
+from lightning_perf.callbacks.core.summary_book import error_message
+from lightning_perf.callbacks.iteration_timer.flops import count_flops, start_flops
+from lightning_perf.callbacks.iteration_timer.state import load_into, state_of
+from lightning_perf.callbacks.iteration_timer.summary import final_scalars, summary_section, verdict_line
+from lightning_perf.callbacks.iteration_timer.window import LoggingWindow
 from lightning_perf.measure.batch_size import batch_size_path, follow
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
 from lightning_perf.measure.epochs import EpochRecords

@@ -11,10 +11,10 @@ import torch
 
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
-from lightning_perf.callbacks._arguments import bad_argument, check_bool
-from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
-from lightning_perf.callbacks._scalars import log_scalars
-from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.callbacks.core.arguments import bad_argument, check_bool
+from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks.core.scalars import log_scalars
+from lightning_perf.callbacks.core.state import StateError, StateReader
 from lightning_perf.errors import PerfCheckFailed
 from lightning_perf.measure.autograd import EvalForwardWatch, calling_site, find_retained_graphs
 from lightning_perf.measure.phases import add_listener, remove_listener

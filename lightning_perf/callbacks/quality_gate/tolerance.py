@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, Sequence
 
-from lightning_perf.callbacks._arguments import bad_argument
+from lightning_perf.callbacks.core.arguments import bad_argument
 
 TOLERANCE_MODES = ("relative", "absolute")
 DEFAULT_TOLERANCE_MODE = "relative"

@@ -12,11 +12,11 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
-from lightning_perf.callbacks._scalars import log_scalars
-from lightning_perf.callbacks._state import StateError, StateReader
-from lightning_perf.callbacks._summary_book import error_message
+from lightning_perf.callbacks.core.arguments import bad_argument, check_bool, check_positive_int
+from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks.core.scalars import log_scalars
+from lightning_perf.callbacks.core.state import StateError, StateReader
+from lightning_perf.callbacks.core.summary_book import error_message
 from lightning_perf.errors import PerfConfigError
 from lightning_perf.measure import clock
 from lightning_perf.measure.trial import OFF, ON, ORDERS, BlockSchedule, TrialBlocks, paired_ratio

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict
 
-from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.callbacks.core.state import StateError, StateReader
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.epochs import MAX_EPOCH_RECORDS
 from lightning_perf.measure.tail import CauseBook, SlowestIterations
 
 if TYPE_CHECKING:
-    from lightning_perf.callbacks.iteration_timer import IterationTimer
+    from lightning_perf.callbacks.iteration_timer.callback import IterationTimer
 
 
 def state_of(timer: "IterationTimer") -> Dict[str, Any]:

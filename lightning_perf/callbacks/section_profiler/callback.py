@@ -10,17 +10,17 @@ from typing import Any, Dict, List, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_perf.callbacks import _batch_transfer as batch_transfer
-from lightning_perf.callbacks import _fetch_marks as fetch_marks
-from lightning_perf.callbacks import _timed_checkpoint_io as timed_checkpoint_io
-from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
-from lightning_perf.callbacks._fetch_marks import FETCH_MARKS as _FETCH_MARKS
-from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks._scalars import WAITING
-from lightning_perf.callbacks._section_checkpoint import read_saved_ledger
-from lightning_perf.callbacks._section_device import SectionDevice
-from lightning_perf.callbacks._section_window import flush_tables, report_window
+from lightning_perf.callbacks.core.arguments import bad_argument, check_bool, check_positive_int
+from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks.core.rank_gather import Rows, gather_floats_then, spread_across_ranks
+from lightning_perf.callbacks.core.scalars import WAITING
+from lightning_perf.callbacks.section_profiler import batch_transfer
+from lightning_perf.callbacks.section_profiler import fetch_marks
+from lightning_perf.callbacks.section_profiler import timed_checkpoint_io
+from lightning_perf.callbacks.section_profiler.checkpoint import read_saved_ledger
+from lightning_perf.callbacks.section_profiler.device import SectionDevice
+from lightning_perf.callbacks.section_profiler.fetch_marks import FETCH_MARKS as _FETCH_MARKS
+from lightning_perf.callbacks.section_profiler.window import flush_tables, report_window
 from lightning_perf.measure import loader
 from lightning_perf.measure import sections as user_sections
 from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now

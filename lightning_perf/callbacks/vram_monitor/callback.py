@@ -7,13 +7,13 @@ from typing import Any, Callable, Dict, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_number, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
-from lightning_perf.callbacks._hook_phases import HookPhases
-from lightning_perf.callbacks._rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks._scalars import WAITING, log_scalars
-from lightning_perf.callbacks._state import StateError, StateReader
-from lightning_perf.callbacks._vram_activity import ActivityProbe
+from lightning_perf.callbacks.core.arguments import bad_argument, check_bool, check_number, check_positive_int
+from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks.core.rank_gather import Rows, gather_floats_then, spread_across_ranks
+from lightning_perf.callbacks.core.scalars import WAITING, log_scalars
+from lightning_perf.callbacks.core.state import StateError, StateReader
+from lightning_perf.callbacks.vram_monitor.activity import ActivityProbe
+from lightning_perf.callbacks.vram_monitor.hook_phases import HookPhases
 from lightning_perf.measure.allocator import AllocatorHealth
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.memory import (
@@ -314,7 +314,7 @@ class VRAMMonitor(HookPhases, PerfCallback):
             metrics.update(self._activity.window_metrics(phase))
         return metrics
 
-    # -- device activity (callbacks/_vram_activity.py) ----------------------------------------------------------
+    # -- device activity (callbacks/vram_monitor/activity.py) ----------------------------------------------------------
     def _start_activity(self) -> Optional[Callable[[Optional[str]], None]]:
         """The activity probe of this run (after the NVML reader is made); its ``tick`` for the sampler's thread, or
         None when ``activity=False``."""

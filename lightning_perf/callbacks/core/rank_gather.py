@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 from lightning.pytorch import Trainer
 
 if TYPE_CHECKING:
-    from lightning_perf.callbacks._base import PerfCallback
+    from lightning_perf.callbacks.core.base import PerfCallback
 
 
 def gather_floats(trainer: Trainer, values: Sequence[Optional[float]]) -> List[List[Optional[float]]]:

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningModule, Trainer
 
-from lightning_perf.callbacks._summary_book import error_message
+from lightning_perf.callbacks.core.summary_book import error_message
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.flops import count_step_flops, peak_flops
 from lightning_perf.measure.tail import GC
 
 if TYPE_CHECKING:
-    from lightning_perf.callbacks.iteration_timer import IterationTimer
+    from lightning_perf.callbacks.iteration_timer.callback import IterationTimer
 
 
 def start_flops(timer: "IterationTimer", trainer: Trainer) -> None:

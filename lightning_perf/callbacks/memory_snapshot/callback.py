@@ -8,8 +8,8 @@ from typing import Any, Dict, List, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_perf.callbacks._arguments import bad_argument, check_bool, check_path, check_positive_int
-from lightning_perf.callbacks._base import PerfCallback, guarded, reads_state
+from lightning_perf.callbacks.core.arguments import bad_argument, check_bool, check_path, check_positive_int
+from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
 from lightning_perf.measure import memory_snapshot as snapshots
 from lightning_perf.measure.clock import now
 from lightning_perf.measure.tail import OWN_WORK

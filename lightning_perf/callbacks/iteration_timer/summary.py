@@ -12,7 +12,7 @@ from lightning_perf.measure.tail_advice import tail_insights, tail_line
 from lightning_perf.summary.projection import project_time
 
 if TYPE_CHECKING:
-    from lightning_perf.callbacks.iteration_timer import IterationTimer
+    from lightning_perf.callbacks.iteration_timer.callback import IterationTimer
 
 
 def summary_section(timer: "IterationTimer") -> Dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, NamedTuple, Optional
 
-from lightning_perf.callbacks._state import StateError, StateReader
+from lightning_perf.callbacks.core.state import StateError, StateReader
 from lightning_perf.measure.stats import LogHistogram
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
-from lightning_perf.callbacks._arguments import bad_argument
+from lightning_perf.callbacks.core.arguments import bad_argument
 
 
 def check_at_steps(owner: str, at_steps: Any) -> Optional[List[int]]:
