@@ -17,9 +17,9 @@ _LAZY = {
     "ABTrial": "lightning_perf.callbacks.ab_trial.callback",
     "StepTrace": "lightning_perf.callbacks.step_trace.callback",
     "MemorySnapshot": "lightning_perf.callbacks.memory_snapshot.callback",
-    "profile_section": "lightning_perf.measure.sections",
-    "phase": "lightning_perf.measure.phases",
-    "allow_grad_in_eval": "lightning_perf.measure.autograd",
+    "profile_section": "lightning_perf.measure.sections.user_sections",
+    "phase": "lightning_perf.measure.memory.user_phases",
+    "allow_grad_in_eval": "lightning_perf.measure.evaluation.autograd",
     "PerfCheckFailed": "lightning_perf.errors",
     "PerfConfigError": "lightning_perf.errors",
 }

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple, TextIO
 
 from lightning_perf.bench.rounds import DEFAULT_REPEATS, NothingFinished
 from lightning_perf.bench.sweep_rounds import DEFAULT_ROUNDS
-from lightning_perf.measure.trial import BUILT_IN_CHANGES
-from lightning_perf.measure.trial_spec import SWITCH_FORMS, is_switch_spec, parse_switch_spec
+from lightning_perf.measure.trials.blocks import BUILT_IN_CHANGES
+from lightning_perf.measure.trials.spec import SWITCH_FORMS, is_switch_spec, parse_switch_spec
 from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import IterationTimer, SectionProfiler
-from lightning_perf.measure.loader import computing_pct
+from lightning_perf.measure.sections.loader import computing_pct
 
 WARMUP = 5
 

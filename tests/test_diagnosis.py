@@ -224,7 +224,7 @@ class Tick(Callback):
 def test_host_bound_from_vram_monitors_own_reading_in_a_real_fit(tmp_path, monkeypatch, simulated_gpu, util,
                                                                   verdict):
     """The board reports ``util`` % busy while the step fills 90.9% of the iteration."""
-    import lightning_perf.measure.memory as memory_module
+    import lightning_perf.measure.memory.readers as memory_module
     from test_device_activity import ActiveNvml
 
     monkeypatch.setattr(memory_module, "load_pynvml", lambda: ActiveNvml(util=util))

@@ -258,7 +258,7 @@ def test_a_whole_suite_state_that_is_not_a_dict_is_recorded_on_every_callback(tm
 
 
 def test_a_histogram_with_wrong_types_is_refused_not_half_read():
-    from lightning_perf.measure.stats import LogHistogram
+    from lightning_perf.measure.stats.streaming import LogHistogram
 
     good = LogHistogram()
     for v in (1.0, 2.0, 3.0):
@@ -378,7 +378,7 @@ def test_a_failing_gate_fails_the_fit_when_its_baseline_cannot_be_written(tmp_pa
     (lambda h: {**h, "count": 10**18, "zero_count": 10**18 - 3}, "zero_count holds 999999999999999997"),
 ])
 def test_a_histogram_from_another_version_or_out_of_range_is_refused(edit, match):
-    from lightning_perf.measure.stats import LogHistogram
+    from lightning_perf.measure.stats.streaming import LogHistogram
 
     good = LogHistogram()
     for v in (1.0, 2.0, 3.0):

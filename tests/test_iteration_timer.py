@@ -263,7 +263,7 @@ def test_cuda_device_timing(tmp_path):
 
 
 def test_batch_size_inference_on_nested_batches():
-    from lightning_perf.measure.batch_size import infer_batch_size
+    from lightning_perf.measure.timing.batch_size import infer_batch_size
 
     x = torch.zeros(6, 3)
     assert infer_batch_size(x) == 6
@@ -274,7 +274,7 @@ def test_batch_size_inference_on_nested_batches():
 
 
 def test_the_batch_size_path_is_found_once_and_followed_or_found_again():
-    from lightning_perf.measure.batch_size import batch_size_path, follow
+    from lightning_perf.measure.timing.batch_size import batch_size_path, follow
 
     x = torch.zeros(6, 3)
     path = batch_size_path({"meta": "id", "image": [x]})

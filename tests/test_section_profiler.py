@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from helpers import (ClockedItems, HostEvent, ManualModel, SimulatedDevice, TinyModel, find_summary, fit, make_loader,
                      read_scalars, use_virtual_clock)
 from lightning_perf import IterationTimer, SectionProfiler, profile_section
-from lightning_perf.measure import sections as sections_module
+from lightning_perf.measure.sections import user_sections as sections_module
 
 AUTO = ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "other")
 
@@ -289,7 +289,7 @@ def test_window_figures_add_up_to_the_run_totals_while_histograms_take_raw_times
     """A report's figures come from the raw times (sums, not the histogram), which reach the histograms only once
     HISTOGRAM_EVERY wait: the logged window means, times the iterations of each window, add up to the summary's
     totals (the histograms' exact sums), section by section and for whole iterations."""
-    from lightning_perf.measure import section_ledger as module
+    from lightning_perf.measure.sections import ledger as module
 
     monkeypatch.setattr(module, "FOLD_EVERY", 3)
     monkeypatch.setattr(sections_module, "HISTOGRAM_EVERY", 7)
@@ -391,7 +391,7 @@ def test_the_printed_table_lists_each_user_section_under_the_section_it_ran_in(t
 def test_the_printed_rows_keep_sections_whose_parents_are_missing_or_in_a_loop():
     """A hand-edited checkpoint may name a parent with no row, or two user sections each other's parent: every row
     is still printed once, those at the top level."""
-    from lightning_perf.measure.section_report import printed_rows
+    from lightning_perf.measure.sections.report import printed_rows
 
     def row(kind, parent, total):
         return {"kind": kind, "parent": parent, "count": 1, "total_s": total}
@@ -749,7 +749,7 @@ def test_batch_gap_times_the_gap_between_batches_through_public_hooks(tmp_path, 
 
 def test_a_sink_that_fails_to_start_a_section_never_reaches_the_users_code():
     """profile_section's start and end both swallow a measurement failure (a CUDA event that cannot be made)."""
-    from lightning_perf.measure import sections
+    from lightning_perf.measure.sections import user_sections as sections
 
     class Failing:
         ended = []
@@ -776,7 +776,7 @@ def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatc
     of one value each. On the virtual clock (helpers.VirtualClock), where EverySection puts a known cost in each
     section: the memory needs no real time, and with real time the profiler's and IterationTimer's means came within
     a hair of a 5% tolerance on a loaded machine (+2.9%); here both are exactly the costs put in."""
-    from lightning_perf.measure import section_ledger as module
+    from lightning_perf.measure.sections import ledger as module
 
     clock = use_virtual_clock(monkeypatch)
     monkeypatch.setattr(module, "FOLD_EVERY", 4)

@@ -67,7 +67,7 @@ def gate_arguments(path: str) -> Dict[str, Any]:
     """``QualityGate`` arguments that gate every metric of the baseline at ``path`` (a perf_summary.json with a
     quality_gate section, or a file of ``record_baseline``): its image metrics as ``metrics``, its other metrics as
     ``monitor`` with the direction the baseline recorded. ValueError with the reason when there is nothing to gate."""
-    from lightning_perf.measure.image_quality import IMAGE_METRICS
+    from lightning_perf.measure.quality.image_quality import IMAGE_METRICS
     from lightning_perf.summary.baseline import BASELINE_KIND, read_baseline_with_gaps
     from lightning_perf.summary.io import read_json
 

@@ -73,7 +73,7 @@ def _trial(change: str) -> Any:
     place that can import it, as the Trainer is built); one that cannot be imported or used is refused at set-up,
     recorded in the trial section (``status: not-started``, ``reason``) with one warning, and the fit runs on."""
     from lightning_perf import ABTrial
-    from lightning_perf.measure.trial_changes import Refused
+    from lightning_perf.measure.trials.changes import Refused
 
     try:
         trial = ABTrial(change=change)

@@ -18,10 +18,10 @@ from lightning_perf.callbacks.core.scalars import log_scalars
 from lightning_perf.callbacks.core.state import StateError, StateReader
 from lightning_perf.callbacks.core.summary_book import error_message
 from lightning_perf.errors import PerfConfigError
-from lightning_perf.measure import clock
-from lightning_perf.measure.trial import OFF, ON, ORDERS, BlockSchedule, TrialBlocks, paired_ratio
-from lightning_perf.measure.trial_changes import Change, Setting, UserChange, make_change
-from lightning_perf.measure.trial_quality import compare_arms, score_batches
+from lightning_perf.measure.timing import clock
+from lightning_perf.measure.trials.blocks import OFF, ON, ORDERS, BlockSchedule, TrialBlocks, paired_ratio
+from lightning_perf.measure.trials.changes import Change, Setting, UserChange, make_change
+from lightning_perf.measure.trials.quality import compare_arms, score_batches
 from lightning_perf.summary.baseline import DEFAULT_TOLERANCE
 from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
 
@@ -65,8 +65,8 @@ class ABTrial(PerfCallback):
     After ``warmup`` iterations (the first half with the change off, the rest on: each arm's first-time costs are
     paid uncounted), ``blocks`` blocks of ``block`` iterations run in pairs, one block an arm, each pair's order
     ``"random"`` (a seeded coin) or ``"abba"``. An iteration is timed from one iteration's end to the next, on the
-    clock IterationTimer uses (``lightning_perf.measure.clock.now``); the first ``settle`` iterations of each block,
-    iterations that span a validation, and the switches themselves are counted in neither arm (the switches' time
+    clock IterationTimer uses (``lightning_perf.measure.timing.clock.now``); the first ``settle`` iterations of each
+    block, iterations that span a validation, and the switches themselves are counted in neither arm (the switches' time
     is reported). The result is the ratio of the arms' mean times with a paired interval over the block pairs
     (docs/trials.md). After the last block the change is off and stays off; where the run has a validation loop,
     its first ``quality_batches`` batches are scored once under each arm (the QualityGate's image metrics where

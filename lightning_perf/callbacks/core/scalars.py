@@ -30,8 +30,8 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Trainer
 
-from lightning_perf.measure.clock import now
-from lightning_perf.measure.tail import OWN_WORK
+from lightning_perf.measure.timing.clock import now
+from lightning_perf.measure.timing.tail import OWN_WORK
 
 
 _LOGGED: "weakref.WeakKeyDictionary[Trainer, Dict[str, int]]" = weakref.WeakKeyDictionary()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-from lightning_perf.measure.stats import MAX_COUNT, BlockSeries, LogHistogram
+from lightning_perf.measure.stats.streaming import MAX_COUNT, BlockSeries, LogHistogram
 
 
 class StateError(ValueError):

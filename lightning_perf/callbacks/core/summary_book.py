@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_perf.callbacks.core.run_info import iso_now, logged_scalars, run_info
 from lightning_perf.errors import PerfConfigError
-from lightning_perf.measure.tail_advice import explain_with_sections
+from lightning_perf.measure.timing.tail_advice import explain_with_sections
 from lightning_perf.summary.diagnosis import NOT_ENOUGH, diagnose, diagnosis_line
 from lightning_perf.summary.energy import join_work
 from lightning_perf.summary.evidence import link_traces

@@ -16,9 +16,9 @@ from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_stat
 from lightning_perf.callbacks.core.scalars import log_scalars
 from lightning_perf.callbacks.core.state import StateError, StateReader
 from lightning_perf.errors import PerfCheckFailed
-from lightning_perf.measure.autograd import EvalForwardWatch, calling_site, find_retained_graphs
-from lightning_perf.measure.phases import add_listener, remove_listener
-from lightning_perf.measure.train_mode import MAX_MODULE_NAMES, ModesBetweenSteps, TrainModeWatch
+from lightning_perf.measure.evaluation.autograd import EvalForwardWatch, calling_site, find_retained_graphs
+from lightning_perf.measure.evaluation.train_mode import MAX_MODULE_NAMES, ModesBetweenSteps, TrainModeWatch
+from lightning_perf.measure.memory.user_phases import add_listener, remove_listener
 
 MODES = ("warn", "raise", "fix")
 #: The phase of a training-mode finding a training hook ran without `phase("eval_in_train_hooks")` around it.

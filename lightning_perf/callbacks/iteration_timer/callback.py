@@ -19,12 +19,13 @@ from lightning_perf.callbacks.iteration_timer.flops import count_flops, start_fl
 from lightning_perf.callbacks.iteration_timer.state import load_into, state_of
 from lightning_perf.callbacks.iteration_timer.summary import final_scalars, summary_section, verdict_line
 from lightning_perf.callbacks.iteration_timer.window import LoggingWindow
-from lightning_perf.measure.batch_size import batch_size_path, follow
-from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
-from lightning_perf.measure.epochs import EpochRecords
-from lightning_perf.measure.stats import FOLD_EVERY, BlockSeries, LogHistogram
-from lightning_perf.measure.tail import (AFTER_VALIDATION, ALLOC_RETRY, CHECKPOINT, EPOCH_START, GC, GC_FLAG_PAUSE_S,
-                                         OWN, OWN_WORK, TAIL_FACTOR, CauseBook, GcWatch, SlowestIterations)
+from lightning_perf.measure.stats.streaming import FOLD_EVERY, BlockSeries, LogHistogram
+from lightning_perf.measure.timing.batch_size import batch_size_path, follow
+from lightning_perf.measure.timing.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
+from lightning_perf.measure.timing.epochs import EpochRecords
+from lightning_perf.measure.timing.tail import (AFTER_VALIDATION, ALLOC_RETRY, CHECKPOINT, EPOCH_START, GC,
+                                                GC_FLAG_PAUSE_S, OWN, OWN_WORK, TAIL_FACTOR, CauseBook, GcWatch,
+                                                SlowestIterations)
 
 
 class IterationTimer(PerfCallback):
@@ -212,9 +213,9 @@ class IterationTimer(PerfCallback):
         self._peak_reason: Optional[str] = "training has not started"
         self._dtype_name: Optional[str] = None
         self._window = LoggingWindow()
-        self._flags = 0  # what coincided with the iteration in progress (measure.tail's bits), set by the hooks
+        self._flags = 0  # what coincided with the iteration in progress (measure.timing.tail's bits), set by the hooks
         self._gc_pause_s = 0.0  # pauses of the flagged garbage collections in the iteration in progress
-        self._own_s = 0.0  # lightning_perf's own periodic work in the iteration in progress (measure.tail.OwnWork)
+        self._own_s = 0.0  # lightning_perf's own periodic work in the iteration in progress (timing.tail.OwnWork)
         self._tail_threshold_s = math.inf  # 2x the median as of the last log window: the window's tail share
         self._loader_info: Optional[Dict[str, Any]] = None
         self._alloc_retries_start: Optional[int] = None
@@ -506,7 +507,7 @@ class IterationTimer(PerfCallback):
     # -- device timing -------------------------------------------------------------------------------------------
     def _device_timed(self, index: int) -> bool:
         """Whether the fit's iteration at 0-based ``index`` is timed on the device: SectionProfiler's schedule
-        (``measure.clock.device_timed``), so the same iterations for the same warm-up and n."""
+        (``measure.timing.clock.device_timed``), so the same iterations for the same warm-up and n."""
         return device_timed(index, self.warmup_steps, self.device_timing_every_n_iterations)
 
     def _device_mark(self, index: int) -> None:

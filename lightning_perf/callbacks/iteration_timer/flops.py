@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch import LightningModule, Trainer
 
 from lightning_perf.callbacks.core.summary_book import error_message
-from lightning_perf.measure.clock import now
-from lightning_perf.measure.flops import count_step_flops, peak_flops
-from lightning_perf.measure.tail import GC
+from lightning_perf.measure.timing.clock import now
+from lightning_perf.measure.timing.flops import count_step_flops, peak_flops
+from lightning_perf.measure.timing.tail import GC
 
 if TYPE_CHECKING:
     from lightning_perf.callbacks.iteration_timer.callback import IterationTimer

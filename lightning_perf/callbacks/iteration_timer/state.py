@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict
 
 from lightning_perf.callbacks.core.state import StateError, StateReader
-from lightning_perf.measure.clock import now
-from lightning_perf.measure.epochs import MAX_EPOCH_RECORDS
-from lightning_perf.measure.tail import CauseBook, SlowestIterations
+from lightning_perf.measure.timing.clock import now
+from lightning_perf.measure.timing.epochs import MAX_EPOCH_RECORDS
+from lightning_perf.measure.timing.tail import CauseBook, SlowestIterations
 
 if TYPE_CHECKING:
     from lightning_perf.callbacks.iteration_timer.callback import IterationTimer

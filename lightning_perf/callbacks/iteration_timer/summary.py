@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from lightning_perf.measure.flops import mfu_pct, tflops_per_s
-from lightning_perf.measure.tail import tail_block
-from lightning_perf.measure.tail_advice import tail_insights, tail_line
+from lightning_perf.measure.timing.flops import mfu_pct, tflops_per_s
+from lightning_perf.measure.timing.tail import tail_block
+from lightning_perf.measure.timing.tail_advice import tail_insights, tail_line
 from lightning_perf.summary.projection import project_time
 
 if TYPE_CHECKING:

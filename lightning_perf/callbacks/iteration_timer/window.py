@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from lightning_perf.measure.flops import mfu_pct, tflops_per_s
+from lightning_perf.measure.timing.flops import mfu_pct, tflops_per_s
 
 
 class LoggingWindow:

@@ -10,9 +10,9 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_perf.callbacks.core.arguments import bad_argument, check_bool, check_path, check_positive_int
 from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
-from lightning_perf.measure import memory_snapshot as snapshots
-from lightning_perf.measure.clock import now
-from lightning_perf.measure.tail import OWN_WORK
+from lightning_perf.measure.memory import snapshot as snapshots
+from lightning_perf.measure.timing.clock import now
+from lightning_perf.measure.timing.tail import OWN_WORK
 from lightning_perf.summary.evidence import when
 
 STACKS = ("python", "all")

@@ -24,14 +24,14 @@ from lightning_perf.callbacks.quality_gate.tolerance import (
     per_metric,
 )
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
-from lightning_perf.measure.image_quality import (
+from lightning_perf.measure.quality.image_quality import (
     IMAGE_METRICS,
     LPIPS_NETS,
     LpipsUnavailable,
     build_image_metrics,
     load_lpips,
 )
-from lightning_perf.measure.image_scoring import compute_scores, image_pair, score_batch
+from lightning_perf.measure.quality.image_scoring import compute_scores, image_pair, score_batch
 from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, BaselineError, gate_baseline, verdict, write_baseline
 from lightning_perf.summary.fields import IMAGE_METRIC_DIRECTIONS
 from lightning_perf.summary.quality_verdict import failure_message, on_never_checked, times, verdict_line

@@ -1,6 +1,6 @@
 """SectionProfiler: where each iteration's time goes (data loading, forward, backward, optimizer step,
 checkpointing, user-named sections), with shares and advice, at no device sync. The sections themselves are kept by
-:class:`~lightning_perf.measure.section_ledger.SectionLedger`; each hook here records one event in it."""
+:class:`~lightning_perf.measure.sections.ledger.SectionLedger`; each hook here records one event in it."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from lightning_perf.callbacks.section_profiler.checkpoint import read_saved_ledg
 from lightning_perf.callbacks.section_profiler.device import SectionDevice
 from lightning_perf.callbacks.section_profiler.fetch_marks import FETCH_MARKS as _FETCH_MARKS
 from lightning_perf.callbacks.section_profiler.window import flush_tables, report_window
-from lightning_perf.measure import loader
-from lightning_perf.measure import sections as user_sections
-from lightning_perf.measure.clock import POLL_EVERY, DeviceIntervalClock, now
-from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, SectionLedger
-from lightning_perf.measure.section_report import BACKWARD_OVER_FORWARD, THRESHOLDS, final_table, insights
-from lightning_perf.measure.section_report import slowest_section
-from lightning_perf.measure.section_state import ledger_state, load_ledger
-from lightning_perf.measure.tail import OWN_WORK
+from lightning_perf.measure.sections import loader
+from lightning_perf.measure.sections import user_sections
+from lightning_perf.measure.sections.ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, SectionLedger
+from lightning_perf.measure.sections.report import BACKWARD_OVER_FORWARD, THRESHOLDS, final_table, insights
+from lightning_perf.measure.sections.report import slowest_section
+from lightning_perf.measure.sections.state import ledger_state, load_ledger
+from lightning_perf.measure.timing.clock import POLL_EVERY, DeviceIntervalClock, now
+from lightning_perf.measure.timing.tail import OWN_WORK
 
 __all__ = ["SectionProfiler", "AUTO_SECTIONS", "MANUAL_SECTIONS", "BETWEEN", "BACKWARD_OVER_FORWARD"]
 
@@ -548,7 +548,7 @@ class SectionProfiler(PerfCallback):
         gather_floats_then(trainer, means, self._set_ranks, self)
 
     def _read_workers(self) -> None:
-        """The summary's ``workers`` block (``measure.loader.workers_block``), at the loop's measured pace."""
+        """The summary's ``workers`` block (``measure.sections.loader.workers_block``), at the loop's measured pace."""
         self._ledger.fold()
         self._workers, self._workers_reason = loader.workers_block(
             self._worker_timer, self._loaders, self._batches_per_iteration, self._ledger.iteration.host.mean,
@@ -616,7 +616,7 @@ class SectionProfiler(PerfCallback):
         return self._ledger.table()
 
     def insights(self, table: Optional[Dict[str, Dict[str, Any]]] = None) -> List[str]:
-        """Plain-language findings (``measure.section_report.insights``)."""
+        """Plain-language findings (``measure.sections.report.insights``)."""
         return insights(self.table() if table is None else table, self._workers)
 
     def slowest_section(self, table: Optional[Dict[str, Dict[str, Any]]] = None) -> Optional[str]:

@@ -1,4 +1,4 @@
-"""SectionProfiler's checkpoint state read back (what ``measure.section_state.ledger_state`` wrote): every field is
+"""SectionProfiler's checkpoint state read back (what ``measure.sections.state.ledger_state`` wrote): every field is
 read and checked before anything is assigned, so a state this version cannot read leaves nothing half-loaded."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, NamedTuple, Optional
 
 from lightning_perf.callbacks.core.state import StateError, StateReader
-from lightning_perf.measure.stats import LogHistogram
+from lightning_perf.measure.stats.streaming import LogHistogram
 
 
 class SavedLedger(NamedTuple):

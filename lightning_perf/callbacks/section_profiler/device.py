@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Deque, Dict, Optional, Tuple
 
-from lightning_perf.measure import sections as user_sections
-from lightning_perf.measure.clock import DeviceIntervalClock, device_timed
-from lightning_perf.measure.section_ledger import SectionLedger
+from lightning_perf.measure.sections import user_sections
+from lightning_perf.measure.sections.ledger import SectionLedger
+from lightning_perf.measure.timing.clock import DeviceIntervalClock, device_timed
 
 #: What a device interval belongs to: (section, iteration 0-based in the run, counted). A plain tuple: a NamedTuple
 #: cost ~0.5 µs more to build (timeit), ~4 µs a step at device_timing_every_n_iterations=1 (about 8 marks a step).
@@ -18,7 +18,7 @@ DeviceLabel = Tuple[str, int, bool]
 
 class SectionDevice:
     """The device clock of one fit and what it owes the ledger. Iterations timed: the first
-    ``every_n`` after the warm-up, then one in ``every_n`` (``measure.clock.device_timed``)."""
+    ``every_n`` after the warm-up, then one in ``every_n`` (``measure.timing.clock.device_timed``)."""
 
     def __init__(self, ledger: SectionLedger, clock: DeviceIntervalClock, warmup_steps: int, every_n: int) -> None:
         self.ledger, self.clock = ledger, clock

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
 
-from lightning_perf.measure.clock import now
+from lightning_perf.measure.timing.clock import now
 
 #: Said in the summary when a strategy writes checkpoints its own way (FSDP, DeepSpeed, XLA, model parallel).
 OWN_WRITER_REASON = ("{strategy} writes checkpoints its own way, not through a CheckpointIO plugin: saves stay inside"

@@ -11,9 +11,9 @@ from lightning_utilities.core import rank_zero as _rank_zero
 
 from lightning_perf.callbacks.core.printer import PRINTER
 from lightning_perf.callbacks.core.scalars import log_scalars
-from lightning_perf.measure.clock import now
-from lightning_perf.measure.section_ledger import SectionLedger
-from lightning_perf.measure.section_report import report_table
+from lightning_perf.measure.sections.ledger import SectionLedger
+from lightning_perf.measure.sections.report import report_table
+from lightning_perf.measure.timing.clock import now
 
 
 def info_shown() -> bool:
@@ -29,8 +29,8 @@ def info_shown() -> bool:
 def report_window(trainer: Trainer, ledger: SectionLedger, print_table: bool,
                   record_failure: Callable[[str, BaseException], None]) -> None:
     """The ledger's window since the last report (then a new one): logged, and where ``print_table`` printed as
-    ``section_report.report_table`` builds it, on the printer's thread, whose failure is recorded as the ``report
-    table``'s."""
+    ``measure.sections.report.report_table`` builds it, on the printer's thread, whose failure is recorded as the
+    ``report table``'s."""
     iters, metrics, rows = ledger.take_window()
     if not iters:
         return

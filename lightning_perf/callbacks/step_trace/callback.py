@@ -13,9 +13,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_perf.callbacks.core.arguments import (bad_argument, check_bool, check_number, check_path,
                                                      check_positive_int)
 from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
-from lightning_perf.measure.clock import now
-from lightning_perf.measure.tail import OWN_WORK
-from lightning_perf.measure.trace import activity_names, finish_capture, start_capture, trace_name
+from lightning_perf.measure.timing.clock import now
+from lightning_perf.measure.timing.tail import OWN_WORK
+from lightning_perf.measure.timing.trace import activity_names, finish_capture, start_capture, trace_name
 
 #: The median a slow iteration is judged against: of the last RECENT iterations (a ring, O(1) memory), taken again
 #: every MEDIAN_EVERY iterations (a sort of 64 numbers); the step path only stores and compares.

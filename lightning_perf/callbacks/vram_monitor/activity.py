@@ -6,12 +6,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, List, Optional
 
-from lightning_perf.measure.device_activity import (GPU_READINGS, HOST_MIN_SPAN_S, HOST_READINGS, SCHED_READINGS,
+from lightning_perf.measure.device.activity import (GPU_READINGS, HOST_MIN_SPAN_S, HOST_READINGS, SCHED_READINGS,
                                                     ActivitySampler, HostActivityReader, NvmlActivityReader,
                                                     ThreadWaitReader)
-from lightning_perf.measure.energy import EnergyMeter
-from lightning_perf.measure.memory import NvmlReader
-from lightning_perf.measure.memory_phases import EVAL_KEY, PHASES
+from lightning_perf.measure.device.energy import EnergyMeter
+from lightning_perf.measure.memory.phases import EVAL_KEY, PHASES
+from lightning_perf.measure.memory.readers import NvmlReader
 
 # activity reading -> (logged group, logged name); eval phases put their prefix before the name
 ACTIVITY_KEYS = {"gpu_util_pct": ("gpu", "util_pct"), "mem_util_pct": ("gpu", "mem_util_pct"),

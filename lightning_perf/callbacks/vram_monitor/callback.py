@@ -14,9 +14,11 @@ from lightning_perf.callbacks.core.scalars import WAITING, log_scalars
 from lightning_perf.callbacks.core.state import StateError, StateReader
 from lightning_perf.callbacks.vram_monitor.activity import ActivityProbe
 from lightning_perf.callbacks.vram_monitor.hook_phases import HookPhases
-from lightning_perf.measure.allocator import AllocatorHealth
-from lightning_perf.measure.clock import now
-from lightning_perf.measure.memory import (
+from lightning_perf.measure.memory.allocator import AllocatorHealth
+from lightning_perf.measure.memory.phases import EVAL_KEY as _EVAL_KEY
+from lightning_perf.measure.memory.phases import (PHASES, hold_max as _hold_max, leak_detectors, leak_warning,
+                                                  memory_verdict, usage_pct)
+from lightning_perf.measure.memory.readers import (
     AllocatorPeaks,
     LeakDetector,
     NvmlReader,
@@ -26,10 +28,8 @@ from lightning_perf.measure.memory import (
     heap_trimmer,
     host_total_mb,
 )
-from lightning_perf.measure.memory_phases import EVAL_KEY as _EVAL_KEY
-from lightning_perf.measure.memory_phases import (PHASES, hold_max as _hold_max, leak_detectors, leak_warning,
-                                                  memory_verdict, usage_pct)
-from lightning_perf.measure.tail import OWN_WORK
+from lightning_perf.measure.timing.clock import now
+from lightning_perf.measure.timing.tail import OWN_WORK
 
 # sampler field -> summary field
 _SAMPLED = {"nvml_used_mb": "nvml_peak_used_mb", "nvml_process_mb": "nvml_process_peak_mb",

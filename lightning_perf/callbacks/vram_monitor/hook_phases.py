@@ -9,7 +9,7 @@ from typing import Any
 from lightning.pytorch import Trainer
 
 from lightning_perf.callbacks.core.base import guarded
-from lightning_perf.measure.phases import add_listener, remove_listener
+from lightning_perf.measure.memory.user_phases import add_listener, remove_listener
 
 
 class HookPhases:

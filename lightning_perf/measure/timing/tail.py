@@ -10,8 +10,8 @@ import math
 import weakref
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from lightning_perf.measure import clock
-from lightning_perf.measure.stats import LogHistogram
+from lightning_perf.measure.stats.streaming import LogHistogram
+from lightning_perf.measure.timing import clock
 
 #: What can coincide with an iteration: bits of a flag word the hooks set (and the GC callback, and ``OWN_WORK``).
 EPOCH_START, AFTER_VALIDATION, CHECKPOINT, GC, ALLOC_RETRY, OWN = 1, 2, 4, 8, 16, 32

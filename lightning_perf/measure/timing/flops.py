@@ -66,7 +66,7 @@ def held_graphs(module: torch.nn.Module, depth: int = 3) -> dict:
     attribute, or in lists, tuples and dicts there (``depth`` levels, as EvalNoGradGuard's retained-graph check
     looks): ``copy.deepcopy`` refuses such a tensor, so a model that keeps its losses with their graphs could not be
     copied to count on."""
-    from lightning_perf.measure.autograd import tensors_with_graphs
+    from lightning_perf.measure.evaluation.autograd import tensors_with_graphs
 
     found: dict = {}
     for sub in module.modules():

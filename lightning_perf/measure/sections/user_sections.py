@@ -10,8 +10,8 @@ import functools
 import threading
 from typing import Any, Callable, List, NamedTuple, Optional, Protocol, TypeVar
 
-from lightning_perf.measure.clock import now
-from lightning_perf.measure.stats import LogHistogram
+from lightning_perf.measure.stats.streaming import LogHistogram
+from lightning_perf.measure.timing.clock import now
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Sequence, Tuple
 
-from lightning_perf.measure.ratio_ci import positive_logs
+from lightning_perf.measure.stats.ratio_ci import positive_logs
 
 __all__ = ["aligned_rank_shift_ci", "round_drift_f"]
 

@@ -10,7 +10,7 @@ from functools import lru_cache
 from statistics import NormalDist
 from typing import List, Optional, Sequence, Tuple
 
-from lightning_perf.measure.stats import BlockSeries
+from lightning_perf.measure.stats.streaming import BlockSeries
 
 __all__ = ["batch_means_ratio_ci", "between_runs_ratio_ci", "rank_sum_counts", "shift_ratio_ci", "student_t_quantile",
            "t_quantile_at_least"]

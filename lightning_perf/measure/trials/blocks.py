@@ -17,13 +17,13 @@ import math
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from lightning_perf.measure.ratio_ci import t_quantile_at_least
+from lightning_perf.measure.stats.ratio_ci import t_quantile_at_least
 
 __all__ = ["BlockSchedule", "TrialBlocks", "paired_ratio", "BUILT_IN_CHANGES", "ORDERS", "OFF", "ON"]
 
 OFF, ON = "off", "on"
 ORDERS = ("random", "abba")
-#: The changes ABTrial can toggle by name (``measure/trial_changes.py``), here so the CLI names them without torch.
+#: The changes ABTrial can toggle by name (``measure/trials/changes.py``), here so the CLI names them without torch.
 BUILT_IN_CHANGES = ("cudnn_benchmark", "tf32", "matmul_precision", "channels_last", "autocast_bf16", "autocast_fp16")
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from lightning_perf.measure import loader
-from lightning_perf.measure.section_ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, OPTIMIZER_KIND
-from lightning_perf.measure.stats import LogHistogram
+from lightning_perf.measure.sections import loader
+from lightning_perf.measure.sections.ledger import AUTO_SECTIONS, BETWEEN, MANUAL_SECTIONS, OPTIMIZER_KIND
+from lightning_perf.measure.stats.streaming import LogHistogram
 
 # Insight thresholds (documented in docs/section_profiler.md).
 DATA_LOADING_PCT = 15.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from lightning_perf.measure.section_ledger import SectionLedger
-from lightning_perf.measure.stats import LogHistogram
+from lightning_perf.measure.sections.ledger import SectionLedger
+from lightning_perf.measure.stats.streaming import LogHistogram
 
 
 def ledger_state(ledger: SectionLedger, t: float) -> Dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from lightning_perf.measure.image_quality import build_image_metrics
+from lightning_perf.measure.quality.image_quality import build_image_metrics
 
 __all__ = ["score_batches", "compare_arms"]
 

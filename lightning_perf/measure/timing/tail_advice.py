@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from lightning_perf.measure.tail import CAUSES, UNEXPLAINED, primary_cause
+from lightning_perf.measure.timing.tail import CAUSES, UNEXPLAINED, primary_cause
 
 #: A cause gets an insight when its tail time is at least this share of the measured training time...
 RULE_MIN_PCT = 1.0

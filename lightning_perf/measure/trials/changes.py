@@ -13,8 +13,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from lightning_perf.errors import PerfConfigError
-from lightning_perf.measure.trial import BUILT_IN_CHANGES
-from lightning_perf.measure.trial_spec import SWITCH_FORMS, is_switch_spec, load_switches
+from lightning_perf.measure.trials.blocks import BUILT_IN_CHANGES
+from lightning_perf.measure.trials.spec import SWITCH_FORMS, is_switch_spec, load_switches
 
 __all__ = ["BUILT_IN", "Change", "Refused", "Setting", "make_change"]
 

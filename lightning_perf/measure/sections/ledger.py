@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from lightning_perf.measure.clock import now
-from lightning_perf.measure.sections import Samples, Section
-from lightning_perf.measure.stats import FOLD_EVERY
-from lightning_perf.measure.tail import OWN_WORK, SlowestPieces, median_per_iteration
+from lightning_perf.measure.sections.user_sections import Samples, Section
+from lightning_perf.measure.stats.streaming import FOLD_EVERY
+from lightning_perf.measure.timing.clock import now
+from lightning_perf.measure.timing.tail import OWN_WORK, SlowestPieces, median_per_iteration
 
 #: The host work of Lightning's loop between two batches (batch-end hooks after the profiler's, logging, the
 #: progress bar, the loop's own bookkeeping): its own section where ``data_loading`` is the fetch alone.
 BETWEEN = "between_batches"
 #: (checkpointing last: the ninth section made shares its histogram batches' phase with the iterations', see
-#: ``sections.Samples``, and a checkpoint rarely comes every iteration)
+#: ``user_sections.Samples``, and a checkpoint rarely comes every iteration)
 AUTO_SECTIONS = ("data_loading", BETWEEN, "transfer", "forward", "backward", "optimizer_step", "other",
                  "checkpointing")
 #: Under manual optimization: the forward and the rest of the step are ``training_step``; ``backward`` (each

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from lightning_perf.measure.stats import LogHistogram
+from lightning_perf.measure.stats.streaming import LogHistogram
 
 #: Readings from NVML, in the order the summary lists them.
 GPU_READINGS = ("gpu_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "temperature_c", "gpu_throttled_pct")

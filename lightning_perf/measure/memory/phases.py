@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from lightning_perf.measure.memory import LeakDetector
+from lightning_perf.measure.memory.readers import LeakDetector
 
 #: ``eval_in_train_hooks``: evaluation a training hook runs inside ``lightning_perf.phase(...)``.
 PHASES = ("train", "validation", "test", "predict", "eval_in_train_hooks")
