@@ -17,11 +17,13 @@ from lightning_perf._attach import (
     TRIAL_ENV,
     env_text,
     gate_arguments,
+    is_lightning_perf_callback,
+    next_trainer_number,
     parse_callbacks,
     record,
     summary_file,
+    warn_once,
 )
-from lightning_perf._attach.hook import is_lightning_perf_callback, next_trainer_number, warn_once
 from lightning_perf.callbacks.core.arguments import check_path, check_text
 from lightning_perf.callbacks.core.base import SUITE_KEY
 from lightning_perf.callbacks.core.summary_book import book_for

@@ -10,7 +10,7 @@ import os
 import signal
 import tempfile
 import threading
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -24,8 +24,18 @@ from lightning_perf.summary.evidence import link_traces
 from lightning_perf.summary.io import probe_folder, special_kind, write_json_atomic
 from lightning_perf.summary.schema import SCHEMA_VERSION, SUMMARY_FILENAME
 
-if TYPE_CHECKING:
-    from lightning_perf.callbacks.core.base import PerfCallback
+
+class SummarySource(Protocol):
+    """What the book reads of a callback it writes for (a ``core.base.PerfCallback``): its section's name, its own
+    summary path (None: the default) and its section."""
+
+    section_name: str
+
+    @property
+    def summary_path(self) -> Optional[str]: ...
+
+    def summary_section(self) -> Dict[str, Any]: ...
+
 
 #: Environment variable naming the summary file (used by `lightning-perf matrix` for each variant's process).
 SUMMARY_PATH_ENV = "LIGHTNING_PERF_SUMMARY_PATH"
@@ -142,7 +152,7 @@ class SummaryBook:
 
     def __init__(self, stage: str = "fit") -> None:
         self.stage = stage
-        self.callbacks: List[PerfCallback] = []
+        self.callbacks: List[SummarySource] = []
         self.started_at: Optional[str] = None
         self.log_dir: Optional[str] = None
         self.cwd: Optional[str] = None  # relative paths are resolved against the folder of the set-up check
@@ -161,7 +171,7 @@ class SummaryBook:
         #: Called before a held signal is raised again (``lightning-perf run`` says where the file went).
         self.before_raising: Optional[Any] = None
 
-    def attach(self, trainer: Trainer, callback: PerfCallback, stage: str = "fit") -> None:
+    def attach(self, trainer: Trainer, callback: SummarySource, stage: str = "fit") -> None:
         """Called from ``setup`` on every rank: the only place ``trainer.log_dir`` (a broadcast under DDP) is read."""
         stage = str(getattr(stage, "value", stage))  # Lightning passes a str enum (TrainerFn)
         if self.finished or stage != self.stage:  # a new fit, or another stage: a new record and file
@@ -352,7 +362,7 @@ class SummaryBook:
             rank_zero_warn(f"lightning_perf: the diagnosis line could not be printed ({type(err).__name__}: {err})")
 
     def write(self, trainer: Trainer, exception: Optional[BaseException] = None,
-              ended: Optional["PerfCallback"] = None) -> None:
+              ended: Optional[SummarySource] = None) -> None:
         """Called by each callback at the end of its run (``ended``) or on an exception. At the end, the whole file
         is written once, when the last callback of the record has ended (so a fit's end is one write, whatever the
         number of callbacks; ``flush`` from teardown covers one whose end hook failed); on an exception at every

@@ -15,9 +15,9 @@ from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_stat
 from lightning_perf.callbacks.core.rank_gather import Rows, gather_floats_then, spread_across_ranks
 from lightning_perf.callbacks.core.scalars import log_scalars
 from lightning_perf.callbacks.core.summary_book import error_message
-from lightning_perf.callbacks.iteration_timer.flops import count_flops, start_flops
-from lightning_perf.callbacks.iteration_timer.state import load_into, state_of
-from lightning_perf.callbacks.iteration_timer.summary import final_scalars, summary_section, verdict_line
+from lightning_perf.callbacks.iteration_timer.flops import FlopsCount
+from lightning_perf.callbacks.iteration_timer.state import CheckpointState
+from lightning_perf.callbacks.iteration_timer.summary import Results
 from lightning_perf.callbacks.iteration_timer.window import LoggingWindow
 from lightning_perf.measure.stats.streaming import FOLD_EVERY, BlockSeries, LogHistogram
 from lightning_perf.measure.timing.batch_size import batch_size_path, follow
@@ -28,7 +28,7 @@ from lightning_perf.measure.timing.tail import (AFTER_VALIDATION, ALLOC_RETRY, C
                                                 SlowestIterations)
 
 
-class IterationTimer(PerfCallback):
+class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
     r"""Times every training iteration (one optimizer step) and reports how fast training really runs.
 
     An iteration's time is the round trip from the end of one optimizer step to the end of the next: waiting for
@@ -266,7 +266,7 @@ class IterationTimer(PerfCallback):
         self._last_global_step = self._first_global_step = trainer.global_step
         on_cuda = trainer.strategy.root_device.type == "cuda"
         self._clock = DeviceIntervalClock() if (self.device_timing and on_cuda) else None
-        start_flops(self, trainer)
+        self._start_flops(trainer)
         self._alloc_retries_start = self._retries_seen = self._read_alloc_retries(trainer)
         loader = getattr(trainer, "train_dataloader", None)
         workers = getattr(loader, "num_workers", None)
@@ -373,7 +373,7 @@ class IterationTimer(PerfCallback):
         self._end_iteration(trainer)
         self._drain_scalars(trainer)
         if self._fit_iterations == self._flops_due:
-            count_flops(self, trainer, pl_module, batch, batch_idx)
+            self._count_flops(trainer, pl_module, batch, batch_idx)
 
     def _items(self, batch: Any) -> Optional[int]:
         try:
@@ -550,7 +550,7 @@ class IterationTimer(PerfCallback):
         mean = self._histogram().mean
         # One collective, reached by every rank with the same shape (in a PerfSuite, shared with its other callbacks).
         gather_floats_then(trainer, [median, mean], self._set_ranks, self)
-        log_scalars(trainer, final_scalars(self))
+        log_scalars(trainer, self._final_scalars())
 
     def _set_ranks(self, rows: Rows) -> None:
         self._ranks = {
@@ -566,7 +566,7 @@ class IterationTimer(PerfCallback):
 
     def verdict(self) -> str:
         """One line for the console: the headline (mean), the typical iteration (median), the tail, the totals."""
-        return verdict_line(self)
+        return self._verdict_line()
 
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -575,14 +575,11 @@ class IterationTimer(PerfCallback):
         self._finish_timing()
         self._write_summary(trainer, exception)
 
-    # -- results -------------------------------------------------------------------------------------------------
-    def _summary_section(self) -> Dict[str, Any]:
-        return summary_section(self)
-
+    # -- results: ``_summary_section`` and the final scalars are in ``summary.Results`` ----------------------------
     # -- checkpointing -------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        return state_of(self)
+        return self._state_of()
 
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        load_into(self, state_dict)
+        self._load_into(state_dict)
