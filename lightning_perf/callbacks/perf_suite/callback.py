@@ -98,9 +98,7 @@ class PerfSuite(Callback):
     state_key = HeldStateKey()
 
     def _build_dispatch(self) -> None:
-        # (hook, callback) of the callbacks that override each hook: the step path touches nothing else. (Calling a
-        # guarded hook past its own guard saved 0.8 µs a step, under the 2 a trick must save:
-        # `LIGHTNING_PERF_BENCH_SOURCE=<checkout of 32bae39> python benchmarks/toggle_ab.py suite-guard --steps 40000`.)
+        # (hook, callback) of the callbacks that override each hook: the step path touches nothing else
         self._by_hook: Dict[str, List[Any]] = {}
         for name in _HOOKS:
             base = getattr(Callback, name)
