@@ -19,15 +19,18 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
-from lightning_perf.measure import section_ledger  # noqa: E402
+from lightning_perf.measure.sections import ledger as section_ledger  # noqa: E402
 
 BLOCK = 200
 
 
 def other_ledger(checkout: str) -> Any:
-    """The other checkout's ``section_ledger`` module, beside this one's (the modules it imports are this one's)."""
-    spec = importlib.util.spec_from_file_location(
-        "other_section_ledger", os.path.join(checkout, "lightning_perf", "measure", "section_ledger.py"))
+    """The other checkout's ledger module, beside this one's (the modules it imports are this one's); a checkout from
+    before ``measure/`` was grouped keeps it in ``measure/section_ledger.py``."""
+    path = os.path.join(checkout, "lightning_perf", "measure", "sections", "ledger.py")
+    if not os.path.exists(path):
+        path = os.path.join(checkout, "lightning_perf", "measure", "section_ledger.py")
+    spec = importlib.util.spec_from_file_location("other_section_ledger", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module

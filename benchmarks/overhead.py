@@ -600,7 +600,7 @@ class SimulatedClocks(Callback):
                         if isinstance(cb, kinds)]
 
     def on_train_start(self, trainer, pl_module):
-        from lightning_perf.measure.clock import DeviceIntervalClock
+        from lightning_perf.measure.timing.clock import DeviceIntervalClock
 
         for cb in self.targets:
             clock = DeviceIntervalClock(event_factory=SimulatedEvent)

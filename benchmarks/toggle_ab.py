@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 
 import lightning_perf  # noqa: E402
-from lightning_perf.callbacks import perf_suite  # noqa: E402
+from lightning_perf.callbacks.perf_suite import callback as perf_suite  # noqa: E402
 
 
 class Toggle(overhead.Blocks):

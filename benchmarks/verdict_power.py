@@ -57,7 +57,7 @@ from lightning_perf.bench.noise_floor import (  # noqa: E402
     shift_by_rounds,
 )
 from lightning_perf.bench.rounds import round_order  # noqa: E402
-from lightning_perf.measure.round_blocks import aligned_rank_shift_ci  # noqa: E402
+from lightning_perf.measure.stats.round_blocks import aligned_rank_shift_ci  # noqa: E402
 
 #: The matrix's order of the setups in odd rounds (the A/A copy is added last); even rounds reverse it.
 ORDER = ("base", "variant", "copy")

@@ -32,7 +32,7 @@ from lightning_perf import (  # noqa: E402
     VRAMMonitor,
     phase,
 )
-from lightning_perf.measure.tail_advice import counted  # noqa: E402
+from lightning_perf.measure.timing.tail_advice import counted  # noqa: E402
 from lightning_perf.summary.baseline import BaselineError, read_baseline_with_gaps  # noqa: E402
 
 

@@ -14,8 +14,8 @@ from lightning_perf.bench.sequential import DEFAULT_BUDGET_S as SEQ_BUDGET_S
 from lightning_perf.bench.sequential import DEFAULT_EQUIVALENCE_PCT as SEQ_SAME_PCT
 from lightning_perf.bench.sequential import DEFAULT_MAX_ROUNDS as SEQ_MAX_ROUNDS
 from lightning_perf.bench.sweep_rounds import DEFAULT_ROUNDS
-from lightning_perf.measure.trial import BUILT_IN_CHANGES
-from lightning_perf.measure.trial_spec import SWITCH_FORMS, is_switch_spec, parse_switch_spec
+from lightning_perf.measure.trials.blocks import BUILT_IN_CHANGES
+from lightning_perf.measure.trials.spec import SWITCH_FORMS, is_switch_spec, parse_switch_spec
 from lightning_perf.summary.io import probe_folder, special_kind
 from lightning_perf.summary.schema import SummaryError
 

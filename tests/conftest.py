@@ -31,7 +31,7 @@ def simulated_gpu(monkeypatch):
     """VRAMMonitor on a simulated CUDA device: the allocator is test_vram_monitor's FakeCuda (returned)."""
     import torch
 
-    import lightning_perf.callbacks.vram_monitor as vram_module
+    import lightning_perf.callbacks.vram_monitor.callback as vram_module
     from lightning_perf import VRAMMonitor
     from test_vram_monitor import FakeCuda
 

@@ -161,7 +161,7 @@ class ManualModel(TinyModel):
 
 
 class VirtualClock:
-    """A stand-in for ``lightning_perf.measure.clock.now`` that moves only when a test advances it.
+    """A stand-in for ``lightning_perf.measure.timing.clock.now`` that moves only when a test advances it.
 
     Tests that compare the timings of two real fits use it: on a shared machine, two runs of one setup differ by
     more than any tolerance a test could keep (with one core busy, a 7 ms sleep took 40 ms at the median). Timed on
@@ -199,10 +199,12 @@ def use_virtual_clock(monkeypatch: Any) -> VirtualClock:
     import importlib
     import sys
 
-    from lightning_perf.measure import clock as clock_module
+    from lightning_perf.measure.timing import clock as clock_module
 
-    for name in ("lightning_perf.callbacks.iteration_timer", "lightning_perf.callbacks.section_profiler",
-                 "lightning_perf.callbacks._timed_checkpoint_io", "lightning_perf.measure.sections"):
+    for name in ("lightning_perf.callbacks.iteration_timer.callback",
+                 "lightning_perf.callbacks.section_profiler.callback",
+                 "lightning_perf.callbacks.section_profiler.timed_checkpoint_io",
+                 "lightning_perf.measure.sections.user_sections"):
         importlib.import_module(name)
     clock = VirtualClock()
     real = clock_module.now
@@ -220,7 +222,7 @@ class HostEvent:
     __slots__ = ("t",)
 
     def record(self, *args: Any) -> None:
-        from lightning_perf.measure import clock as clock_module
+        from lightning_perf.measure.timing import clock as clock_module
 
         self.t = clock_module.now()
 
@@ -244,7 +246,7 @@ class SimulatedDevice(Callback):
         self.target = target
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        from lightning_perf.measure.clock import DeviceIntervalClock
+        from lightning_perf.measure.timing.clock import DeviceIntervalClock
 
         clock = DeviceIntervalClock(event_factory=self.event)
         if hasattr(self.target, "_use_clock"):  # SectionProfiler: as its on_train_start decides with a device clock
@@ -308,7 +310,7 @@ TOY_CLI_PRINTS_CALLBACKS = '''
 class CLI(LightningCLI):
     def after_fit(self):
         from lightning_perf import PerfSuite
-        from lightning_perf.callbacks._base import PerfCallback
+        from lightning_perf.callbacks.core.base import PerfCallback
 
         ran = []
         for cb in self.trainer.callbacks:

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import IterationTimer, SectionProfiler
-from lightning_perf.measure import loader as loader_module
+from lightning_perf.measure.sections import loader as loader_module
 
 
 class SleepingItems(Dataset):

@@ -141,7 +141,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
-import lightning_perf.callbacks._summary_book as book
+import lightning_perf.callbacks.core.summary_book as book
 import lightning_perf.summary.io as io
 from lightning_perf import IterationTimer, PerfSuite, SectionProfiler
 

@@ -262,6 +262,7 @@ def test_matrix_fill_mode_adds_only_what_the_trainer_lacks(tmp_path, monkeypatch
     from helpers import TinyModel, fit
     from lightning.pytorch.callbacks import Timer
 
+    import lightning_perf._attach as attach
     from lightning_perf import IterationTimer, PerfSuite, QualityGate
     from lightning_perf._attach import FILL_ENV, hook
     from lightning_perf._attach.suite import AttachedSuite
@@ -269,7 +270,7 @@ def test_matrix_fill_mode_adds_only_what_the_trainer_lacks(tmp_path, monkeypatch
 
     monkeypatch.setenv("LIGHTNING_PERF_RUN_CALLBACKS", ",".join(SUITE))
     monkeypatch.setenv(FILL_ENV, "1")
-    monkeypatch.setitem(hook._count, "trainers", 0)  # this process's Trainer count: its first, and given back after
+    monkeypatch.setitem(attach._count, "trainers", 0)  # this process's Trainer count: its first, and given back after
 
     def attached(callbacks):
         built = hook.with_suite({"callbacks": callbacks}, "lightning.pytorch")["callbacks"]

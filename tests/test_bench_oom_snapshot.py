@@ -15,7 +15,7 @@ from torch import nn
 from lightning_perf.bench import oom_snapshot
 from lightning_perf.bench.sweep import CSV_COLUMNS, BenchError, run_sweep
 from lightning_perf.cli import main
-from lightning_perf.measure import memory_snapshot as snapshots
+from lightning_perf.measure.memory import snapshot as snapshots
 
 #: What the models below saw: (batch size, whether the allocator's history was on) per forward.
 FORWARDS = []

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import IterationTimer
-from lightning_perf.measure.ratio_ci import between_runs_ratio_ci, rank_sum_counts, shift_ratio_ci
+from lightning_perf.measure.stats.ratio_ci import between_runs_ratio_ci, rank_sum_counts, shift_ratio_ci
 from lightning_perf.summary.compare import MIN_EFFECT_PCT, compare_summaries
 
 

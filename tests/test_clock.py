@@ -2,7 +2,7 @@
 
 import pytest
 
-from lightning_perf.measure.clock import DeviceIntervalClock
+from lightning_perf.measure.timing.clock import DeviceIntervalClock
 
 
 class FakeStream:

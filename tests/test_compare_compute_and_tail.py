@@ -9,7 +9,7 @@ from helpers import TinyModel, fit, use_virtual_clock
 from lightning_perf import IterationTimer
 from lightning_perf.bench.matrix import format_matrix, matrix_rows
 from lightning_perf.cli import main
-from lightning_perf.measure.tail_advice import tail_line
+from lightning_perf.measure.timing.tail_advice import tail_line
 from lightning_perf.summary.report import format_report, report_rows
 
 

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 from lightning.pytorch import Callback
 
-import lightning_perf.callbacks._vram_activity as activity_module
+import lightning_perf.callbacks.vram_monitor.activity as activity_module
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import VRAMMonitor
-from lightning_perf.measure.device_activity import HostActivityReader, NvmlActivityReader, ThreadWaitReader
+from lightning_perf.measure.device.activity import HostActivityReader, NvmlActivityReader, ThreadWaitReader
 from lightning_perf.summary.contention import CPU_WAIT_PCT, contention, contention_line
 from lightning_perf.summary.diagnosis import diagnose, diagnosis_line
 from test_device_activity import ActiveNvml, FakeClock, Times, fake_psutil

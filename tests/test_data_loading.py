@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import IterationTimer, SectionProfiler
-from lightning_perf.measure.loader import computing_pct
+from lightning_perf.measure.sections.loader import computing_pct
 
 WARMUP = 5
 
@@ -213,7 +213,7 @@ def test_without_the_fetch_announcement_the_gap_is_data_loading_and_says_so(tmp_
     """A Lightning whose training loop has no fetch marks under the names the profiler knows (a release that renames
     them): after 3 steps the profiler warns, times data loading as the whole gap between batches (`batch_gap`, an
     upper bound, so it holds the loop's work too and no `between_batches` is counted after), and says why."""
-    from lightning_perf.callbacks import section_profiler as module
+    from lightning_perf.callbacks.section_profiler import callback as module
 
     monkeypatch.setattr(module, "_FETCH_MARKS", ("_on_before_fetch_renamed", "_on_after_fetch_renamed"))
     spent = []

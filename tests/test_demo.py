@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from helpers import read_scalars
-from lightning_perf.callbacks.section_profiler import BACKWARD_OVER_FORWARD
+from lightning_perf.callbacks.section_profiler.callback import BACKWARD_OVER_FORWARD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

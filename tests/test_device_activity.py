@@ -12,10 +12,10 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-import lightning_perf.measure.memory as memory_module
+import lightning_perf.measure.memory.readers as memory_module
 from helpers import TinyModel, find_summary, fit, hold_until_sampled, make_loader, read_scalars
 from lightning_perf import VRAMMonitor
-from lightning_perf.measure.device_activity import (
+from lightning_perf.measure.device.activity import (
     GPU_READINGS,
     HOST_READINGS,
     P5_RELATIVE_ACCURACY,

@@ -203,7 +203,7 @@ def test_host_bound_fires_when_the_gpu_idles_while_the_step_fills_the_iteration(
 @pytest.fixture
 def simulated_gpu(monkeypatch):
     """VRAMMonitor on a simulated board (tests/test_device_activity.py): only the hardware is simulated."""
-    import lightning_perf.callbacks.vram_monitor as vram_module
+    import lightning_perf.callbacks.vram_monitor.callback as vram_module
     from test_vram_monitor import FakeCuda
 
     monkeypatch.setattr(vram_module, "cuda_backend", lambda: FakeCuda())
@@ -224,7 +224,7 @@ class Tick(Callback):
 def test_host_bound_from_vram_monitors_own_reading_in_a_real_fit(tmp_path, monkeypatch, simulated_gpu, util,
                                                                   verdict):
     """The board reports ``util`` % busy while the step fills 90.9% of the iteration."""
-    import lightning_perf.measure.memory as memory_module
+    import lightning_perf.measure.memory.readers as memory_module
     from test_device_activity import ActiveNvml
 
     monkeypatch.setattr(memory_module, "load_pynvml", lambda: ActiveNvml(util=util))
@@ -282,7 +282,7 @@ def test_a_step_verdict_needs_an_evaluation_figure(tmp_path, monkeypatch):
 
 
 def test_a_failing_diagnosis_is_a_reason_in_the_file_and_training_completes(tmp_path, monkeypatch):
-    from lightning_perf.callbacks import _summary_book
+    from lightning_perf.callbacks.core import summary_book as _summary_book
 
     def broken(data):
         raise ZeroDivisionError("no figures")

@@ -12,11 +12,11 @@ import pynvml
 import pytest
 from lightning.pytorch import Callback
 
-import lightning_perf.measure.energy as energy_module
-import lightning_perf.measure.memory as memory_module
+import lightning_perf.measure.device.energy as energy_module
+import lightning_perf.measure.memory.readers as memory_module
 from helpers import TinyModel, find_summary, fit, hold_until_sampled
 from lightning_perf import IterationTimer, VRAMMonitor
-from lightning_perf.measure.energy import COUNTER, POWER_X_TIME, EnergyMeter
+from lightning_perf.measure.device.energy import COUNTER, POWER_X_TIME, EnergyMeter
 from test_device_activity import ActiveNvml
 
 BATCH = 8  # make_loader's batch size: 64 training samples (8 batches) and 32 validation samples (4 batches) an epoch

@@ -5,7 +5,7 @@ from torch import nn
 
 from helpers import TinyModel, find_summary, fit, read_scalars, trainer_kwargs
 from lightning_perf import EvalNoGradGuard, allow_grad_in_eval
-from lightning_perf.measure.memory import RssReader
+from lightning_perf.measure.memory.readers import RssReader
 
 
 def live_rss_mb():
@@ -285,7 +285,7 @@ def test_a_clean_evaluation_runs_without_global_module_hooks_after_its_first_bat
 
 
 def _watch(found):
-    from lightning_perf.measure.autograd import EvalForwardWatch
+    from lightning_perf.measure.evaluation.autograd import EvalForwardWatch
 
     return EvalForwardWatch(lambda site, hook, module, saved, fixed, model: found.append((module, saved)),
                             lambda hook: False)
@@ -335,7 +335,7 @@ def test_a_replaced_torch_hook_dict_is_found_again_at_the_next_phase_start(monke
     finds the new one, armed or not, and the watch sees forwards again."""
     from collections import OrderedDict
 
-    from lightning_perf.measure import autograd
+    from lightning_perf.measure.evaluation import autograd
 
     found = []
     watch = autograd.EvalForwardWatch(lambda site, hook, module, saved, fixed, model: found.append(module),
@@ -362,7 +362,7 @@ def test_a_replaced_torch_hook_dict_is_found_again_at_the_next_phase_start(monke
 def test_a_dict_replaced_while_armed_loses_the_hook_at_the_next_refresh_when_disarmed(monkeypatch):
     from collections import OrderedDict
 
-    from lightning_perf.measure import autograd
+    from lightning_perf.measure.evaluation import autograd
 
     watch = autograd.EvalForwardWatch(lambda *a: None, lambda hook: False)
     watch.arm()
@@ -378,7 +378,7 @@ def test_a_copied_watch_starts_disarmed_and_arms_in_torchs_own_dict():
     import copy
     import pickle
 
-    from lightning_perf.measure import autograd
+    from lightning_perf.measure.evaluation import autograd
 
     found = []
     watch = autograd.EvalForwardWatch(_Collect(found), _never)
@@ -413,7 +413,7 @@ def _never(hook):
 def test_arming_between_steps_puts_one_hook_in_and_takes_it_out(monkeypatch, torch_dict):
     """The watch toggles its one global pre-hook in torch's dict under the id its first registration got (a dict
     store a step); where torch keeps its hooks otherwise, it registers and removes a handle each time."""
-    from lightning_perf.measure import autograd
+    from lightning_perf.measure.evaluation import autograd
 
     if not torch_dict:
         monkeypatch.setattr(autograd, "_PRE_HOOKS", "_no_such_dict")

@@ -258,7 +258,7 @@ def test_a_whole_suite_state_that_is_not_a_dict_is_recorded_on_every_callback(tm
 
 
 def test_a_histogram_with_wrong_types_is_refused_not_half_read():
-    from lightning_perf.measure.stats import LogHistogram
+    from lightning_perf.measure.stats.streaming import LogHistogram
 
     good = LogHistogram()
     for v in (1.0, 2.0, 3.0):
@@ -356,7 +356,7 @@ def test_at_steps_may_be_any_iterable_of_steps(tmp_path):
 def test_a_failing_gate_fails_the_fit_when_its_baseline_cannot_be_written(tmp_path, monkeypatch):
     """The disk fails when the baseline is written at fit end: the verdict, the summary and the failure still come
     (before, the write's OSError ended the hook: no summary, and a failing gate passed)."""
-    from lightning_perf.callbacks import quality_gate
+    from lightning_perf.callbacks.quality_gate import callback as quality_gate
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -378,7 +378,7 @@ def test_a_failing_gate_fails_the_fit_when_its_baseline_cannot_be_written(tmp_pa
     (lambda h: {**h, "count": 10**18, "zero_count": 10**18 - 3}, "zero_count holds 999999999999999997"),
 ])
 def test_a_histogram_from_another_version_or_out_of_range_is_refused(edit, match):
-    from lightning_perf.measure.stats import LogHistogram
+    from lightning_perf.measure.stats.streaming import LogHistogram
 
     good = LogHistogram()
     for v in (1.0, 2.0, 3.0):
@@ -388,7 +388,7 @@ def test_a_histogram_from_another_version_or_out_of_range_is_refused(edit, match
 
 
 def test_a_count_past_any_real_run_is_refused_in_checkpoint_state():
-    from lightning_perf.callbacks._state import StateError, StateReader
+    from lightning_perf.callbacks.core.state import StateError, StateReader
 
     assert StateReader({"iterations": 12}).count("iterations") == 12
     for bad in (10**18, 10**400, -1, 1.5):

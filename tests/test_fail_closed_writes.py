@@ -401,7 +401,7 @@ def test_a_summary_that_cannot_be_written_anywhere_says_so_once_naming_the_run(t
     `write_summary`". Now one warning says the summary was NOT written, for which run, and why; no callback blames
     itself for it."""
     from lightning_perf import EvalNoGradGuard
-    from lightning_perf.callbacks import _summary_book
+    from lightning_perf.callbacks.core import summary_book as _summary_book
 
     def full(path, data):
         raise OSError(27, "File too large")

@@ -1,4 +1,4 @@
-"""The step hooks guard themselves inline (see ``lightning_perf.callbacks._base.guarded``): each one, broken, is
+"""The step hooks guard themselves inline (see ``lightning_perf.callbacks.core.base.guarded``): each one, broken, is
 recorded under its own name, warns, and the fit goes on to write its summary; and no other hook goes unguarded."""
 
 import warnings
@@ -67,7 +67,7 @@ def test_a_broken_step_hook_is_recorded_under_its_name_and_the_fit_goes_on(tmp_p
 def test_a_section_or_checkpoint_write_that_fails_is_recorded_not_raised_into_the_users_code(tmp_path, monkeypatch):
     """SectionProfiler's sinks for ``profile_section`` and for the strategy's checkpoint writes run in the user's code
     (a write's ``finally``): a failure there is recorded where it came from and the fit goes on."""
-    from lightning_perf.measure.section_ledger import SectionLedger
+    from lightning_perf.measure.sections.ledger import SectionLedger
 
     def broken(self, *args):
         raise RuntimeError("injected")

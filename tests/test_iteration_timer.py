@@ -263,7 +263,7 @@ def test_cuda_device_timing(tmp_path):
 
 
 def test_batch_size_inference_on_nested_batches():
-    from lightning_perf.measure.batch_size import infer_batch_size
+    from lightning_perf.measure.timing.batch_size import infer_batch_size
 
     x = torch.zeros(6, 3)
     assert infer_batch_size(x) == 6
@@ -274,7 +274,7 @@ def test_batch_size_inference_on_nested_batches():
 
 
 def test_the_batch_size_path_is_found_once_and_followed_or_found_again():
-    from lightning_perf.measure.batch_size import batch_size_path, follow
+    from lightning_perf.measure.timing.batch_size import batch_size_path, follow
 
     x = torch.zeros(6, 3)
     path = batch_size_path({"meta": "id", "image": [x]})
@@ -333,7 +333,7 @@ def test_logged_block_holds_the_last_value_tensorboard_got(tmp_path):
 def test_the_step_path_keeps_bounded_memory_and_reads_see_every_iteration(tmp_path, monkeypatch):
     """Iteration times wait in a list for at most FOLD_EVERY iterations; any read (here the histogram mid-fit)
     folds them first, so nothing is missing from what a reader sees."""
-    from lightning_perf.callbacks import iteration_timer as module
+    from lightning_perf.callbacks.iteration_timer import callback as module
 
     monkeypatch.setattr(module, "FOLD_EVERY", 4)
     timer = IterationTimer(warmup_steps=0)

@@ -315,7 +315,7 @@ def test_the_benchmark_counts_the_step_hooks_under_manual_optimization_only(tmp_
 
     line = ("                self._ledger.optimizer_stepped(self._optimizer_rows.get(id(optimizer)), self._step_resume,"
             " t)\n")
-    other = copy_that_sleeps(tmp_path, "callbacks/section_profiler.py", line, 0.002)
+    other = copy_that_sleeps(tmp_path, "callbacks/section_profiler/callback.py", line, 0.002)
     env = {**os.environ, "LIGHTNING_PERF_BENCH_SOURCE": str(other)}
     figures = {}
     for mode in ("--manual", None):

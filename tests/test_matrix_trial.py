@@ -9,7 +9,7 @@ import pytest
 from helpers import write_toy_cli
 
 from lightning_perf.bench.matrix_trial import add_trial, pooled_trial, trial_cell
-from lightning_perf.measure.trial import paired_ratio
+from lightning_perf.measure.trials.blocks import paired_ratio
 
 
 def cli(*args, cwd):

@@ -8,7 +8,7 @@ import torch
 
 from helpers import TinyModel, find_summary, fit
 from lightning_perf import MemorySnapshot
-from lightning_perf.measure import memory_snapshot as snapshots
+from lightning_perf.measure.memory import snapshot as snapshots
 
 MB = 1024 * 1024
 LIBRARY_FRAME = {"filename": os.path.join(os.path.dirname(torch.__file__), "nn", "modules", "linear.py"), "line": 125,

@@ -32,7 +32,7 @@ from lightning_perf.bench.noise_floor import (
     shift_between,
 )
 from lightning_perf.bench.rounds import DEFAULT_REPEATS, round_order, run_rounds
-from lightning_perf.measure.round_blocks import aligned_rank_shift_ci, round_drift_f
+from lightning_perf.measure.stats.round_blocks import aligned_rank_shift_ci, round_drift_f
 
 
 # -- the rule, on synthetic drift ---------------------------------------------------------------------------------

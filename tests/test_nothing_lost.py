@@ -209,7 +209,7 @@ def test_an_unwritable_record_baseline_fails_before_training(tmp_path):
 
 
 def test_a_disk_that_fails_at_the_end_sends_the_summary_to_the_log_dir(tmp_path, monkeypatch):
-    from lightning_perf.callbacks import _summary_book
+    from lightning_perf.callbacks.core import summary_book as _summary_book
 
     target = tmp_path / "elsewhere" / "s.json"
     real = _summary_book.write_json_atomic
@@ -281,7 +281,7 @@ def test_a_finished_fit_leaves_nothing_alive(name, tmp_path):
 
 
 def _count_writes(monkeypatch):
-    from lightning_perf.callbacks import _summary_book
+    from lightning_perf.callbacks.core import summary_book as _summary_book
 
     writes = []
     real = _summary_book.write_json_atomic

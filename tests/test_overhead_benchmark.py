@@ -58,7 +58,7 @@ def test_bad_against_is_one_line_and_exit_2(tmp_path, capsys):
 def test_against_measures_the_other_checkout_in_runs_alternating_with_this_one(tmp_path):
     """A copy of the package whose IterationTimer sleeps 10 ms in a step hook: its figure holds the sleep, this
     checkout's does not, so each side ran its own code."""
-    other = copy_that_sleeps(tmp_path, "callbacks/iteration_timer.py", "        self._stepped = True\n", 0.010)
+    other = copy_that_sleeps(tmp_path, "callbacks/iteration_timer/callback.py", "        self._stepped = True\n", 0.010)
     proc = bench("--hooks-only", "IterationTimer", "--against", str(other), "--steps", "10", "--rounds", "1")
     assert proc.returncode == 0, proc.stderr
     rows = dict(re.findall(r"^  IterationTimer\s+(this checkout|--against)\s+median\s+([0-9.]+)", proc.stdout, re.M))
@@ -80,7 +80,7 @@ def test_the_simulated_device_runs_the_cuda_path_and_goes_to_the_other_checkout_
     # fetch was data loading: its start and its return are two boundaries more)
     assert 5 * 34 * 5 <= records <= 5 * 34 * 11, proc.stdout
     mark = "        if current is not None and self.timed(fit + end_next):  # a timed piece ends here\n"
-    other = copy_that_sleeps(tmp_path, "callbacks/_section_device.py", mark, 0.010, before=True)
+    other = copy_that_sleeps(tmp_path, "callbacks/section_profiler/device.py", mark, 0.010, before=True)
     proc = bench("--hooks-only", "SectionProfiler", "--simulated-device", "--against", str(other), "--steps", "10",
                  "--rounds", "1")
     assert proc.returncode == 0, proc.stderr
@@ -299,7 +299,7 @@ def test_own_steps_puts_a_known_cost_on_the_steps_that_paid_it(tmp_path):
     preempted hooks into steps over 5x the median; here every step's time is known exactly."""
     import lightning_perf
     from helpers import TickingClock
-    from lightning_perf.callbacks._base import PerfCallback
+    from lightning_perf.callbacks.core.base import PerfCallback
 
     own_steps = load_script("own_steps")
     own_steps.overhead.LOGGER["on"] = False
@@ -427,7 +427,8 @@ def test_per_hook_times_the_section_profilers_marks_as_its_hooks(tmp_path):
     """``--per-hook SectionProfiler`` times its fetch marks, transfer wrapper and report too: a copy whose fetch return
     sleeps 2 ms reads it on that line alone, and each line's µs a step is its calls' mean times their count over the
     steps."""
-    other = copy_that_sleeps(tmp_path, "callbacks/section_profiler.py", "        self._fetch_marks.after()\n", 0.002)
+    other = copy_that_sleeps(tmp_path, "callbacks/section_profiler/callback.py", "        self._fetch_marks.after()\n",
+                             0.002)
     proc = bench("--per-hook", "SectionProfiler", "--steps", "60",
                  env={**os.environ, "LIGHTNING_PERF_BENCH_SOURCE": str(other)})
     assert proc.returncode == 0, proc.stderr

@@ -181,7 +181,7 @@ def test_window_scalars_reach_the_logger_a_few_per_batch_end_each_at_its_own_ste
     inside a suite and apart, the last window's before the run ends."""
     from lightning.pytorch.loggers import CSVLogger
 
-    from lightning_perf.callbacks._scalars import PER_BATCH_END, WAITING
+    from lightning_perf.callbacks.core.scalars import PER_BATCH_END, WAITING
 
     def run(together, root):
         calls = []
@@ -293,7 +293,7 @@ def test_one_gather_gives_each_callback_its_own_columns_and_keeps_a_failure_to_i
 
     import torch
 
-    from lightning_perf.callbacks._rank_gather import close_gather_batch, gather_floats_then, open_gather_batch
+    from lightning_perf.callbacks.core.rank_gather import close_gather_batch, gather_floats_then, open_gather_batch
 
     gathered = []
 
@@ -363,7 +363,7 @@ def test_one_tensorboard_event_per_step_holds_the_same_points_as_one_per_scalar(
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from helpers import read_scalars
-    from lightning_perf.callbacks import _scalars
+    from lightning_perf.callbacks.core import scalars as _scalars
 
     class OneByOne(TensorBoardLogger):
         def log_metrics(self, metrics, step=None):

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from lightning_perf import SectionProfiler
-from lightning_perf.callbacks import _printer, _section_window
+from lightning_perf.callbacks.core import printer as _printer
+from lightning_perf.callbacks.section_profiler import window as _section_window
 from tests.helpers import find_summary, fit
 
 

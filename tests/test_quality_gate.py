@@ -14,7 +14,7 @@ from torchmetrics.functional.image import structural_similarity_index_measure as
 
 from helpers import ImageModel, find_summary, fit, read_scalars, trainer_kwargs
 from lightning_perf import QualityGate
-from lightning_perf.measure import image_quality
+from lightning_perf.measure.quality import image_quality
 from lightning_perf.summary.compare import compare_summaries
 
 IMAGE = ["psnr", "ssim", "l1"]

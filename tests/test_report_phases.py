@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import lightning_perf.callbacks.vram_monitor as vram_module
+import lightning_perf.callbacks.vram_monitor.callback as vram_module
 from helpers import TinyModel, fit, use_virtual_clock
 from lightning_perf import IterationTimer, VRAMMonitor, phase
-from lightning_perf.measure.memory import MB
+from lightning_perf.measure.memory.readers import MB
 
 #: name -> (ms per step, MB a training step allocates, MB a validation step allocates, logged gaussians or None)
 PHASES = {"baseline": (10.0, 100, 3000, 1000.0), "phase1": (8.0, 300, 2000, 1500.0), "phase2": (5.0, 200, 2500, None)}
@@ -267,7 +267,7 @@ def test_eval_in_train_hooks_on_cpu_sees_a_known_allocation_in_host_rss(tmp_path
 
 
 def test_phase_names_are_checked_and_nesting_and_a_failing_listener_are_harmless():
-    from lightning_perf.measure import phases as phases_module
+    from lightning_perf.measure.memory import user_phases as phases_module
 
     with pytest.raises(ValueError, match=r"`phase\(name='eval'\)`. Possible choices are: eval_in_train_hooks"):
         phase("eval")

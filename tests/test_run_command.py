@@ -13,6 +13,7 @@ import pytest
 
 from helpers import TinyModel, fit, write_toy_cli
 from lightning.pytorch.callbacks import Timer
+import lightning_perf._attach as attach
 from lightning_perf import IterationTimer, PerfSuite, SectionProfiler
 from lightning_perf._attach import gate_arguments, hook, parse_callbacks
 from lightning_perf._attach.launch import STARTUP_DIR
@@ -321,7 +322,7 @@ def test_attach_failures_leave_the_trainer_as_the_script_built_it(tmp_path, monk
 
 
 def test_attached_suite_stands_aside_when_its_summary_cannot_be_written(tmp_path, monkeypatch):
-    monkeypatch.setitem(hook._count, "trainers", 0)  # the process's first Trainer, whatever ran before: its file is
+    monkeypatch.setitem(attach._count, "trainers", 0)  # the process's first Trainer, whatever ran before: its file is
     (tmp_path / "out" / "perf_summary.json").mkdir(parents=True)  # perf_summary.json, and a folder is there
     suite = AttachedSuite([IterationTimer()], out=str(tmp_path / "out"))
     trainer = fit(tmp_path / "logs", [suite], model=TinyModel(), max_epochs=1, logger=False)

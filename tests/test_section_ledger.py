@@ -3,9 +3,9 @@ the test's), and every figure in closed form from those times."""
 
 import pytest
 
-from lightning_perf.measure import section_ledger as ledger_module
-from lightning_perf.measure.section_ledger import BETWEEN, SectionLedger
-from lightning_perf.measure.section_state import ledger_state, load_ledger
+from lightning_perf.measure.sections import ledger as ledger_module
+from lightning_perf.measure.sections.ledger import BETWEEN, SectionLedger
+from lightning_perf.measure.sections.state import ledger_state, load_ledger
 
 
 def step_switch(ledger, section, t):
@@ -157,7 +157,7 @@ def test_a_checkpoint_saved_in_batch_end_work_carries_that_iteration_and_loads_b
     state = ledger_state(ledger, t + 0.001)
     assert state["iterations"] == 4 and state["sections"]["forward"]["host_ms"]["count"] == 4
     assert ledger.iterations == 3 and ledger.table()["forward"]["count"] == 3  # the live figures are untouched
-    from lightning_perf.measure.stats import LogHistogram
+    from lightning_perf.measure.stats.streaming import LogHistogram
 
     resumed = SectionLedger(warmup_steps=0, report_every_n_steps=10**6, gap_mode=False)
     sections = {name: (s["kind"], s["parent"], LogHistogram.from_dict(s["host_ms"]),

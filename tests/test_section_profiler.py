@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from helpers import (ClockedItems, HostEvent, ManualModel, SimulatedDevice, TinyModel, find_summary, fit, make_loader,
                      read_scalars, use_virtual_clock)
 from lightning_perf import IterationTimer, SectionProfiler, profile_section
-from lightning_perf.measure import sections as sections_module
+from lightning_perf.measure.sections import user_sections as sections_module
 
 AUTO = ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "other")
 
@@ -289,7 +289,7 @@ def test_window_figures_add_up_to_the_run_totals_while_histograms_take_raw_times
     """A report's figures come from the raw times (sums, not the histogram), which reach the histograms only once
     HISTOGRAM_EVERY wait: the logged window means, times the iterations of each window, add up to the summary's
     totals (the histograms' exact sums), section by section and for whole iterations."""
-    from lightning_perf.measure import section_ledger as module
+    from lightning_perf.measure.sections import ledger as module
 
     monkeypatch.setattr(module, "FOLD_EVERY", 3)
     monkeypatch.setattr(sections_module, "HISTOGRAM_EVERY", 7)
@@ -311,7 +311,8 @@ def test_the_periodic_table_is_not_built_where_lightnings_info_logging_is_off(tm
 
     from lightning_utilities.core import rank_zero
 
-    from lightning_perf.callbacks import _printer, section_profiler
+    from lightning_perf.callbacks.core import printer as _printer
+    from lightning_perf.callbacks.section_profiler import callback as section_profiler
 
     printed = []
     for module in (section_profiler, _printer):  # the final table; the periodic ones, on the printer's thread
@@ -390,7 +391,7 @@ def test_the_printed_table_lists_each_user_section_under_the_section_it_ran_in(t
 def test_the_printed_rows_keep_sections_whose_parents_are_missing_or_in_a_loop():
     """A hand-edited checkpoint may name a parent with no row, or two user sections each other's parent: every row
     is still printed once, those at the top level."""
-    from lightning_perf.measure.section_report import printed_rows
+    from lightning_perf.measure.sections.report import printed_rows
 
     def row(kind, parent, total):
         return {"kind": kind, "parent": parent, "count": 1, "total_s": total}
@@ -628,7 +629,7 @@ def test_without_lightnings_fetch_announcement_data_loading_falls_back_loudly(tm
     clock (helpers.VirtualClock), where the 8 items of a batch cost 2 ms each and nothing else costs anything: with
     real time, on a loaded machine, the sections and IterationTimer's mean drifted apart by scheduling alone; here
     the counted iterations (after the fallback) hold exactly the 16 ms of their fetch, all of it in data_loading."""
-    from lightning_perf.callbacks import section_profiler as module
+    from lightning_perf.callbacks.section_profiler import callback as module
 
     monkeypatch.setattr(SlowDataset, "pace", staticmethod(use_virtual_clock(monkeypatch).advance))
     monkeypatch.setattr(module, "_FETCH_MARKS", ("_on_before_fetch_renamed", "_on_after_fetch_renamed"))
@@ -659,7 +660,7 @@ def test_the_fetch_marks_see_every_fetch_and_nothing_else_and_the_loop_gets_its_
     back as they were."""
     from lightning.pytorch.profilers import PassThroughProfiler
 
-    from lightning_perf.callbacks import section_profiler as module
+    from lightning_perf.callbacks.section_profiler import callback as module
 
     seen, started = [], []
     real = module.SectionProfiler._fetch_started
@@ -748,7 +749,7 @@ def test_batch_gap_times_the_gap_between_batches_through_public_hooks(tmp_path, 
 
 def test_a_sink_that_fails_to_start_a_section_never_reaches_the_users_code():
     """profile_section's start and end both swallow a measurement failure (a CUDA event that cannot be made)."""
-    from lightning_perf.measure import sections
+    from lightning_perf.measure.sections import user_sections as sections
 
     class Failing:
         ended = []
@@ -775,7 +776,7 @@ def test_the_step_path_keeps_bounded_memory_between_reports(tmp_path, monkeypatc
     of one value each. On the virtual clock (helpers.VirtualClock), where EverySection puts a known cost in each
     section: the memory needs no real time, and with real time the profiler's and IterationTimer's means came within
     a hair of a 5% tolerance on a loaded machine (+2.9%); here both are exactly the costs put in."""
-    from lightning_perf.measure import section_ledger as module
+    from lightning_perf.measure.sections import ledger as module
 
     clock = use_virtual_clock(monkeypatch)
     monkeypatch.setattr(module, "FOLD_EVERY", 4)

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from lightning_perf.measure.stats import BlockSeries
+from lightning_perf.measure.stats.streaming import BlockSeries
 from lightning_perf.summary.compare import MIN_EFFECT_PCT, headline
 
 

@@ -6,8 +6,8 @@ import pytest
 
 import numpy as np
 
-from lightning_perf.measure.ratio_ci import batch_means_ratio_ci, student_t_quantile
-from lightning_perf.measure.stats import BlockSeries, LogHistogram
+from lightning_perf.measure.stats.ratio_ci import batch_means_ratio_ci, student_t_quantile
+from lightning_perf.measure.stats.streaming import BlockSeries, LogHistogram
 
 
 def exact_quantile(sorted_values, q):

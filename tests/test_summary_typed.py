@@ -20,8 +20,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from pydantic import BaseModel
 from torch import nn
 
-import lightning_perf.callbacks.vram_monitor as vram_module
-import lightning_perf.measure.memory as memory_module
+import lightning_perf.callbacks.vram_monitor.callback as vram_module
+import lightning_perf.measure.memory.readers as memory_module
 from helpers import ImageModel, SimulatedDevice, TinyModel, find_summary, fit
 from lightning_perf import (EvalNoGradGuard, IterationTimer, PerfSuite, QualityGate, SectionProfiler, VRAMMonitor,
                             profile_section)

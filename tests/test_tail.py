@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from helpers import TinyModel, find_summary, fit, read_scalars, use_virtual_clock
 from lightning_perf import IterationTimer, PerfSuite, SectionProfiler, profile_section
-from lightning_perf.measure import tail as tail_module
-from lightning_perf.measure import tail_advice
-from lightning_perf.measure.tail_advice import tail_insights
+from lightning_perf.measure.timing import tail as tail_module
+from lightning_perf.measure.timing import tail_advice
+from lightning_perf.measure.timing.tail_advice import tail_insights
 
 STEP_S = 0.010
 CLOCK = {}
@@ -533,7 +533,7 @@ def test_keep_slowest_is_checked_at_construction():
 
 
 def test_a_checkpoint_of_an_older_version_loads_its_slowest_without_iteration_numbers():
-    from lightning_perf.measure.tail import SlowestIterations
+    from lightning_perf.measure.timing.tail import SlowestIterations
 
     kept = SlowestIterations(3)
     kept.load([[50.0, 1, 10, 0, 0, 0.0], [60.0, 2, 20, 0, 0, 0.0, 20]])  # 6 numbers before iteration numbers

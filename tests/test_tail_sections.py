@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from helpers import TinyModel, find_summary, trainer_kwargs, use_virtual_clock
 from lightning_perf import IterationTimer, SectionProfiler, profile_section
-from lightning_perf.measure.stats import LogHistogram
-from lightning_perf.measure.tail import median_per_iteration
-from lightning_perf.measure.tail_advice import tail_insights
+from lightning_perf.measure.stats.streaming import LogHistogram
+from lightning_perf.measure.timing.tail import median_per_iteration
+from lightning_perf.measure.timing.tail_advice import tail_insights
 
 CLOCK = {}
 
@@ -147,7 +147,7 @@ def test_the_median_per_iteration_of_a_section_called_often_in_few_iterations_is
 
 
 def test_the_console_tail_line_counts_in_words():
-    from lightning_perf.measure.tail_advice import tail_line
+    from lightning_perf.measure.timing.tail_advice import tail_line
 
     one = {"share_pct": 0.9, "iterations": 1, "factor": 2.0, "median_ms": 500.0, "by_cause": {}}
     assert "in 1 iteration over 2x the median" in tail_line(one)

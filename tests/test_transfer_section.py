@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 
 from helpers import ClockedItems, SimulatedDevice, TinyModel, find_summary, fit, trainer_kwargs, use_virtual_clock
 from lightning_perf import IterationTimer, PerfSuite, SectionProfiler
-from lightning_perf.callbacks import _batch_transfer as batch_transfer
+from lightning_perf.callbacks.section_profiler import batch_transfer
 
 FETCH_S, TRANSFER_S, STEP_S = 0.002, 0.004, 0.003  # per item (8 a batch), per transfer, per training_step
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from lightning_perf.measure.trial import OFF, ON, BlockSchedule, TrialBlocks, paired_ratio
+from lightning_perf.measure.trials.blocks import OFF, ON, BlockSchedule, TrialBlocks, paired_ratio
 
 
 def simulate(schedule, extra=0.05, seed=0, noise=0.03, drift=0.2, every=None, spike=5.0, step_s=0.01):

@@ -6,11 +6,11 @@ import pynvml
 import pytest
 import torch
 
-import lightning_perf.callbacks.vram_monitor as vram_module
-import lightning_perf.measure.memory as memory_module
+import lightning_perf.callbacks.vram_monitor.callback as vram_module
+import lightning_perf.measure.memory.readers as memory_module
 from helpers import TinyModel, find_summary, fit, hold_until_sampled, read_scalars
 from lightning_perf import VRAMMonitor
-from lightning_perf.measure.memory import MB, LeakDetector
+from lightning_perf.measure.memory.readers import MB, LeakDetector
 
 BIG = 100_000_000  # floats: 400 MB, touched so that it is resident
 

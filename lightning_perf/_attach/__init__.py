@@ -3,14 +3,15 @@
 The parent (:mod:`.launch`) runs the command with :mod:`.startup` first on ``PYTHONPATH``; the ``sitecustomize`` there
 installs :mod:`.hook` in the command's Python, which patches ``Trainer.__init__`` of ``lightning.pytorch`` and
 ``pytorch_lightning`` when the command imports them, and appends a :class:`.suite.AttachedSuite` to each Trainer's
-callbacks. The options travel in the environment variables below; this module holds what both sides read, and
-needs neither torch nor Lightning.
+callbacks. The options travel in the environment variables below; this module holds what both sides use (the
+settings, the manifest, the one-line warnings, the Trainers' numbering), and needs neither torch nor Lightning.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Dict, List, Optional
 
 #: The comma-separated callbacks of the suite; its presence is what makes the command's Python attach anything.
@@ -67,7 +68,7 @@ def gate_arguments(path: str) -> Dict[str, Any]:
     """``QualityGate`` arguments that gate every metric of the baseline at ``path`` (a perf_summary.json with a
     quality_gate section, or a file of ``record_baseline``): its image metrics as ``metrics``, its other metrics as
     ``monitor`` with the direction the baseline recorded. ValueError with the reason when there is nothing to gate."""
-    from lightning_perf.measure.image_quality import IMAGE_METRICS
+    from lightning_perf.measure.quality.image_quality import IMAGE_METRICS
     from lightning_perf.summary.baseline import BASELINE_KIND, read_baseline_with_gaps
     from lightning_perf.summary.io import read_json
 
@@ -152,3 +153,34 @@ def read_manifest(path: str) -> List[Dict[str, Any]]:
 def env_text(name: str) -> Optional[str]:
     value = os.environ.get(name)
     return value if value else None
+
+
+_warned: set = set()
+_count = {"trainers": 0}
+
+
+def warn_once(key: str, message: str) -> None:
+    """One line on stderr, once per key; not ``warnings.warn``, which ``-W error`` would turn into an exception."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    try:
+        sys.stderr.write(f"lightning-perf run: {message}\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a closed stderr is no reason to fail the command
+        pass
+
+
+def next_trainer_number() -> int:
+    """1 for the first Trainer of the command to run with the suite, 2 for the next, ...: counted over all the
+    command's processes (a pool's workers, a fork: each would otherwise write the first's file), in this process
+    alone where the run's manifest cannot count them."""
+    _count["trainers"] += 1
+    claimed = claim_number()
+    return _count["trainers"] if claimed is None else claimed
+
+
+def is_lightning_perf_callback(callback: Any) -> bool:
+    """Whether a class of ``callback`` comes from lightning_perf (also a user's subclass of one): by module name, so
+    that it needs no import and recognises every copy of the package."""
+    return any(str(getattr(cls, "__module__", "")).startswith("lightning_perf.") for cls in type(callback).__mro__)

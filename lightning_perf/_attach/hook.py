@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any, Dict
 
-from lightning_perf._attach import CALLBACKS_ENV, FILL_ENV, claim_number, record
+from lightning_perf._attach import CALLBACKS_ENV, FILL_ENV, is_lightning_perf_callback, record, warn_once
 
 #: The module that defines each namespace's Trainer -> the namespace.
 TARGETS = {"lightning.pytorch.trainer.trainer": "lightning.pytorch",
@@ -18,36 +18,6 @@ TARGETS = {"lightning.pytorch.trainer.trainer": "lightning.pytorch",
 
 #: Set on a patched ``__init__``: a module imported twice (a reload) is patched once.
 _MARK = "__lightning_perf_run__"
-
-_warned: set = set()
-_count = {"trainers": 0}
-
-
-def warn_once(key: str, message: str) -> None:
-    """One line on stderr, once per key; not ``warnings.warn``, which ``-W error`` would turn into an exception."""
-    if key in _warned:
-        return
-    _warned.add(key)
-    try:
-        sys.stderr.write(f"lightning-perf run: {message}\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - a closed stderr is no reason to fail the command
-        pass
-
-
-def next_trainer_number() -> int:
-    """1 for the first Trainer of the command to run with the suite, 2 for the next, ...: counted over all the
-    command's processes (a pool's workers, a fork: each would otherwise write the first's file), in this process
-    alone where the run's manifest cannot count them."""
-    _count["trainers"] += 1
-    claimed = claim_number()
-    return _count["trainers"] if claimed is None else claimed
-
-
-def is_lightning_perf_callback(callback: Any) -> bool:
-    """Whether a class of ``callback`` comes from lightning_perf (also a user's subclass of one): by module name, so
-    that it needs no import and recognises every copy of the package."""
-    return any(str(getattr(cls, "__module__", "")).startswith("lightning_perf.") for cls in type(callback).__mro__)
 
 
 class _TrainerFinder(importlib.abc.MetaPathFinder):

@@ -17,15 +17,17 @@ from lightning_perf._attach import (
     TRIAL_ENV,
     env_text,
     gate_arguments,
+    is_lightning_perf_callback,
+    next_trainer_number,
     parse_callbacks,
     record,
     summary_file,
+    warn_once,
 )
-from lightning_perf._attach.hook import is_lightning_perf_callback, next_trainer_number, warn_once
-from lightning_perf.callbacks._arguments import check_path, check_text
-from lightning_perf.callbacks._base import SUITE_KEY
-from lightning_perf.callbacks._summary_book import book_for
-from lightning_perf.callbacks.perf_suite import PerfSuite
+from lightning_perf.callbacks.core.arguments import check_path, check_text
+from lightning_perf.callbacks.core.base import SUITE_KEY
+from lightning_perf.callbacks.core.summary_book import book_for
+from lightning_perf.callbacks.perf_suite.callback import PerfSuite
 from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 
 
@@ -73,7 +75,7 @@ def _trial(change: str) -> Any:
     place that can import it, as the Trainer is built); one that cannot be imported or used is refused at set-up,
     recorded in the trial section (``status: not-started``, ``reason``) with one warning, and the fit runs on."""
     from lightning_perf import ABTrial
-    from lightning_perf.measure.trial_changes import Refused
+    from lightning_perf.measure.trials.changes import Refused
 
     try:
         trial = ABTrial(change=change)

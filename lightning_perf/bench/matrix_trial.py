@@ -4,8 +4,8 @@ inside each variant's fits, and one figure per variant in the report.
 Each variant's runs get an ``ABTrial(change=CHANGE)`` with its defaults (``lightning-perf run --trial``'s way: the
 start-up hook reads :data:`lightning_perf._attach.TRIAL_ENV`). A variant's figure pools the complete block pairs of
 all its runs (the first round and its repeats: each summary's ``trial.pair_off_ms`` / ``trial.pair_on_ms``) into one
-ratio estimator, the statistic of a single trial (:func:`lightning_perf.measure.trial.paired_ratio`): with one run
-it is that run's own figure; with repeats it weighs each pair alike, so a run cut short counts for the pairs it
+ratio estimator, the statistic of a single trial (:func:`lightning_perf.measure.trials.blocks.paired_ratio`): with one
+run it is that run's own figure; with repeats it weighs each pair alike, so a run cut short counts for the pairs it
 measured. Pairs are treated as independent across runs too: a change whose effect differs from run to run widens
 the residuals, not a separate between-run term (docs/trials.md).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from lightning_perf.measure.trial import BUILT_IN_CHANGES, paired_ratio
+from lightning_perf.measure.trials.blocks import BUILT_IN_CHANGES, paired_ratio
 
 #: The row keys a trial adds (in the CSV as columns; the report shows one column and a findings line).
 TRIAL_KEYS = ("trial_change", "trial_speedup", "trial_speedup_low", "trial_speedup_high", "trial_verdict",

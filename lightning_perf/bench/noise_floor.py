@@ -18,7 +18,7 @@ Runs too few for a 95% rank interval (3 + 3 and fewer) get Student's t on the lo
 Why rounds as blocks (:func:`shift_by_rounds`): every setup runs once a round, and a busy machine's speed can move
 by 20 to 40% from one round to the next while the setups of one round share it. Where the rounds differ that much
 (the two-way F of the rounds at least :data:`ROUND_DRIFT_F`) and every setup has a run in every round, the ratio is
-measured within rounds by aligned ranks (:func:`lightning_perf.measure.round_blocks.aligned_rank_shift_ci`), exact
+measured within rounds by aligned ranks (:func:`lightning_perf.measure.stats.round_blocks.aligned_rank_shift_ci`), exact
 under exchangeability within rounds; otherwise (the machine kept its speed, a round lacks a run, too few rounds for
 the blocked interval) by the unpaired ranks above, which lose less to an occasional slow run.
 Measured by ``benchmarks/verdict_power.py`` (cases in ``tests/test_noise_floor.py``): see docs/cli.md."""
@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from lightning_perf.measure.ratio_ci import between_runs_ratio_ci, shift_ratio_ci
-from lightning_perf.measure.round_blocks import aligned_rank_shift_ci, round_drift_f
+from lightning_perf.measure.stats.ratio_ci import between_runs_ratio_ci, shift_ratio_ci
+from lightning_perf.measure.stats.round_blocks import aligned_rank_shift_ci, round_drift_f
 
 #: A change smaller than this (in %) is never decided, whatever the interval (compare's --min-effect default).
 MIN_EFFECT_PCT = 2.0
@@ -71,7 +71,7 @@ def ratio_between(values: Sequence[Optional[float]], reference: Sequence[Optiona
 def shift_between(values: Sequence[Optional[float]], reference: Sequence[Optional[float]]) -> Dict[str, Any]:
     """As :func:`ratio_between`, by ranks: ``ratio`` the Hodges-Lehmann shift (the median of every run's ratio to
     every reference run), ``low``/``high`` its exact Mann-Whitney 95% interval
-    (:func:`lightning_perf.measure.ratio_ci.shift_ratio_ci`), ``runs`` (counted runs a side) and ``method``
+    (:func:`lightning_perf.measure.stats.ratio_ci.shift_ratio_ci`), ``runs`` (counted runs a side) and ``method``
     (:data:`RANK_INTERVAL`). Where the runs are too few for a 95% rank interval (3 + 3, 2 + 4 and fewer; 4 + 4 and
     3 + 6 have one), :func:`ratio_between`'s ratio and interval, ``method`` :data:`T_INTERVAL`."""
     found = ratio_between(values, reference)
@@ -88,7 +88,7 @@ def shift_by_rounds(values: Sequence[Optional[float]], reference_setups: Sequenc
     with ``round_drift_f`` added (None where not measured); where ``by_rounds`` (the caller knows that run ``i`` of
     every list ran in round ``i``), every list has a usable run in every round, and the rounds differ (that F at
     least :data:`ROUND_DRIFT_F`), the ratio and interval are the blocked ones
-    (:func:`lightning_perf.measure.round_blocks.aligned_rank_shift_ci`), ``method`` :data:`PAIRED_INTERVAL`. Where
+    (:func:`lightning_perf.measure.stats.round_blocks.aligned_rank_shift_ci`), ``method`` :data:`PAIRED_INTERVAL`. Where
     the rounds are fewer than :data:`MIN_BLOCKED_ROUNDS`, the unpaired rule stands (and the F is not measured)."""
     found = shift_between(values, [v for setup in reference_setups for v in setup])
     found["round_drift_f"] = None

@@ -8,8 +8,8 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from lightning_perf.measure import memory_snapshot as snapshots
-from lightning_perf.measure.clock import now
+from lightning_perf.measure.memory import snapshot as snapshots
+from lightning_perf.measure.timing.clock import now
 from lightning_perf.summary.evidence import snapshot_findings
 
 #: Allocator events kept while the configuration runs again (MemorySnapshot's default; the oldest drop out).

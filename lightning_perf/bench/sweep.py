@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from lightning_perf.bench.oom_snapshot import OomSnapshots, default_folder
 from lightning_perf.bench.rounds import round_order
-from lightning_perf.measure.clock import now
+from lightning_perf.measure.timing.clock import now
 
 CSV_COLUMNS = [
     "timestamp", "mode", "tile_size", "batch_size", "device", "precision", "model_params", "model_size_mb",
@@ -120,7 +120,7 @@ def check_csv(path: str) -> bool:
 
 def _release_free_heap() -> None:
     """Hands memory that glibc keeps after frees back to the OS, so each CPU configuration's RSS growth is its own."""
-    from lightning_perf.measure.memory import heap_trimmer
+    from lightning_perf.measure.memory.readers import heap_trimmer
 
     trim = heap_trimmer()
     if trim is not None:
@@ -158,7 +158,7 @@ def run_config(factory: Callable[[], Any], size: int, batch_size: int, mode: str
     import torch
     from torch import nn
 
-    from lightning_perf.measure.memory import PeakSampler, RssReader
+    from lightning_perf.measure.memory.readers import PeakSampler, RssReader
 
     row: Dict[str, Any] = {k: None for k in CSV_COLUMNS}
     row.update(timestamp=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), mode=mode,

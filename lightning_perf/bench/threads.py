@@ -48,7 +48,7 @@ def busy_cores(span_s: float = SPAN_S, psutil_module: Any = None, sleep: Callabl
                ) -> Optional[float]:
     """Cores the machine kept busy over ``span_s`` seconds (this process sleeps meanwhile: the others' use), from
     psutil's CPU time counters as VRAMMonitor reads them; None where they cannot be read."""
-    from lightning_perf.measure.device_activity import _machine_times
+    from lightning_perf.measure.device.activity import _machine_times
 
     try:
         if psutil_module is None:

@@ -1,1 +1,2 @@
-"""Probes: clocks, memory readers and streaming statistics. No Lightning import here."""
+"""Probes, one package per thing measured: timing, sections, memory, device, stats, trials, quality, evaluation. No
+Lightning import here."""

@@ -6,8 +6,8 @@ import json
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from lightning_perf.measure.ratio_ci import batch_means_ratio_ci, between_runs_ratio_ci
-from lightning_perf.measure.tail_advice import counted
+from lightning_perf.measure.stats.ratio_ci import batch_means_ratio_ci, between_runs_ratio_ci
+from lightning_perf.measure.timing.tail_advice import counted
 from lightning_perf.summary.fields import (
     IMAGE_METRIC_DIRECTIONS,
     SummaryLike,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from lightning_perf.measure.loader import wait_advice
-from lightning_perf.measure.tail_advice import section_elsewhere
+from lightning_perf.measure.sections.loader import wait_advice
+from lightning_perf.measure.timing.tail_advice import section_elsewhere
 from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.evidence import evidence_lines, first_evidence
 from lightning_perf.summary.evidence import read_field as _get

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
 
-from lightning_perf.measure.allocator import pressure_line
+from lightning_perf.measure.memory.allocator import pressure_line
 
 
 def read_field(node: Any, key: str) -> Any:

@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Union
 
-from lightning_perf.measure.stats import BlockSeries
+from lightning_perf.measure.stats.streaming import BlockSeries
 from lightning_perf.summary.model import IterationTimer, IterStats, Metric, PerfSummary, as_summary
 
 #: What a reader takes: a typed summary, or a decoded file (validated on the way in).

@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from lightning_perf.measure.tail_advice import iteration_named
+from lightning_perf.measure.timing.tail_advice import iteration_named
 from lightning_perf.summary.compare import _section_ms, format_text, memory_texts, tail_text
 from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
 from lightning_perf.summary.energy import fmt_energy

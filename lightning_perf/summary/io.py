@@ -13,7 +13,7 @@ import stat
 import tempfile
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from lightning_perf.summary.schema import SummaryError, validate
+from lightning_perf.summary.schema import SummaryError
 
 if TYPE_CHECKING:
     from lightning_perf.summary.model import PerfSummary
@@ -292,6 +292,8 @@ def read_summary(path: str) -> "PerfSummary":
 def load_summary(path: str) -> Dict[str, Any]:
     """Reads and validates one summary (as :func:`read_summary`) and returns it as decoded: a dict whose every field
     a reader uses has the type and range the model gives it."""
+    from lightning_perf.summary.model import validate
+
     data = _decode(path)
     return validate(data, source=path)
 

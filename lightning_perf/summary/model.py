@@ -987,6 +987,13 @@ def parse(data: Any, source: str = "<summary>") -> PerfSummary:
     return summary
 
 
+def validate(data: Any, source: str = "<summary>") -> Dict[str, Any]:
+    """Checks a decoded summary against the typed model and returns it; raises :class:`SummaryError` with one line
+    naming ``source``, the field, the bad value and what is allowed."""
+    parse(data, source)
+    return data
+
+
 def as_summary(data: Any, source: str = "<summary>") -> PerfSummary:
     """What every reader calls first: a typed summary, from a typed summary or a decoded dict."""
     return parse(data, source)

@@ -1,9 +1,7 @@
 """The perf_summary.json file's constants (version, statuses, section names) and its error; the checks a reader
-applies are the typed definition in :mod:`lightning_perf.summary.model`."""
+applies are the typed definition in :mod:`lightning_perf.summary.model` (``validate`` there), which imports these."""
 
 from __future__ import annotations
-
-from typing import Any, Dict
 
 SCHEMA_VERSION = 2
 SUMMARY_FILENAME = "perf_summary.json"
@@ -15,12 +13,3 @@ SECTIONS = ("iteration_timer", "section_profiler", "vram", "eval_no_grad_guard",
 
 class SummaryError(ValueError):
     """A summary file is missing, unreadable, not JSON, or not of a schema this version reads."""
-
-
-def validate(data: Any, source: str = "<summary>") -> Dict[str, Any]:
-    """Checks a decoded summary against the typed model (:mod:`lightning_perf.summary.model`) and returns it;
-    raises :class:`SummaryError` with one line naming ``source``, the field, the bad value and what is allowed."""
-    from lightning_perf.summary.model import parse
-
-    parse(data, source)
-    return data

@@ -16,7 +16,7 @@ from lightning.pytorch import Callback
 
 from helpers import find_summary
 from lightning_perf import IterationTimer, VRAMMonitor
-from lightning_perf.measure.energy import COUNTER, POWER_X_TIME, EnergyMeter
+from lightning_perf.measure.device.energy import COUNTER, POWER_X_TIME, EnergyMeter
 
 from test_gpu_truth import MatmulModel, gpu_fit
 

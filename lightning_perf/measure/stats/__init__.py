@@ -1,0 +1,2 @@
+"""Statistics in bounded memory: the streaming histogram and block series, intervals of ratios, round-blocked
+intervals."""
