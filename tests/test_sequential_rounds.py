@@ -49,7 +49,7 @@ def test_aa_false_positive_rate_with_the_stopping_rule_applied(model, floor):
 def test_peeking_at_a_fixed_round_interval_would_not_hold(model):
     """The check above has teeth: Student's t at 95%, looked at after every round from 3 on, decides A/A pairs in
     well over 5% of trials on the same series."""
-    from lightning_perf.measure.ratio_ci import t_quantile_at_least
+    from lightning_perf.measure.stats.ratio_ci import t_quantile_at_least
 
     rng = np.random.default_rng(3)
     logs = simulate_logs(model, TRIALS, DEFAULT_MAX_ROUNDS, 2, rng)
