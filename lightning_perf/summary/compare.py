@@ -32,7 +32,7 @@ from lightning_perf.summary.energy import ENERGY_LABELS, energy_change, energy_l
 from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.memory_floor import FIELD_SOURCES, FLOORS, floor_mib
 from lightning_perf.summary.schema import SummaryError
-from lightning_perf.summary.comparison import NOT_DECIDED, Comparison, section_noise_ms
+from lightning_perf.summary.comparison import NOT_DECIDED, Comparison, break_even_text, section_noise_ms
 from lightning_perf.summary.projection import project_time, warmup_cost
 
 
@@ -664,24 +664,6 @@ def break_even(base: SummaryLike, candidate: SummaryLike) -> Dict[str, Any]:
         out["seconds"] = (out["warmup_cost_s"]["candidate"]
                           + out["iterations"] * c["ms_per_iter_mean"] / 1000.0)
     return out
-
-
-def break_even_text(result: Dict[str, Any], duration=fmt_duration) -> str:
-    """The break-even in words (``result``: :func:`break_even`'s dict); ``duration`` formats seconds."""
-    verdict, extra, n = result["verdict"], result["extra_warmup_s"], result["iterations"]
-    if verdict is None:
-        return f"n/a: {result['reason']}"
-    if verdict == "pays_back":
-        return f"pays back its {extra:.2f} s of extra warm-up after {n:,} iterations ({duration(result['seconds'])})"
-    if verdict == "never":
-        if extra < 0.005:
-            return "never ahead: no less warm-up and slower per iteration"
-        return f"never pays back: {extra:.2f} s more warm-up and not faster per iteration"
-    less = f"{-extra:.2f} s less warm-up" if -extra >= 0.005 else "no more warm-up"
-    if verdict == "ahead_until":
-        return (f"no warm-up cost to pay back ({less}), but slower per iteration: ahead for the first {n:,}"
-                f" iterations ({duration(result['seconds'])}) only")
-    return f"no warm-up cost to pay back ({less}) and not slower per iteration"
 
 
 def _warmup_lines(result: Dict[str, Any], width: int) -> List[str]:

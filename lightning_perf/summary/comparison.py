@@ -106,8 +106,6 @@ class Comparison:
 
     def break_even_text(self, be: Dict[str, Any], duration=fmt_duration) -> str:
         """The break-even in the headline's unit, and only where the speed verdict is decided."""
-        from lightning_perf.summary.compare import break_even_text
-
         if be.get("verdict") is None:
             return f"n/a: {be.get('reason')}"
         if self.direction is None:
@@ -150,3 +148,21 @@ def section_noise_ms(row: Dict[str, Any]) -> Optional[float]:
         floor = max(floor, 2.0 * math.sqrt(se[0] ** 2 + se[1] ** 2))
     spread = finite(row.get("repeats_spread_ms"))
     return max(floor, spread or 0.0, 0.005)
+
+
+def break_even_text(result: Dict[str, Any], duration=fmt_duration) -> str:
+    """The break-even in words (``result``: :func:`break_even`'s dict); ``duration`` formats seconds."""
+    verdict, extra, n = result["verdict"], result["extra_warmup_s"], result["iterations"]
+    if verdict is None:
+        return f"n/a: {result['reason']}"
+    if verdict == "pays_back":
+        return f"pays back its {extra:.2f} s of extra warm-up after {n:,} iterations ({duration(result['seconds'])})"
+    if verdict == "never":
+        if extra < 0.005:
+            return "never ahead: no less warm-up and slower per iteration"
+        return f"never pays back: {extra:.2f} s more warm-up and not faster per iteration"
+    less = f"{-extra:.2f} s less warm-up" if -extra >= 0.005 else "no more warm-up"
+    if verdict == "ahead_until":
+        return (f"no warm-up cost to pay back ({less}), but slower per iteration: ahead for the first {n:,}"
+                f" iterations ({duration(result['seconds'])}) only")
+    return f"no warm-up cost to pay back ({less}) and not slower per iteration"
