@@ -176,6 +176,15 @@ def _iterations(text: str) -> int:
     return value
 
 
+def _add_sequential_options(p: argparse.ArgumentParser, same: str) -> None:
+    """``--max-rounds`` and ``--same-within`` of ``--repeats auto`` (race and matrix); ``same``: who is decided the
+    same, in the help."""
+    p.add_argument("--max-rounds", type=_positive_int, default=None, metavar="N",
+                   help=f"with --repeats auto, at most N rounds (default: {SEQ_MAX_ROUNDS})")
+    p.add_argument("--same-within", type=_positive_float, default=SEQ_SAME_PCT, metavar="PCT",
+                   help=f"with --repeats auto, {same} decided the same (default: {SEQ_SAME_PCT:g})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lightning-perf",
                      description="Compare and tabulate lightning_perf summary files; sweep models and variants;"
@@ -300,11 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a round only when it is expected to end within DURATION (seconds, or 90s, 10m, 1.5h)"
                    " of the matrix's start (the longest round so far); the report says how many rounds ran (default:"
                    f" {SEQ_BUDGET_S / 60:g}m with --repeats auto, else none, every round)")
-    p.add_argument("--max-rounds", type=_positive_int, default=None, metavar="N",
-                   help=f"with --repeats auto, at most N rounds (default: {SEQ_MAX_ROUNDS})")
-    p.add_argument("--same-within", type=_positive_float, default=SEQ_SAME_PCT, metavar="PCT",
-                   help="with --repeats auto, a variant whose interval lies within +/-PCT%% of the baseline is decided"
-                   f" the same (default: {SEQ_SAME_PCT:g})")
+    _add_sequential_options(p, "a variant whose interval lies within +/-PCT%% of the baseline is")
     p.add_argument("--noise-floor", default="auto", metavar="auto|off|VARIANT",
                    help="the A/A pair: auto runs the baseline's setup again in the same rounds (as BASELINE_aa) unless"
                    " a variant has the baseline's overrides; VARIANT names the copy; off runs none (default: auto)")
@@ -333,11 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=_duration, default=None, metavar="DURATION",
                    help="start a round only when it is expected to end within DURATION: seconds, or 90s, 10m, 1.5h"
                    f" (default: {SEQ_BUDGET_S / 60:g}m with --repeats auto, else none)")
-    p.add_argument("--max-rounds", type=_positive_int, default=None, metavar="N",
-                   help=f"with --repeats auto, at most N rounds (default: {SEQ_MAX_ROUNDS})")
-    p.add_argument("--same-within", type=_positive_float, default=SEQ_SAME_PCT, metavar="PCT",
-                   help="with --repeats auto, two commands whose interval lies within +/-PCT%% are decided the same"
-                   f" (default: {SEQ_SAME_PCT:g})")
+    _add_sequential_options(p, "two commands whose interval lies within +/-PCT%% are")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                    help="seconds per run, a finite number > 0 (default: none, no limit)")
     p.add_argument("--noise-floor", default="auto", metavar="auto|off|NAME",

@@ -344,3 +344,36 @@ class PacedModel(TinyModel):
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         self.clock.advance(self.step_s)
         return super().training_step(batch, batch_idx)
+
+
+#: A user's script with no lightning_perf import: ARGS are the steps and the seconds each step sleeps.
+SLEEPY_SCRIPT = '''
+import sys
+import time
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(LightningModule):
+    def __init__(self, pause):
+        super().__init__()
+        self.net, self.pause = torch.nn.Linear(4, 1), pause
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.pause)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+if __name__ == "__main__":
+    steps, pause = int(sys.argv[1]), float(sys.argv[2])
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(Net(pause), DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4))
+'''

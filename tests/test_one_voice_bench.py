@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from helpers import TinyModel, find_summary, fit
+from helpers import TinyModel, find_summary, fit, SLEEPY_SCRIPT
 from lightning_perf import IterationTimer, QualityGate, SectionProfiler, VRAMMonitor
 from lightning_perf.bench.analysis import analysis, compare_bench, format_bench_compare, frontier, frontier_lines
 from lightning_perf.bench.matrix import format_matrix, matrix_rows
@@ -353,43 +353,10 @@ def test_no_line_of_an_aa_bench_or_bench_compare_claims_a_difference(sweep_rows)
     assert claims(text) == [] and "more memory" not in text.lower()
     assert all(not r["memory_decided"] for r in compare_bench(old, new))
 
-
-TRAIN = '''
-import sys
-import time
-
-import torch
-from lightning.pytorch import LightningModule, Trainer
-from torch.utils.data import DataLoader, TensorDataset
-
-
-class Net(LightningModule):
-    def __init__(self, pause):
-        super().__init__()
-        self.net, self.pause = torch.nn.Linear(4, 1), pause
-
-    def training_step(self, batch, batch_idx):
-        time.sleep(self.pause)
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
-
-
-if __name__ == "__main__":
-    steps, pause = int(sys.argv[1]), float(sys.argv[2])
-    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
-    trainer = Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", devices=1)
-    trainer.fit(Net(pause), DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4))
-'''
-
-
 @pytest.mark.slow
 def test_a_real_aa_race_claims_nothing(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(TRAIN).lstrip())
+    script.write_text(textwrap.dedent(SLEEPY_SCRIPT).lstrip())
     py = sys.executable
     proc = subprocess.run([py, "-m", "lightning_perf.cli", "race", "--cmd", f"a={py} {script} 40 0.003",
                            "--cmd", f"b={py} {script} 40 0.003 again", "--repeats", "2", "--out", "out"],
@@ -403,7 +370,7 @@ def test_a_real_aa_race_claims_nothing(tmp_path):
 @pytest.mark.slow
 def test_the_run_commands_printed_answer_claims_nothing(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(TRAIN).lstrip())
+    script.write_text(textwrap.dedent(SLEEPY_SCRIPT).lstrip())
     proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "run", "--out", "out", "--", sys.executable,
                            str(script), "40", "0.003"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import SLEEPY_SCRIPT
 from lightning_perf.bench.sequential import (
     DEFAULT_MAX_ROUNDS,
     FASTER,
@@ -146,42 +147,9 @@ def test_run_rounds_stops_once_decided_and_says_why():
     assert any("could not read the rounds so far (ValueError: no rate)" in line for line in said)
 
 
-#: A user's script with no lightning_perf import: ARGS are the steps and the seconds each step sleeps.
-TRAIN = '''
-import sys
-import time
-
-import torch
-from lightning.pytorch import LightningModule, Trainer
-from torch.utils.data import DataLoader, TensorDataset
-
-
-class Net(LightningModule):
-    def __init__(self, pause):
-        super().__init__()
-        self.net, self.pause = torch.nn.Linear(4, 1), pause
-
-    def training_step(self, batch, batch_idx):
-        time.sleep(self.pause)
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
-
-
-if __name__ == "__main__":
-    steps, pause = int(sys.argv[1]), float(sys.argv[2])
-    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
-    trainer = Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", devices=1)
-    trainer.fit(Net(pause), DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4))
-'''
-
-
 def _race(tmp_path, *args):
     script = tmp_path / "train.py"
-    script.write_text(TRAIN.lstrip())
+    script.write_text(SLEEPY_SCRIPT.lstrip())
     return subprocess.run([sys.executable, "-m", "lightning_perf.cli", "race", *args, "--threads", "keep",
                            "--out", "out"], capture_output=True, text=True, cwd=tmp_path, timeout=900,
                           env=dict(os.environ, PYTHONPATH=ROOT))
