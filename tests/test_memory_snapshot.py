@@ -110,7 +110,7 @@ def test_an_oom_in_training_step_dumps_the_snapshot_with_the_request_and_the_lar
     assert (dump["allocated_mb"], dump["reserved_mb"], dump["history_full"]) == (576, 1088, False)
     evidence = summary["diagnosis"]["evidence"]
     assert evidence[0].startswith(f"see memory snapshot {dump['path']} (out of memory in training step 3: it asked"
-                                  f" for 2048.0 MB at {frame(OOM_FRAME)}")
+                                  f" for 2048.0 MiB at {frame(OOM_FRAME)}")
 
 
 class OomInValidation(TinyModel):

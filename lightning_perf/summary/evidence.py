@@ -88,10 +88,10 @@ def snapshot_findings(dump: Any) -> List[str]:
     failed = read_field(dump, "failed_request")
     if failed is not None and read_field(failed, "size_mb") is not None:
         where = read_field(failed, "frame") or "an unknown frame"
-        bits.append(f"it asked for {read_field(failed, 'size_mb'):.1f} MB at {where}")
+        bits.append(f"it asked for {read_field(failed, 'size_mb'):.1f} MiB at {where}")
     top = (read_field(dump, "top_allocations") or [None])[0]
     if top is not None and read_field(top, "size_mb") is not None:
-        bits.append(f"the largest live allocation, {read_field(top, 'size_mb'):.1f} MB, from"
+        bits.append(f"the largest live allocation, {read_field(top, 'size_mb'):.1f} MiB, from"
                     f" {read_field(top, 'frame') or 'an unknown frame'}")
     return bits
 

@@ -250,8 +250,8 @@ def _checked_input(path: str) -> None:
     except (OSError, ValueError):
         return  # said by the open below, as it always was
     if size > MAX_INPUT_BYTES:
-        raise SummaryError(f"{path}: {size / 2**20:.0f} MB, over the readers' limit of"
-                           f" {MAX_INPUT_BYTES // 2**20} MB; expected a perf_summary.json (tens of kB)")
+        raise SummaryError(f"{path}: {size / 2**20:.0f} MiB, over the readers' limit of"
+                           f" {MAX_INPUT_BYTES // 2**20} MiB; expected a perf_summary.json (tens of kB)")
 
 
 def _decode(path: str) -> Any:
@@ -260,7 +260,7 @@ def _decode(path: str) -> Any:
         with open(path, encoding="utf-8") as fh:
             text = fh.read(MAX_INPUT_BYTES + 1)  # a file that grew since its size was read stops here too
         if len(text) > MAX_INPUT_BYTES:
-            raise SummaryError(f"{path}: over the readers' limit of {MAX_INPUT_BYTES // 2**20} MB; expected a"
+            raise SummaryError(f"{path}: over the readers' limit of {MAX_INPUT_BYTES // 2**20} MiB; expected a"
                                " perf_summary.json (tens of kB)")
     except FileNotFoundError:
         raise SummaryError(f"{path}: no such file") from None

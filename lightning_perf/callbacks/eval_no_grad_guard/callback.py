@@ -37,8 +37,8 @@ def known_hooks() -> List[str]:
 
 def _fmt_bytes(n: float) -> str:
     if n >= 1024 * MB:
-        return f"{n / MB / 1024:.2f} GB"
-    return f"{n / MB:.1f} MB" if n >= MB else f"{n / 1024:.1f} kB"
+        return f"{n / MB / 1024:.2f} GiB"
+    return f"{n / MB:.1f} MiB" if n >= MB else f"{n / 1024:.1f} KiB"
 
 
 def train_mode_message(result: Dict[str, Any]) -> str:

@@ -237,8 +237,8 @@ def snapshot_line(entry: Dict[str, Any]) -> str:
         text += " (HTML: " + ", ".join(views.values()) + ")"
     failed = entry.get("failed_request")
     if failed:
-        text += f"; the failed request: {failed['size_mb']:.1f} MB from {failed.get('frame') or 'an unknown frame'}"
+        text += f"; the failed request: {failed['size_mb']:.1f} MiB from {failed.get('frame') or 'an unknown frame'}"
     top = (entry.get("top_allocations") or [None])[0]
     if top:
-        text += f"; the largest live allocation: {top['size_mb']:.1f} MB from {top.get('frame') or 'an unknown frame'}"
+        text += f"; the largest live allocation: {top['size_mb']:.1f} MiB from {top.get('frame') or 'an unknown frame'}"
     return text

@@ -43,7 +43,7 @@ def leak_detectors(on_cuda: bool, window: int, threshold: Optional[float]) -> Tu
 def leak_warning(rate_mb_per_100: float, phase: str) -> str:
     """The warning while the phase runs: growth so far. The summary's verdict waits for the phase's later half."""
     unit = "iterations" if phase == "train" else f"{phase} batches"
-    return (f"memory has risen by {rate_mb_per_100:.1f} MB per 100 {unit} so far: a leak is suspected if it goes on"
+    return (f"memory has risen by {rate_mb_per_100:.1f} MiB per 100 {unit} so far: a leak is suspected if it goes on"
             " (the summary decides on the later half of the phase; growth that stops is no leak). Look for"
             " tensors kept across steps (a list of losses or outputs without .detach(), an autograd graph kept alive"
             " by evaluation without torch.no_grad()).")
@@ -60,8 +60,8 @@ def memory_verdict(phases: Dict[str, Dict[str, Optional[float]]], leaks: Dict[st
         if peak is None:
             continue
         pct = usage(held)
-        parts.append(f"{phase} peak {peak:.0f} MB" + (f" ({pct:.0f}% used)" if pct is not None else ""))
-    suspected = [f"{phase} (+{r['rate_mb_per_100_iters']:.1f} MB/100 it)" for phase, r in leaks.items()
+        parts.append(f"{phase} peak {peak:.0f} MiB" + (f" ({pct:.0f}% used)" if pct is not None else ""))
+    suspected = [f"{phase} (+{r['rate_mb_per_100_iters']:.1f} MiB/100 it)" for phase, r in leaks.items()
                  if r.get("suspected") and r.get("rate_mb_per_100_iters") is not None]
     stopped = [phase for phase, r in leaks.items() if r.get("growth_stopped") and not r.get("suspected")]
     source = "allocator" if on_allocator else "host RSS"
