@@ -85,7 +85,7 @@ def test_an_oom_row_links_the_snapshot_of_a_second_run_with_the_history_on(tmp_p
     assert [f for f in FORWARDS if f[1]] == [(4, True)]
     assert FORWARDS.count((4, False)) == 2  # its rows: one a round
     line = f"OOM at size 8 batch 4: see memory snapshot {entry['path']} (HTML: "
-    assert out.count(line) == 1 and "it asked for 2048.0 MB at" in out
+    assert out.count(line) == 1 and "it asked for 2048.0 MiB at" in out
     assert main(["bench", "--from-csv", str(out_csv)]) == 0  # read back: the row's own file, by its name
     assert capsys.readouterr().out.count(line) == 1
 
