@@ -377,3 +377,36 @@ if __name__ == "__main__":
                       enable_model_summary=False, accelerator="cpu", devices=1)
     trainer.fit(Net(pause), DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4))
 '''
+
+
+#: Words that claim a difference between runs; a line holding one must say it is within noise or not decided (the
+#: A/A property tests of every comparing command: tests/test_one_voice_*.py). Grow the list.
+CLAIM_WORDS = ("faster", "slower", "saved", "lost", "pays back", "break-even after", "rose", "fell", "leak",
+               "improved", "regressed", "increase", "decrease", "less memory", "more memory", "speedup:", "slowdown:",
+               "longer", "shorter", "ahead for", "significant", "moved most: ", "failed", "least memory",
+               "more efficient", "benefit", "mib more", "mib less", "decided against")
+#: Patterns that claim a change: a signed figure alone in a table cell.
+CLAIM_PATTERNS = (r"\| [+-]\d",)
+#: What marks a line as making no claim.
+CLAIM_MARKS = ("within noise", "not decided", "no verdict", "not significant", "within the noise floor",
+               "within the memory noise floor", "not checked", " tie", "n/a", "never pays back", "noise floor (a/a",
+               "a/a noise floor", "no leak")
+#: What holds a claim word without claiming a change between the runs: a run's own diagnosis (what a faster step
+#: would give), a hint naming an option.
+NOT_CLAIMS = (r"if the [^;]*? ran [\d.]+x faster", r"at most [\d.]+x faster", r"--fail-if-slower",
+              r"moved most: no section past its noise", r"least memory first")
+
+
+def claims(lines) -> list:
+    """The lines (a list, or a text) that claim a difference without saying it is within noise or not decided."""
+    import re
+
+    found = []
+    for line in (lines.splitlines() if isinstance(lines, str) else lines):
+        low = line.lower()
+        for pattern in NOT_CLAIMS:
+            low = re.sub(pattern, "", low)
+        claimed = any(word in low for word in CLAIM_WORDS) or any(re.search(p, low) for p in CLAIM_PATTERNS)
+        if claimed and not any(mark in low for mark in CLAIM_MARKS):
+            found.append(line)
+    return found

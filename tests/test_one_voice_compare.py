@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers import TinyModel, fit, use_virtual_clock
+from helpers import TinyModel, claims, fit, use_virtual_clock
 from lightning_perf import IterationTimer, SectionProfiler, VRAMMonitor
 from lightning_perf.cli import main
 from lightning_perf.summary.compare import compare_summaries, format_markdown, format_text
@@ -31,20 +31,6 @@ from lightning_perf.summary.html_report import compare_html, report_html
 from lightning_perf.summary.report import format_report, report_rows
 
 #: Words that claim a difference. A line holding one must say it is within noise or not decided, unless the pair
-#: has a decided change. Grow the list as outputs grow.
-CLAIM_WORDS = ("faster", "slower", "saved", "lost", "pays back", "break-even after", "rose", "fell", "leak",
-               "improved", "regressed", "increase", "decrease", "less memory", "more memory", "speedup:", "slowdown:",
-               "longer", "shorter", "ahead for", "significant:", "moved most: ", "failed")
-#: Patterns that claim a change: a signed figure alone in a table cell.
-CLAIM_PATTERNS = (r"\| [+-]\d",)
-#: What marks a line as not claiming.
-MARKS = ("within noise", "not decided", "within the noise floor", "not significant", "no verdict")
-#: What holds a claim word without claiming a change between the runs: a run's own diagnosis (what a faster step
-#: would give), a hint naming an option.
-NOT_CLAIMS = (r"if the [^;]*? ran [\d.]+x faster", r"at most [\d.]+x faster", r"--fail-if-slower",
-              r"moved most: no section past its noise")
-
-
 class PacedModel(TinyModel):
     """Each training step costs ``step_s`` of the virtual clock, with a seeded 2% jitter."""
 
@@ -120,19 +106,6 @@ def html_lines(page):
     text = re.sub(r"<(br|/p|/tr|/h\d|/li|/pre|/text|svg[^>]*)>", "\n", page)
     text = re.sub(r"<[^>]+>", " ", text)
     return [line.strip() for line in html.unescape(text).splitlines() if line.strip()]
-
-
-def claims(lines):
-    """The lines that claim a difference without saying it is within noise or not decided."""
-    found = []
-    for line in lines:
-        low = line.lower()
-        for pattern in NOT_CLAIMS:
-            low = re.sub(pattern, "", low)
-        claimed = any(word in low for word in CLAIM_WORDS) or any(re.search(p, low) for p in CLAIM_PATTERNS)
-        if claimed and not any(mark in low for mark in MARKS):
-            found.append(line)
-    return found
 
 
 def views(bases, candidates, names=("base", "candidate")):
