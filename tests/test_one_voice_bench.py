@@ -343,3 +343,26 @@ def test_the_run_commands_printed_answer_claims_nothing(tmp_path):
                            str(script), "40", "0.003"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert claims(proc.stdout + proc.stderr) == []
+
+
+def _sweep_row(size, batch, ms, std_ms, peak_mib):
+    samples = 1000.0 * batch / ms
+    return {"tile_size": size, "batch_size": batch, "avg_time_ms": ms, "std_time_ms": std_ms, "error": "",
+            "throughput_samples_per_sec": samples, "pixels_per_sec": samples * size * size,
+            "memory_peak_mb": peak_mib, "efficiency_pixels_per_sec_per_mb": samples * size * size / peak_mib}
+
+
+def test_the_tables_best_rows_name_what_is_within_noise_of_them():
+    """The sweep table's best throughput is the highest reading; a row within the noise of it (2x the larger spread of
+    the two rows' times, bench-compare's rule) is named beside it, one beyond it is not."""
+    from lightning_perf.bench.sweep import format_table
+
+    rows = [_sweep_row(32, 4, 10.0, 0.5, 100.0),   # 400 samples/s, 5% spread
+            _sweep_row(32, 2, 5.3, 0.2, 100.0),    # 377 samples/s: 5.7% below, within 2 x 5%
+            _sweep_row(32, 1, 4.0, 0.1, 100.0)]    # 250 samples/s: far below
+    text = format_table(rows)
+    line = next(x for x in text.splitlines() if x.startswith("best throughput:"))
+    assert line.startswith("best throughput: size 32 batch 4 (400.0 samples/s)"), line
+    assert line.endswith("; within noise of it: size 32 batch 2"), line
+    steady = format_table([dict(r, std_time_ms=0.0) for r in rows])
+    assert "within noise of it" not in next(x for x in steady.splitlines() if x.startswith("best throughput:"))

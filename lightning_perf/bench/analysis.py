@@ -9,8 +9,8 @@ import math
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from lightning_perf.bench.sweep import (CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, BenchError, noisy_note,
-                                        significant, spread_pct)
+from lightning_perf.bench.sweep import (CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, NOISE_FACTOR, BenchError,
+                                        noisy_note, significant, spread_pct)
 from lightning_perf.bench.sweep_rounds import (DEFAULT_ROUNDS, between_rounds, combine_rounds, interval_words,
                                                per_round_ratio, rounds_of)
 from lightning_perf.summary.fields import markdown_table
@@ -18,8 +18,6 @@ from lightning_perf.summary.memory_floor import memory_change
 
 _INTS = ("tile_size", "batch_size", "model_params")
 _TEXT = ("timestamp", "mode", "device", "precision", "error", "sweep_id")
-#: A speed change is within noise when its size is below this many times the larger of the two rows' spreads.
-NOISE_FACTOR = 2.0
 #: What makes two rows the same configuration in two sweeps.
 MATCH_ON = ("mode", "tile_size", "batch_size", "precision", "device")
 

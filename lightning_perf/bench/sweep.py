@@ -376,6 +376,11 @@ def run_sweep(
 NOISY_SPREAD = 0.25
 
 
+#: A speed change is within noise when its size is below this many times the larger of the two rows' spreads (std /
+#: mean time): bench-compare's, the analysis' and the table's best rows'.
+NOISE_FACTOR = 2.0
+
+
 def spread_pct(row: Dict[str, Any]) -> Optional[float]:
     """The row's std over timed iterations as a percentage of their mean (None without both)."""
     mean, std = row.get("avg_time_ms"), row.get("std_time_ms")
@@ -432,10 +437,27 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
     if ok:
         best = max(ok, key=lambda r: r["throughput_samples_per_sec"])
         lines.append(f"best throughput: size {best['tile_size']} batch {best['batch_size']}"
-                     f" ({best['throughput_samples_per_sec']:.1f} samples/s{of(best)})")
+                     f" ({best['throughput_samples_per_sec']:.1f} samples/s{of(best)})"
+                     + _tied_words(best, ok, "throughput_samples_per_sec"))
         eff = [r for r in ok if r["efficiency_pixels_per_sec_per_mb"]]
         if eff:
             best = max(eff, key=lambda r: r["efficiency_pixels_per_sec_per_mb"])
             lines.append(f"best efficiency: size {best['tile_size']} batch {best['batch_size']}"
-                         f" ({best['efficiency_pixels_per_sec_per_mb']:.0f} pixels/s per MiB{of(best)})")
+                         f" ({best['efficiency_pixels_per_sec_per_mb']:.0f} pixels/s per MiB{of(best)})"
+                         + _tied_words(best, eff, "efficiency_pixels_per_sec_per_mb"))
     return "\n".join(lines)
+
+
+def _tied_words(best: Dict[str, Any], rows: List[Dict[str, Any]], key: str) -> str:
+    """``; within noise of it: size 32 batch 2`` for the rows whose ``key`` is within the noise of the best's
+    (:data:`NOISE_FACTOR` x the larger spread of the two rows' times, as bench-compare's), so the best is named as
+    the highest reading, not as a winner the spread cannot tell apart; '' where none is."""
+    tied = []
+    for r in rows:
+        if r is best or not r.get(key) or not best.get(key):
+            continue
+        spreads = [v for v in (spread_pct(best), spread_pct(r)) if v is not None]
+        noise = NOISE_FACTOR * max(spreads) if spreads else 0.0
+        if 100.0 * (best[key] - r[key]) / best[key] <= noise:
+            tied.append(f"size {r['tile_size']} batch {r['batch_size']}")
+    return f"; within noise of it: {', '.join(tied)}" if tied else ""
