@@ -22,6 +22,7 @@ from lightning_perf.bench.race import format_race, race_result
 from lightning_perf.summary.memory_floor import FLOOR_MIB, memory_change
 from lightning_perf.summary.trial_view import trial_line
 
+
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     """A real summary: a tiny fit with the suite and a quality gate on the validation loss."""
