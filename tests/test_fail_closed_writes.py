@@ -461,7 +461,7 @@ def test_an_input_over_the_size_limit_is_refused_before_it_is_read(tmp_path, mon
         fh.truncate(summary_io.MAX_INPUT_BYTES + 1)
     proc = cli("compare", str(big), str(big), timeout=60)
     err = one_line_error(proc)
-    assert str(big) in err and "64 MB" in err, err
+    assert str(big) in err and "64 MiB" in err, err
 
 
 @pytest.mark.parametrize("args", [("bench", "--from-csv", "/dev/zero"), ("bench-compare", "/dev/zero", "/dev/zero")])

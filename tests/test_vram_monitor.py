@@ -507,7 +507,7 @@ def test_fit_end_prints_peaks_and_the_leak_verdict(tmp_path, caplog):
     v = find_summary(tmp_path)["vram"]
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("VRAMMonitor"))
     train = v["phases"]["train"]
-    assert f"train peak {train['host_rss_peak_mb']:.0f} MB ({train['usage_pct']:.0f}% used)" in line, line
+    assert f"train peak {train['host_rss_peak_mb']:.0f} MiB ({train['usage_pct']:.0f}% used)" in line, line
     assert line.endswith("; no leak") and v["leak_suspected"] is False
 
 

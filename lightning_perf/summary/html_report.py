@@ -11,12 +11,12 @@ import re
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from lightning_perf.measure.timing.tail_advice import iteration_named
-from lightning_perf.summary.compare import _section_ms, format_text, memory_texts, tail_text
+from lightning_perf.summary.compare import _section_ms, format_text, tail_text
 from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
 from lightning_perf.summary.energy import fmt_energy
 from lightning_perf.summary.fields import fmt_num
 from lightning_perf.summary.model import Histogram, PerfSummary, as_summary
-from lightning_perf.summary.report import format_report, phase_table, report_rows
+from lightning_perf.summary.report import format_report, memory_cell, phase_table, report_rows
 
 #: Display bins of the iteration-time histogram (log-spaced from the fastest to the slowest iteration).
 HISTOGRAM_BINS = 30
@@ -249,7 +249,9 @@ def report_html(summaries: List[Any], names: List[str], notes: Optional[List[str
     body += bars_svg(f"Speed ({unit})", [(r["run"], r[key], fmt_num(r[key], 1 if key == "samples_per_s" else 2))
                                          for r in rows], "speed-bars")
     for key, label in (("train_peak_mb", "Train peak memory"), ("eval_peak_mb", "Eval peak memory")):
-        body += bars_svg(label, [(r["run"], r[key], memory_texts(None, r[key])[1]) for r in rows],
+        # each bar's text is its table cell's figure (with the decimals the change needs beside the reference's)
+        body += bars_svg(label, [(r["run"], r[key], memory_cell(r, key[:-3], i == 0).split(" (")[0])
+                                 for i, r in enumerate(rows)],
                          f"{key.replace('_', '-')}-bars")
     body += bars_svg("Energy per sample (J, training)",
                      [(r["run"], r["j_per_sample"], fmt_energy(r["j_per_sample"])) for r in rows], "energy-bars")

@@ -216,8 +216,8 @@ def _memory_deltas(ref: PerfSummary, run: PerfSummary, first: bool) -> Dict[str,
     return out
 
 
-def _memory_cell(row: Dict[str, Any], key: str, first: bool) -> str:
-    """``1039 MB``, or with the change from the reference row in the same unit: ``1039 MB (+0 MB, +0.0%)`` (the
+def memory_cell(row: Dict[str, Any], key: str, first: bool) -> str:
+    """``1039 MiB``, or with the change from the reference row in the same unit: ``1039 MiB (+0 MiB, +0.0%)`` (the
     rule of compare's memory lines: :func:`~lightning_perf.summary.compare.memory_texts`)."""
     value, delta, floor = row[f"{key}_mb"], row[f"{key}_delta_mb"], row.get(f"{key}_floor_mb")
     if first or finite(value) is None or finite(delta) is None:
@@ -296,7 +296,7 @@ def phase_table(rows: List[Dict[str, Any]]) -> Tuple[List[str], List[List[str]]]
                 fmt_num(row["ms_per_iter_median"]),
                 _change_cell(row, i == 0),
             ]
-            + [_memory_cell(row, key, i == 0) for key, _ in memory]
+            + [memory_cell(row, key, i == 0) for key, _ in memory]
             + ([fmt_num(row["tflops_per_s"], 3), fmt_num(row["mfu_pct"], 1, "%")] if compute else [])
             + ([fmt_energy(row["j_per_sample"]) + ("" if row["j_per_sample_delta_pct"] is None else
                                                    f" ({fmt_pct(row['j_per_sample_delta_pct'])})"),
