@@ -397,12 +397,26 @@ NOT_CLAIMS = (r"if the [^;]*? ran [\d.]+x faster", r"at most [\d.]+x faster", r"
               r"moved most: no section past its noise", r"least memory first")
 
 
+def unwrapped(text: str) -> list:
+    """The lines of ``text`` with compare's wrapped sentences joined again (textwrap's continuation: four spaces and a
+    word that goes on the sentence, under a long line), so a claim and its hedge are read as the one line they are."""
+    out: list = []
+    for line in text.splitlines():
+        rest = line[4:]
+        if (out and len(out[-1]) >= 60 and line.startswith("    ") and rest[:1] and not rest[:1].isspace()
+                and (rest[0].islower() or rest[0].isdigit() or rest[0] in "(+-±")):
+            out[-1] += " " + rest
+        else:
+            out.append(line)
+    return out
+
+
 def claims(lines) -> list:
     """The lines (a list, or a text) that claim a difference without saying it is within noise or not decided."""
     import re
 
     found = []
-    for line in (lines.splitlines() if isinstance(lines, str) else lines):
+    for line in (unwrapped(lines) if isinstance(lines, str) else lines):
         low = line.lower()
         for pattern in NOT_CLAIMS:
             low = re.sub(pattern, "", low)
