@@ -9,8 +9,8 @@ import math
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from lightning_perf.bench.sweep import (CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, NOISE_FACTOR, BenchError,
-                                        noisy_note, significant, spread_pct)
+from lightning_perf.bench.sweep import (CSV_COLUMNS, LEGACY_COLUMNS, LEGACY_SWEEP_ID, BenchError, noisy_note,
+                                        significant, speed_noise_pct, spread_pct)
 from lightning_perf.bench.sweep_rounds import (DEFAULT_ROUNDS, between_rounds, combine_rounds, interval_words,
                                                per_round_ratio, rounds_of)
 from lightning_perf.summary.fields import markdown_table
@@ -192,13 +192,6 @@ def _source(row: Dict[str, Any]) -> str:
     return "allocator" if str(row.get("device") or "").startswith("cuda") else "process"
 
 
-def _noise(*rows: Dict[str, Any]) -> float:
-    """:data:`NOISE_FACTOR` x the largest spread (std / mean time, %) of ``rows``, as bench-compare's noise; 0 where
-    no row has one."""
-    spreads = [v for v in (spread_pct(r) for r in rows) if v is not None]
-    return NOISE_FACTOR * max(spreads) if spreads else 0.0
-
-
 def _sign(change_pct: float, noise_pct: float) -> int:
     """+1 / -1 for a change beyond the noise either way, 0 inside it (or none at all)."""
     return 1 if change_pct > noise_pct else -1 if change_pct < -noise_pct else 0
@@ -236,7 +229,7 @@ def frontier_lines(rows: List[Dict[str, Any]]) -> List[str]:
     lines.append(f"- {label(on[0])}: the least peak memory ({_mb(on[0]['memory_peak_mb'])}), {_mpx(on[0])}")
     for a, b in zip(on, on[1:]):
         gain = _pct(b["pixels_per_sec"], a["pixels_per_sec"])
-        noise = _noise(a, b)
+        noise = speed_noise_pct(a, b)
         cost = _pct(b["memory_peak_mb"], a["memory_peak_mb"])
         paid = (f"{cost:+.0f}%" if cost is not None
                 else f"+{significant(b['memory_peak_mb'] - a['memory_peak_mb'], 2)} MiB")
@@ -336,14 +329,14 @@ def verdicts(rows: List[Dict[str, Any]]) -> List[str]:
 def _decide(new_rounds: Optional[List[Optional[float]]], old_rounds: Optional[List[Optional[float]]],
             change: Optional[float], rows: Tuple[Dict[str, Any], ...]) -> Optional[Tuple[float, int, str, float]]:
     """(change %, sign, noise in words, its width in %) of one comparison: from the interval between rounds where
-    both sides ran two rounds or more, else against :func:`_noise` of ``rows`` (one round: the spread over its
+    both sides ran two rounds or more, else against :func:`speed_noise_pct` of ``rows`` (one round: the spread over its
     iterations)."""
     found = between_rounds(new_rounds or [], old_rounds or []) if len(new_rounds or []) > 1 else None
     if found is not None:
         return found["change_pct"], found["sign"], interval_words(found), found["high_pct"] - found["low_pct"]
     if change is None:
         return None
-    noise = _noise(*rows)
+    noise = speed_noise_pct(*rows)
     return change, _sign(change, noise), f"±{noise:.0f}%", noise
 
 
@@ -379,9 +372,9 @@ def compare_bench(old: List[Dict[str, Any]], new: List[Dict[str, Any]]) -> List[
             change = memory_change([ra["memory_peak_mb"]], [rb["memory_peak_mb"]], _source(ra))
             row["memory_decided"] = change["decided"] if change["sign"] is not None else None
             row["old_spread_pct"], row["new_spread_pct"] = spread_pct(ra), spread_pct(rb)
-            spreads = [v for v in (row["old_spread_pct"], row["new_spread_pct"]) if v is not None]
-            if spreads and row["speed_change_pct"] is not None:
-                row["noise_pct"] = NOISE_FACTOR * max(spreads)
+            spread = row["old_spread_pct"] is not None or row["new_spread_pct"] is not None
+            if spread and row["speed_change_pct"] is not None:
+                row["noise_pct"] = speed_noise_pct(ra, rb)
                 row["within_noise"] = abs(row["speed_change_pct"]) < row["noise_pct"]
             row["note"] = "; ".join(f"{which} {noisy_note(r)}" for which, r in (("old", ra), ("new", rb))
                                     if noisy_note(r))

@@ -389,6 +389,13 @@ def spread_pct(row: Dict[str, Any]) -> Optional[float]:
     return 100.0 * std / mean
 
 
+def speed_noise_pct(*rows: Dict[str, Any]) -> float:
+    """:data:`NOISE_FACTOR` x the largest spread (std / mean time, %) of ``rows``: a speed difference between them
+    within it is noise (bench-compare's, the analysis' and the table's rule); 0 where no row has a spread."""
+    spreads = [v for v in (spread_pct(r) for r in rows) if v is not None]
+    return NOISE_FACTOR * max(spreads) if spreads else 0.0
+
+
 def noisy_note(row: Dict[str, Any]) -> str:
     """``noisy (std 31% of mean)`` for a row over :data:`NOISY_SPREAD`, else empty."""
     spread = spread_pct(row)
@@ -456,8 +463,6 @@ def _tied_words(best: Dict[str, Any], rows: List[Dict[str, Any]], key: str) -> s
     for r in rows:
         if r is best or not r.get(key) or not best.get(key):
             continue
-        spreads = [v for v in (spread_pct(best), spread_pct(r)) if v is not None]
-        noise = NOISE_FACTOR * max(spreads) if spreads else 0.0
-        if 100.0 * (best[key] - r[key]) / best[key] <= noise:
+        if 100.0 * (best[key] - r[key]) / best[key] <= speed_noise_pct(best, r):
             tied.append(f"size {r['tile_size']} batch {r['batch_size']}")
     return f"; within noise of it: {', '.join(tied)}" if tied else ""
