@@ -105,22 +105,30 @@ bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
 # On a machine with a CUDA GPU: every CUDA figure against an independent measure (docs/gpu.md), then the price of
-# each host call on CUDA and the suite's overhead: A/B, paired A/B and in-hook figures of the suite in one PerfSuite
-# (~6 minutes in all on an H100; the whole `overhead.py --device cuda`, every configuration, takes over 8 more).
+# the suite beside Lightning's own monitors on the same steps (paired A/B, host-bound and GPU-bound CUDA loops), the
+# price of each host call on CUDA and the in-hook figures (~8 minutes in all on an H200).
 # In an environment that already has the project: `make gpu-check STAMP= PY=python3`.
-# The VRAM checks run first in a fresh process, then again after every other check: tests/gpu/agree.py holds their
-# peaks to 1 MB of each other.
+# Each step runs even when one before it failed; the recipe fails at the end, naming the steps that failed
+# (runs/gpu_check/failed). The VRAM checks run first in a fresh process, then again after every other check:
+# tests/gpu/agree.py holds their peaks to 1 MB of each other. Rows: runs/gpu_check/{vram_first,new,checks}.{md,json}.
 VRAM_CHECKS := eval_spike or leak_check
+GPU_NEW := tests/gpu/test_gpu_since.py tests/gpu/test_gpu_loops.py
+GPU_ROWS := runs/gpu_check
 gpu-check: $(STAMP)
-	mkdir -p runs/gpu_check
-	LIGHTNING_PERF_GPU_ROWS=runs/gpu_check/vram_first.json $(PY) -m pytest -m gpu tests/gpu -k "$(VRAM_CHECKS)" -rA \
-		-p no:cacheprovider
-	$(PY) -m pytest -m gpu tests -rA -p no:cacheprovider
-	$(PY) tests/gpu/agree.py runs/gpu_check/vram_first.json runs/gpu_check/checks.json
-	$(PY) benchmarks/cuda_calls.py
-	$(PY) benchmarks/overhead.py --device cuda --ab-only --configs "1 no-op" PerfSuite
-	$(PY) benchmarks/overhead.py --device cuda --paired --configs "1 no-op" PerfSuite
-	$(PY) benchmarks/overhead.py --device cuda --hooks-only $(CALLBACKS) PerfSuite
+	mkdir -p $(GPU_ROWS) && rm -f $(GPU_ROWS)/failed
+	LIGHTNING_PERF_GPU_ROWS=$(GPU_ROWS)/vram_first.json $(PY) -m pytest -m gpu tests/gpu -k "$(VRAM_CHECKS)" -rA \
+		-p no:cacheprovider || echo vram_first >> $(GPU_ROWS)/failed
+	LIGHTNING_PERF_GPU_ROWS=$(GPU_ROWS)/new.json $(PY) -m pytest -m gpu $(GPU_NEW) -rA -p no:cacheprovider \
+		|| echo new_checks >> $(GPU_ROWS)/failed
+	$(PY) benchmarks/overhead.py --device cuda --paired --configs "Lightning monitors (3)" PerfSuite \
+		|| echo paired_overhead >> $(GPU_ROWS)/failed
+	LIGHTNING_PERF_GPU_ROWS=$(GPU_ROWS)/checks.json $(PY) -m pytest -m gpu tests -rA -p no:cacheprovider \
+		$(addprefix --ignore=,$(GPU_NEW)) || echo checks >> $(GPU_ROWS)/failed
+	$(PY) tests/gpu/agree.py $(GPU_ROWS)/vram_first.json $(GPU_ROWS)/checks.json || echo agree >> $(GPU_ROWS)/failed
+	$(PY) benchmarks/cuda_calls.py || echo cuda_calls >> $(GPU_ROWS)/failed
+	$(PY) benchmarks/overhead.py --device cuda --hooks-only $(CALLBACKS) PerfSuite || echo hooks_only >> $(GPU_ROWS)/failed
+	cat $(GPU_ROWS)/new.md $(GPU_ROWS)/checks.md 2>/dev/null || true
+	@test ! -s $(GPU_ROWS)/failed || { echo "gpu-check: failed: $$(tr '\n' ' ' < $(GPU_ROWS)/failed)"; exit 1; }
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -47,17 +47,18 @@ def pytest_terminal_summary(terminalreporter):
     lines = [f"GPU checks on {device} (torch {torch.__version__}, CUDA {torch.version.cuda})", "",
              "| check | lightning_perf | independent measure | unit | bound |", "|---|---|---|---|---|"]
     for check, ours, independent, unit, bound in _ROWS:
-        fmt = (lambda v: f"{v:.3f}" if isinstance(v, float) else str(v))
+        fmt = (lambda v: f"{v:.3f}" if isinstance(v, float) else "-" if v is None else str(v))
         lines.append(f"| {check} | {fmt(ours)} | {fmt(independent)} | {unit} | {bound} |")
     text = "\n".join(lines)
     terminalreporter.write_line("")
     terminalreporter.write_line(text)
     folder = os.path.join(os.path.dirname(__file__), "..", "..", "runs", "gpu_check")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "checks.md"), "w") as fh:
-        fh.write(text + "\n")
-    # the rows as data, for tests/gpu/agree.py (make gpu-check: the VRAM checks in a fresh process, then after the rest)
+    # the rows as data, for tests/gpu/agree.py (make gpu-check: the VRAM checks in a fresh process, then after the
+    # rest), and as a table beside them (`make gpu-check` runs three sessions: each writes its own pair)
     rows_path = os.environ.get("LIGHTNING_PERF_GPU_ROWS") or os.path.join(folder, "checks.json")
+    os.makedirs(os.path.dirname(os.path.abspath(rows_path)), exist_ok=True)
+    with open(os.path.splitext(rows_path)[0] + ".md", "w") as fh:
+        fh.write(text + "\n")
     with open(rows_path, "w") as fh:
         json.dump([{"check": c, "ours": o, "independent": i, "unit": u, "bound": b} for c, o, i, u, b in _ROWS], fh,
                   indent=1)

@@ -55,6 +55,9 @@ def test_an_oom_snapshot_names_the_failed_request_and_the_largest_tensor_with_th
     summary = find_summary(tmp_path)
     (dump,) = summary["memory_snapshot"]["snapshots"]
     assert dump["trigger"] == "oom" and dump["step"] == 3 and os.path.getsize(dump["path"]) > 0
+    assert summary["memory_snapshot"]["stacks"] == "python"  # the default: Python frames, a quick dump
+    record("MemorySnapshot OOM dump (stacks='python'): what the dump cost", dump["dump_ms"], None, "ms",
+           "a figure, said in the summary")
     check_oom_snapshot(record, "OOM snapshot", dump, (model.sizes["hog"] * 4, HERE, "# HOG", "training_step"),
                        (model.sizes["too_big"] * 4, HERE, "# TOO_BIG", "training_step"))
 
