@@ -105,10 +105,20 @@ class CopyModel(LightningModule):
         self.w = nn.Parameter(torch.zeros(1))
         buf = torch.randn(mb * MB // 4)
         self.buf = buf.pin_memory() if pinned else buf
-        self.blocking, self.batches = blocking, batches
+        self.blocking, self.batches, self.copies = blocking, batches, []
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
-        return batch.to(device, non_blocking=not self.blocking)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = batch.to(device, non_blocking=not self.blocking)
+        end.record()
+        self.copies.append((start, end))  # the module's own clock of each copy, read at the end
+        return out
+
+    def copies_ms(self, skip):
+        """Mean device time of the copies after the first ``skip``, by the module's own CUDA events."""
+        torch.cuda.synchronize()
+        return statistics.fmean(a.elapsed_time(b) for a, b in self.copies[skip:])
 
     def training_step(self, batch, batch_idx):
         return (self.w * batch[:1024]).sum()
@@ -138,24 +148,31 @@ def copy_alone_ms(buf, blocking, reps=20):
 @pytest.mark.parametrize("pinned, blocking", [(True, False), (True, True), (False, True), (False, False)],
                          ids=["pinned non-blocking", "pinned blocking", "pageable blocking", "pageable non-blocking"])
 def test_transfer_section_is_the_copy_on_the_device(tmp_path, record, pinned, blocking):
+    """The section's device time against the module's own CUDA events around the same copies in the same fit (every
+    iteration timed on the device); the same copy timed alone after the fit is a figure beside it: a pageable copy is
+    staged by the host, and its speed in a fit is not its speed alone (the H200 run: 7.8 ms in the fit, 5.8 alone)."""
     model = CopyModel(pinned, blocking)
-    gpu_fit(tmp_path, [SectionProfiler(warmup_steps=5, print_reports=False)], model)
+    warmup = 5
+    gpu_fit(tmp_path, [SectionProfiler(warmup_steps=warmup, print_reports=False, device_timing_every_n_iterations=1)],
+            model)
     transfer = find_summary(tmp_path)["section_profiler"]["sections"]["transfer"]
+    own = model.copies_ms(skip=warmup)
     alone = copy_alone_ms(model.buf, blocking)
     label = f"{'pinned' if pinned else 'pageable'}, {'blocking' if blocking else 'non-blocking'}"
-    record(f"SectionProfiler transfer device time vs the same 64 MB copy alone (CUDA events; {label})",
-           transfer["device_mean_ms"], alone, "ms", "within 15%")
-    assert transfer["device_mean_ms"] == pytest.approx(alone, rel=0.15)
+    record(f"SectionProfiler transfer device time vs the module's CUDA events around the same 64 MB copies ({label})",
+           transfer["device_mean_ms"], own, "ms", "within 10%")
+    record(f"the same 64 MB copy timed alone after the fit ({label})", alone, own, "ms", "a figure")
+    assert transfer["device_mean_ms"] == pytest.approx(own, rel=0.10)
     if pinned and not blocking:
         # the host only queues the copy: its time in the section is a small part of the copy's
         record(f"SectionProfiler transfer host time vs the copy's device time ({label})", transfer["mean_ms"],
-               alone, "ms", "host < half the copy")
-        assert transfer["mean_ms"] < 0.5 * alone
+               own, "ms", "host < half the copy")
+        assert transfer["mean_ms"] < 0.5 * own
     else:
         # pageable memory (staged through a pinned buffer) or a blocking copy: the host waits for the copy
         record(f"SectionProfiler transfer host time vs the copy's device time ({label})", transfer["mean_ms"],
-               alone, "ms", "host >= 85% of the copy")
-        assert transfer["mean_ms"] >= 0.85 * alone
+               own, "ms", "host >= 85% of the copy")
+        assert transfer["mean_ms"] >= 0.85 * own
 
 
 def test_sections_timed_one_iteration_in_32_match_timing_every_iteration(tmp_path, record):
