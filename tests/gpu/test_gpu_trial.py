@@ -1,5 +1,5 @@
-"""ABTrial's CUDA-only changes on a real GPU: cudnn.benchmark and TF32 switched per arm, put back after, and the TF32
-speed-up against the same matmuls timed with CUDA events outside the fit. Skipped without CUDA."""
+"""ABTrial's CUDA-only changes on a real GPU: cudnn.benchmark and TF32 switched per arm and put back after (their
+speed-ups against the same step timed with CUDA events: test_gpu_since.py). Skipped without CUDA."""
 
 import pytest
 import torch
@@ -39,17 +39,6 @@ class Matmuls(LightningModule):
         return DataLoader(TensorDataset(torch.randn(64 * 256, self.n)), batch_size=256)
 
 
-def event_ms(fn, repeats=20):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
-
-
 @pytest.mark.parametrize("change, index", [("cudnn_benchmark", 0), ("tf32", 1)])
 def test_cuda_flags_switch_per_arm_and_come_back(tmp_path, change, index):
     torch.backends.cudnn.benchmark = False
@@ -62,24 +51,3 @@ def test_cuda_flags_switch_per_arm_and_come_back(tmp_path, change, index):
     assert [s[index] for s in model.seen] == [a == "on" for a in arms]
     assert torch.backends.cudnn.benchmark is False and torch.backends.cuda.matmul.allow_tf32 is False
     assert find_summary(tmp_path)["trial"]["status"] == "done"
-
-
-def test_tf32_speedup_agrees_with_event_timed_matmuls(tmp_path, record):
-    if torch.cuda.get_device_capability()[0] < 8:
-        pytest.skip("TF32 needs Ampere or later")
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    model = Matmuls(n=4096, reps=6)
-    trial = ABTrial("tf32", warmup=6, block=6, blocks=12, quality_batches=0)
-    fit(tmp_path, [trial], model=model, accelerator="gpu", max_steps=trial.schedule.total, limit_val_batches=0,
-        num_sanity_val_steps=0)
-    trial_summary = find_summary(tmp_path)["trial"]
-    ours = trial_summary["speedup"]
-    a, b = torch.randn(256, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
-    off = event_ms(lambda: a @ b)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    on = event_ms(lambda: a @ b)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    record("ABTrial tf32 speed-up vs event-timed matmul", ours, off / on, "x", "both > 1.2")
-    record("ABTrial tf32 speed-up, low end of its interval", trial_summary["speedup_low"], 1.0, "x", "above 1")
-    # Not held yet: on the H100 this 12-block trial read 2.71x with a 95% interval of 0.66-11.22 (docs/trials.md)
-    assert ours > 1.2 and off / on > 1.2
