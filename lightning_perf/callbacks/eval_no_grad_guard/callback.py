@@ -15,17 +15,15 @@ from lightning_perf.callbacks.core.arguments import bad_argument, check_bool
 from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks.core.scalars import log_scalars
 from lightning_perf.callbacks.core.state import StateError, StateReader
+from lightning_perf.callbacks.eval_no_grad_guard.messages import MB, TRAIN_HOOKS, train_mode_message
+from lightning_perf.callbacks.eval_no_grad_guard.messages import fmt_bytes as _fmt_bytes
+from lightning_perf.callbacks.eval_no_grad_guard.messages import how_it_ran as _how
 from lightning_perf.errors import PerfCheckFailed
 from lightning_perf.measure.evaluation.autograd import EvalForwardWatch, calling_site, find_retained_graphs
 from lightning_perf.measure.evaluation.train_mode import MAX_MODULE_NAMES, ModesBetweenSteps, TrainModeWatch
 from lightning_perf.measure.memory.user_phases import add_listener, remove_listener
 
 MODES = ("warn", "raise", "fix")
-#: The phase of a training-mode finding a training hook ran without `phase("eval_in_train_hooks")` around it.
-TRAIN_HOOKS = "train_hooks"
-MB = 1024.0 * 1024.0
-TRAIN_MODE_FIX = ("Call `model.eval()` before evaluating and `model.train()` after (Lightning does it around its"
-                  " evaluation loops; a hook or step that calls `train()` undoes it).")
 
 
 def known_hooks() -> List[str]:
@@ -33,43 +31,6 @@ def known_hooks() -> List[str]:
     names = {n for cls in (Callback, LightningModule) for n in dir(cls)
              if n.startswith("on_") or n.endswith("_step")}
     return sorted(names)
-
-
-def _fmt_bytes(n: float) -> str:
-    if n >= 1024 * MB:
-        return f"{n / MB / 1024:.2f} GiB"
-    return f"{n / MB:.1f} MiB" if n >= MB else f"{n / 1024:.1f} KiB"
-
-
-def train_mode_message(result: Dict[str, Any]) -> str:
-    """One line: where evaluation ran which modules in training mode, how often, what it did, and the fix."""
-    modules = result["modules"]
-    by_type: Dict[str, List[str]] = {}
-    for name, (kind, _) in list(modules.items())[:MAX_MODULE_NAMES]:
-        by_type.setdefault(kind, []).append(name or "(the module itself)")
-    listed = "; ".join(f"{kind} {', '.join(names)}" for kind, names in by_type.items())
-    if len(modules) > MAX_MODULE_NAMES:
-        listed += f" and {len(modules) - MAX_MODULE_NAMES} more"
-    effects = []
-    if result["running_stats_changed"]:
-        effects.append("BatchNorm normalised with batch statistics and changed its running statistics")
-    if result["random_active"]:
-        effects.append("dropout was active")
-    where = (f"{result['site'] or 'code'} ran `phase({result['phase']!r})`" if result["phase"] == "eval_in_train_hooks"
-             else f"{result['site'] or 'code'} ran the LightningModule's modules between training steps"
-             if result["phase"] == TRAIN_HOOKS else f"{result['phase']} ran")
-    forwards = result["forwards"]
-    counted = ("forwards not counted" if forwards is None else f"{forwards} forward{'s' if forwards != 1 else ''}")
-    if result["uncounted"]:
-        counted += f" ({', '.join(result['uncounted'][:MAX_MODULE_NAMES])} inside torch.compile: not counted)"
-    return (f"{where} with {len(modules)} module{'s' if len(modules) != 1 else ''} in training mode ({listed}):"
-            f" {counted}; {' and '.join(effects)}. {TRAIN_MODE_FIX}")
-
-
-def _how(training_mode: bool) -> str:
-    return ("with autograd on between training steps, in training mode (evaluation in a training hook;"
-            " `self.net.eval()` leaves the module around it in training mode)" if training_mode
-            else "in eval mode with autograd on")
 
 
 class EvalNoGradGuard(PerfCallback):
