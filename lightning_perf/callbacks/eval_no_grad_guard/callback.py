@@ -54,8 +54,8 @@ class EvalNoGradGuard(PerfCallback):
     Between training steps (from its ``on_train_batch_end`` to the next batch's start) a forward of the
     LightningModule or of one of its modules with parameters is evaluation whatever the modes: with autograd on it
     is a finding (``training_mode`` where the module was in training mode: ``self.net.eval(); self(x)``), and with
-    BatchNorm or Dropout in training mode a training-mode finding of phase ``train_hooks``, with or without a
-    ``phase`` mark.
+    BatchNorm or Dropout in training mode a training-mode finding of phase ``train_hooks`` naming those that
+    forward ran, with or without a ``phase`` mark.
 
     Args:
         mode: ``"warn"`` one warning per site with the fix; ``"raise"`` fail at the first finding (for CI);
@@ -80,7 +80,7 @@ class EvalNoGradGuard(PerfCallback):
     """
 
     section_name = "eval_no_grad_guard"
-    _transient = ("_module_ref", "_model_ids", "_ids_after_eval")
+    _transient = ("_module_ref", "_model_ids", "_ids_after_eval", "_between_now")
 
     def __init__(self, mode: str = "warn", allow: Optional[Sequence[str]] = None, scan_retained: bool = True,
                  summary_path: Optional[str] = None, run_name: Optional[str] = None,
@@ -109,6 +109,8 @@ class EvalNoGradGuard(PerfCallback):
         self._watch = EvalForwardWatch(self._on_finding, self._is_allowed, fix=(mode == "fix"),
                                        hooks=frozenset(hooks), owners=(Callback, LightningModule, LightningDataModule))
         self._watch.on_model_forward = self._on_model_forward
+        self._watch.on_model_forward_end = self._on_model_forward_end
+        self._between_now: Any = None  # (site, modules in training mode) of the top-level forward between steps now
         self._model_ids: Any = None  # the LightningModule's modules with parameters, found at the train start
         self._between_steps = ModesBetweenSteps()
         self._ids_after_eval: Any = None  # the watch's model ids to give back when an evaluation run ends
@@ -237,18 +239,33 @@ class EvalNoGradGuard(PerfCallback):
             return
         self._warn_once(f"train_mode:{phase}:{site}", message)
 
-    def _on_model_forward(self, module: Any) -> None:
-        """A top-level forward of the LightningModule's modules between training steps (the watch calls it): with
-        mode-dependent modules in training mode, a finding of phase ``train_hooks`` at the calling site. Inside
-        `phase("eval_in_train_hooks")` the phase's own check counts them. Never raises: ``mode="raise"`` raises at
-        the next hook that can."""
+    def _on_model_forward(self, module: Any) -> Any:
+        """A top-level forward of the LightningModule's modules between training steps (the watch calls it): the ids
+        of its mode-dependent modules in training mode, for the watch to note which of them this forward runs (None
+        when there are none). Inside `phase("eval_in_train_hooks")` the phase's own check counts them."""
+        self._between_now = None
         if not self.check_train_mode or self._in_phase:
+            return None
+        try:
+            root = self._module_ref() if self._module_ref is not None else None
+            training = self._between_steps.training(module, root)
+            if training:  # the site while the user's hook is on the stack
+                self._between_now = (calling_site(self._watch.hooks, self._watch.owners)[0], training)
+                return training
+        except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+            self._train_mode_failed("a forward between training steps", err)
+        return None
+
+    def _on_model_forward_end(self, module: Any, ran: Any) -> None:
+        """Its end: with modules in training mode that it ran, a finding of phase ``train_hooks`` at the calling
+        site. Never raises: ``mode="raise"`` raises at the next hook that can."""
+        now, self._between_now = self._between_now, None
+        if now is None:
             return
         try:
-            found = self._between_steps.found(module, self._module_ref() if self._module_ref is not None else None)
+            found = self._between_steps.found(module, now[1], ran)
             if found is not None:
-                site, _ = calling_site(self._watch.hooks, self._watch.owners)
-                self._on_train_mode_finding({**found, "phase": TRAIN_HOOKS, "site": site}, can_raise=False, runs=0)
+                self._on_train_mode_finding({**found, "phase": TRAIN_HOOKS, "site": now[0]}, can_raise=False, runs=0)
         except Exception as err:  # noqa: BLE001 - a measurement must never stop training
             self._train_mode_failed("a forward between training steps", err)
 
@@ -442,6 +459,7 @@ class EvalNoGradGuard(PerfCallback):
         self._watch.disarm()
         self._watch.model_ids = None
         self._between_steps.reset()  # it holds the model's modules
+        self._between_now = None
         self._end_watching()
         self._flush_summary(trainer)
 
@@ -450,6 +468,7 @@ class EvalNoGradGuard(PerfCallback):
         self._watch.disarm()  # no teardown hook follows an exception
         self._watch.model_ids = None
         self._between_steps.reset()
+        self._between_now = None
         self._end_watching()
         self._write_summary(trainer, exception)
 

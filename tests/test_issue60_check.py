@@ -1,0 +1,93 @@
+"""Issue 60 checked as a new user would: a GAN-like program with two optimizers, BatchNorm in its generator and
+Dropout in its discriminator, that samples at its epoch end, run unchanged. What its evaluation in a training hook is
+reported with must be what ran: the modules named are those its forward ran, not every module of the
+LightningModule in training mode."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import TinyModel, find_summary, fit
+from lightning_perf import EvalNoGradGuard
+
+
+class Gan(TinyModel):
+    """A GAN as such programs are written: ``forward`` is the generator (BatchNorm), the discriminator has Dropout;
+    manual optimization with two optimizers. At each training epoch end it samples ``self(z)`` with grad on and the
+    model in training mode (the generator alone runs); with ``judge`` it also scores the samples with the
+    discriminator (which then runs, its Dropout active)."""
+
+    def __init__(self, judge=False):
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 16))
+        self.discriminator = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Dropout(0.3), nn.Linear(32, 1))
+        self.judge = judge
+        self.dropout_runs = 0  # the discriminator's Dropout's own count of forwards between steps
+        self.between_steps = False
+        self.discriminator[2].register_forward_pre_hook(self._count_dropout)
+
+    def _count_dropout(self, module, args):
+        self.dropout_runs += int(self.between_steps)
+
+    def forward(self, z):
+        return self.generator(z)
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        opt_g, opt_d = self.optimizers()
+        z = torch.randn(x.shape[0], 8)
+        g_loss = nn.functional.softplus(-self.discriminator(self(z))).mean()
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+        d_loss = (nn.functional.softplus(-self.discriminator(x)).mean()
+                  + nn.functional.softplus(self.discriminator(self(z).detach())).mean())
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+
+    def configure_optimizers(self):
+        return (torch.optim.Adam(self.generator.parameters(), lr=1e-3),
+                torch.optim.Adam(self.discriminator.parameters(), lr=1e-3))
+
+    def on_train_epoch_end(self):
+        self.between_steps = True
+        samples = self(torch.randn(16, 8))
+        if self.judge:
+            self.discriminator(samples)
+        self.between_steps = False
+
+
+def _guarded_fit(tmp_path, model):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tmp_path, [EvalNoGradGuard()], model=model, max_epochs=2, limit_val_batches=0, num_sanity_val_steps=0)
+    said = [str(w.message) for w in caught if "ran the LightningModule's modules between training steps" in
+            str(w.message)]
+    return find_summary(tmp_path)["eval_no_grad_guard"], said
+
+
+def test_a_gans_sampling_names_the_generators_batchnorm_not_the_discriminators_dropout_that_did_not_run(tmp_path):
+    model = Gan()
+    guard, said = _guarded_fit(tmp_path, model)
+    assert model.dropout_runs == 0
+    (mode,) = guard["train_mode_findings"]
+    assert mode["phase"] == "train_hooks" and mode["site"] == "Gan.on_train_epoch_end"
+    assert mode["modules"] == ["generator.1"] and mode["module_types"] == ["BatchNorm1d"], mode
+    assert mode["module_count"] == 1 and mode["running_stats_changed"] is True and mode["forwards"] == 2
+    assert len(said) == 1 and "1 module in training mode (BatchNorm1d generator.1)" in said[0], said
+    assert "dropout" not in said[0].lower(), said[0]
+
+
+def test_a_gans_sampling_scored_by_its_discriminator_names_both(tmp_path):
+    model = Gan(judge=True)
+    guard, said = _guarded_fit(tmp_path, model)
+    assert model.dropout_runs == 2
+    (mode,) = guard["train_mode_findings"]
+    assert mode["modules"] == ["generator.1", "discriminator.2"], mode
+    assert mode["module_types"] == ["BatchNorm1d", "Dropout"] and mode["module_count"] == 1  # a forward's most
+    assert mode["forwards"] == 4  # two top-level forwards an epoch end, two epochs
+    assert len(said) == 1, said  # one warning a site: the summary holds what every forward there ran
