@@ -3,10 +3,13 @@ Dropout in its discriminator, that samples at its epoch end, run unchanged. What
 reported with must be what ran: the modules named are those its forward ran, not every module of the
 LightningModule in training mode."""
 
+import json
+import subprocess
+import sys
 import warnings
 
-import pytest
 import torch
+from lightning.pytorch import Callback
 from torch import nn
 
 from helpers import TinyModel, find_summary, fit
@@ -91,3 +94,106 @@ def test_a_gans_sampling_scored_by_its_discriminator_names_both(tmp_path):
     assert mode["module_types"] == ["BatchNorm1d", "Dropout"] and mode["module_count"] == 1  # a forward's most
     assert mode["forwards"] == 4  # two top-level forwards an epoch end, two epochs
     assert len(said) == 1, said  # one warning a site: the summary holds what every forward there ran
+
+
+class SampleLogger(Callback):
+    """Samples the generator every 4th batch in its ``on_train_batch_end``, as image-logging callbacks do: listed
+    before the guard (a user's callbacks come before those ``lightning-perf run`` adds)."""
+
+    def __init__(self):
+        self.sampled = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx % 4 == 0:
+            pl_module(torch.randn(16, 8))
+            self.sampled += 1
+
+
+class GanNoEpochEnd(Gan):
+    def on_train_epoch_end(self):
+        pass
+
+
+def test_a_callback_before_the_guard_sampling_at_batch_end_under_manual_optimization_is_found(tmp_path):
+    logger = SampleLogger()
+    trainer = fit(tmp_path, [logger, EvalNoGradGuard()], model=GanNoEpochEnd(), max_epochs=2, limit_val_batches=0,
+                  num_sanity_val_steps=0)
+    assert "post_training_step" not in vars(trainer.strategy)  # the strategy's own method given back
+    guard = find_summary(tmp_path)["eval_no_grad_guard"]
+    assert logger.sampled == 4 and guard["clean"] is False
+    (grad,) = guard["findings"]
+    assert grad["site"] == "SampleLogger.on_train_batch_end" and grad["module"] == "GanNoEpochEnd"
+    assert grad["training_mode"] is True and grad["count"] == logger.sampled
+    (mode,) = guard["train_mode_findings"]
+    assert mode["site"] == "SampleLogger.on_train_batch_end" and mode["modules"] == ["generator.1"], mode
+    assert mode["forwards"] == logger.sampled
+
+
+GAN_SCRIPT = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+import lightning.pytorch as L
+
+
+class GAN(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 16))
+        self.discriminator = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Dropout(0.3), nn.Linear(32, 1))
+
+    def forward(self, z):
+        return self.generator(z)
+
+    def training_step(self, batch, batch_idx):
+        (real,) = batch
+        opt_g, opt_d = self.optimizers()
+        z = torch.randn(real.shape[0], 8)
+        g_loss = nn.functional.softplus(-self.discriminator(self(z))).mean()
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+        d_loss = (nn.functional.softplus(-self.discriminator(real)).mean()
+                  + nn.functional.softplus(self.discriminator(self(z).detach())).mean())
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+
+    def configure_optimizers(self):
+        return (torch.optim.Adam(self.generator.parameters(), lr=1e-3),
+                torch.optim.Adam(self.discriminator.parameters(), lr=1e-3))
+
+
+class SampleLogger(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx % 4 == 0:
+            pl_module.last_samples = pl_module(torch.randn(16, 8))
+
+
+if __name__ == "__main__":
+    trainer = L.Trainer(max_epochs=1, callbacks=[SampleLogger()], accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(GAN(), DataLoader(TensorDataset(torch.randn(96, 16)), batch_size=8))
+'''
+
+
+def test_lightning_perf_run_of_an_unchanged_gan_names_its_callbacks_sampling_and_its_two_optimizers(tmp_path):
+    script = tmp_path / "gan.py"
+    script.write_text(GAN_SCRIPT)
+    out = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-m", "lightning_perf.cli", "run", "--out", str(out), "--name", "gan", "--",
+                           sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "gan" / "perf_summary.json").read_text())
+    assert "SampleLogger.on_train_batch_end ran GAN.forward with autograd on" in proc.stderr, proc.stderr
+    guard = summary["eval_no_grad_guard"]
+    (grad,) = guard["findings"]
+    assert grad["site"] == "SampleLogger.on_train_batch_end" and grad["count"] == 3  # batches 0, 4 and 8 of 12
+    (mode,) = guard["train_mode_findings"]
+    assert mode["modules"] == ["generator.1"] and mode["forwards"] == 3
+    sections = summary["section_profiler"]["sections"]
+    measured = summary["section_profiler"]["iterations"]  # the 12 batches less the warm-up
+    assert summary["iteration_timer"]["iterations"] == 12 and summary["run"]["global_step"] == 24
+    assert sections["optimizer_step[0]"]["count"] == sections["optimizer_step[1]"]["count"] == measured
+    assert sections["backward"]["count"] == measured

@@ -11,6 +11,7 @@ import torch
 
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
+from lightning_perf.callbacks.core import strategy_marks
 from lightning_perf.callbacks.core.arguments import bad_argument, check_bool
 from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks.core.scalars import log_scalars
@@ -80,7 +81,7 @@ class EvalNoGradGuard(PerfCallback):
     """
 
     section_name = "eval_no_grad_guard"
-    _transient = ("_module_ref", "_model_ids", "_ids_after_eval", "_between_now")
+    _transient = ("_module_ref", "_model_ids", "_ids_after_eval", "_between_now", "_step_end")
 
     def __init__(self, mode: str = "warn", allow: Optional[Sequence[str]] = None, scan_retained: bool = True,
                  summary_path: Optional[str] = None, run_name: Optional[str] = None,
@@ -111,6 +112,7 @@ class EvalNoGradGuard(PerfCallback):
         self._watch.on_model_forward = self._on_model_forward
         self._watch.on_model_forward_end = self._on_model_forward_end
         self._between_now: Any = None  # (site, modules in training mode) of the top-level forward between steps now
+        self._step_end: Any = None  # the strategy's post_training_step, marked under manual optimization
         self._model_ids: Any = None  # the LightningModule's modules with parameters, found at the train start
         self._between_steps = ModesBetweenSteps()
         self._ids_after_eval: Any = None  # the watch's model ids to give back when an evaluation run ends
@@ -325,6 +327,20 @@ class EvalNoGradGuard(PerfCallback):
         # in a batch-end hook builds no graph and is no evaluation).
         self._model_ids = frozenset(id(m) for m in pl_module.modules() if next(m.parameters(), None) is not None)
         self._between_steps.reset()
+        if not self._automatic:  # no hook follows the training step before callbacks' on_train_batch_end
+            strategy_marks.uninstall(self._step_end)
+            self._step_end = strategy_marks.install(trainer.strategy, "post_training_step", self._training_step_end)
+
+    def _training_step_end(self) -> None:
+        """Manual optimization: the training step has returned (Lightning's loop calls the strategy's
+        ``post_training_step`` right after it). From here the LightningModule's forwards are evaluation, also in
+        the ``on_train_batch_end`` of callbacks listed before this one (an image logger sampling every N batches)."""
+        try:
+            if not self._watch.armed:
+                self._watch.arm()
+            self._watch.model_ids = self._model_ids
+        except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+            self._record_failure("post_training_step", err)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._pending_failure is not None:  # mode="raise": found in a phase the last batch's hooks opened
@@ -460,6 +476,8 @@ class EvalNoGradGuard(PerfCallback):
         self._watch.model_ids = None
         self._between_steps.reset()  # it holds the model's modules
         self._between_now = None
+        strategy_marks.uninstall(self._step_end)
+        self._step_end = None
         self._end_watching()
         self._flush_summary(trainer)
 
@@ -469,6 +487,8 @@ class EvalNoGradGuard(PerfCallback):
         self._watch.model_ids = None
         self._between_steps.reset()
         self._between_now = None
+        strategy_marks.uninstall(self._step_end)
+        self._step_end = None
         self._end_watching()
         self._write_summary(trainer, exception)
 
