@@ -15,10 +15,10 @@ from lightning_perf.callbacks.core import strategy_marks
 from lightning_perf.callbacks.core.arguments import bad_argument, check_bool
 from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks.core.scalars import log_scalars
-from lightning_perf.callbacks.core.state import StateError, StateReader
 from lightning_perf.callbacks.eval_no_grad_guard.messages import MB, TRAIN_HOOKS, train_mode_message
 from lightning_perf.callbacks.eval_no_grad_guard.messages import fmt_bytes as _fmt_bytes
 from lightning_perf.callbacks.eval_no_grad_guard.messages import how_it_ran as _how
+from lightning_perf.callbacks.eval_no_grad_guard.state import read_state
 from lightning_perf.errors import PerfCheckFailed
 from lightning_perf.measure.evaluation.autograd import EvalForwardWatch, calling_site, find_retained_graphs
 from lightning_perf.measure.evaluation.train_mode import MAX_MODULE_NAMES, ModesBetweenSteps, TrainModeWatch
@@ -561,41 +561,7 @@ class EvalNoGradGuard(PerfCallback):
 
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        s = StateReader(state_dict)
-        findings = {}
-        for f in s.records("findings"):
-            entry = {"site": f.text("site", allow_none=False), "hook": f.text("hook"),
-                     "module": f.text("module", allow_none=False), "count": f.count("count"),
-                     "saved_for_backward_bytes": f.count("saved_for_backward_bytes"), "fixed": f.flag("fixed"),
-                     "training_mode": f.flag("training_mode")}
-            if entry["site"] is None or entry["module"] is None:
-                raise StateError(f"{f.where} lacks its site or module")
-            findings[(entry["site"], entry["module"])] = {**f.data, **entry}
-        retained = {}
-        for r in s.records("retained"):
-            record = {"attribute": r.text("attribute", allow_none=False), "seen_at": r.text("seen_at"),
-                      "max_count": r.count("max_count"), "max_bytes_kept": r.count("max_bytes_kept"),
-                      "epochs_seen": r.count("epochs_seen")}
-            if record["attribute"] is None:
-                raise StateError(f"{r.where} lacks its attribute")
-            retained[record["attribute"]] = {**r.data, **record}
-        train_mode = {}
-        for f in s.records("train_mode_findings"):
-            names = {}
-            for key in ("modules", "module_types", "uncounted"):
-                names[key] = f.data.get(key, [])
-                if not isinstance(names[key], list) or not all(isinstance(n, str) for n in names[key]):
-                    raise StateError(f"{f.where}.{key} is not a list of names")
-            forwards = f.data.get("forwards")
-            entry = {"phase": f.text("phase", allow_none=False), "site": f.text("site"), "runs": f.count("runs"),
-                     "forwards": None if forwards is None else f.count("forwards"),
-                     "uncounted": names["uncounted"][:MAX_MODULE_NAMES], "modules": names["modules"][:MAX_MODULE_NAMES],
-                     "module_types": names["module_types"][:MAX_MODULE_NAMES],
-                     "module_count": f.count("module_count"),
-                     "running_stats_changed": f.flag("running_stats_changed")}
-            if entry["phase"] is None:
-                raise StateError(f"{f.where} lacks its phase")
-            train_mode[(entry["phase"], entry["site"])] = entry
+        findings, retained, train_mode = read_state(state_dict)
         self._findings.update(findings)  # all read: nothing is assigned from a state that fails halfway
         self._retained.update(retained)
         self._train_mode_findings.update(train_mode)
