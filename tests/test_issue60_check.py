@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 
+import pytest
 import torch
 from lightning.pytorch import Callback
 from torch import nn
@@ -130,6 +131,7 @@ def test_a_callback_before_the_guard_sampling_at_batch_end_under_manual_optimiza
 
 
 GAN_SCRIPT = '''
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -197,3 +199,53 @@ def test_lightning_perf_run_of_an_unchanged_gan_names_its_callbacks_sampling_and
     assert summary["iteration_timer"]["iterations"] == 12 and summary["run"]["global_step"] == 24
     assert sections["optimizer_step[0]"]["count"] == sections["optimizer_step[1]"]["count"] == measured
     assert sections["backward"]["count"] == measured
+
+
+class BatchNormRegressor(TinyModel):
+    """Automatic optimization, BatchNorm in its net; ``lbfgs``: its optimizer runs the training step again inside
+    its ``step()`` (forwards that are training, not evaluation)."""
+
+    def __init__(self, lbfgs=False):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1))
+        self.lbfgs = lbfgs
+
+    def configure_optimizers(self):
+        if self.lbfgs:
+            return torch.optim.LBFGS(self.parameters(), lr=0.1, max_iter=3)
+        return super().configure_optimizers()
+
+
+class EverySecondBatch(Callback):
+    """Runs the LightningModule in training mode, grad on, in its ``on_train_batch_end`` every second batch."""
+
+    def __init__(self):
+        self.sampled = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx % 2 == 1:
+            pl_module(torch.randn(16, 16))
+            self.sampled += 1
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_callback_before_the_guard_running_the_module_at_batch_end_under_automatic_optimization_is_found(
+        tmp_path, accumulate):
+    sampler = EverySecondBatch()
+    trainer = fit(tmp_path, [sampler, EvalNoGradGuard()], model=BatchNormRegressor(), max_epochs=2,
+                  limit_val_batches=0, num_sanity_val_steps=0, accumulate_grad_batches=accumulate)
+    assert "optimizer_step" not in vars(trainer.strategy)  # the strategy's own method given back
+    guard = find_summary(tmp_path)["eval_no_grad_guard"]
+    assert sampler.sampled == 8
+    (grad,) = guard["findings"]
+    assert grad["site"] == "EverySecondBatch.on_train_batch_end" and grad["training_mode"] is True
+    assert grad["count"] == sampler.sampled
+    (mode,) = guard["train_mode_findings"]
+    assert mode["modules"] == ["net.1"] and mode["forwards"] == sampler.sampled
+
+
+def test_an_lbfgs_step_running_the_training_step_again_is_no_evaluation_with_a_callback_before_the_guard(tmp_path):
+    fit(tmp_path, [Callback(), EvalNoGradGuard()], model=BatchNormRegressor(lbfgs=True), max_epochs=1,
+        limit_val_batches=0, num_sanity_val_steps=0)
+    guard = find_summary(tmp_path)["eval_no_grad_guard"]
+    assert guard["clean"] is True and guard["findings"] == [] and guard["train_mode_findings"] == []

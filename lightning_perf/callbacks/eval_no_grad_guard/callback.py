@@ -52,11 +52,12 @@ class EvalNoGradGuard(PerfCallback):
     whether BatchNorm's running statistics changed (its ``num_batches_tracked`` counters, read at the phase's start
     and end).
 
-    Between training steps (from its ``on_train_batch_end`` to the next batch's start) a forward of the
-    LightningModule or of one of its modules with parameters is evaluation whatever the modes: with autograd on it
-    is a finding (``training_mode`` where the module was in training mode: ``self.net.eval(); self(x)``), and with
-    BatchNorm or Dropout in training mode a training-mode finding of phase ``train_hooks`` naming those that
-    forward ran, with or without a ``phase`` mark.
+    Between training steps (from the step's end, marked by the strategy's ``post_training_step`` or
+    ``optimizer_step``, to the next batch's start) a forward of the LightningModule or of one of its modules with
+    parameters is evaluation whatever the modes: with autograd on it is a finding (``training_mode`` where the
+    module was in training mode: ``self.net.eval(); self(x)``), and with BatchNorm or Dropout in training mode a
+    training-mode finding of phase ``train_hooks`` naming those that forward ran, with or without a ``phase``
+    mark.
 
     Args:
         mode: ``"warn"`` one warning per site with the fix; ``"raise"`` fail at the first finding (for CI);
@@ -112,7 +113,8 @@ class EvalNoGradGuard(PerfCallback):
         self._watch.on_model_forward = self._on_model_forward
         self._watch.on_model_forward_end = self._on_model_forward_end
         self._between_now: Any = None  # (site, modules in training mode) of the top-level forward between steps now
-        self._step_end: Any = None  # the strategy's post_training_step, marked under manual optimization
+        self._step_end: Any = None  # the strategy method that marks the training step's end (see on_train_start)
+        self._in_step = False  # inside the strategy's optimizer_step (automatic optimization)
         self._model_ids: Any = None  # the LightningModule's modules with parameters, found at the train start
         self._between_steps = ModesBetweenSteps()
         self._ids_after_eval: Any = None  # the watch's model ids to give back when an evaluation run ends
@@ -327,20 +329,30 @@ class EvalNoGradGuard(PerfCallback):
         # in a batch-end hook builds no graph and is no evaluation).
         self._model_ids = frozenset(id(m) for m in pl_module.modules() if next(m.parameters(), None) is not None)
         self._between_steps.reset()
-        if not self._automatic:  # no hook follows the training step before callbacks' on_train_batch_end
-            strategy_marks.uninstall(self._step_end)
-            self._step_end = strategy_marks.install(trainer.strategy, "post_training_step", self._training_step_end)
+        # No hook marks the step's end before callbacks' on_train_batch_end: the strategy's methods do. Manual
+        # optimization: post_training_step, right after training_step returns. Automatic: the end of optimizer_step
+        # (an LBFGS closure runs training_step again inside it), or the backward of a batch that does not step.
+        strategy_marks.uninstall(self._step_end)
+        self._in_step = False
+        if self._automatic:
+            self._step_end = strategy_marks.install(trainer.strategy, "optimizer_step", self._step_starts,
+                                                    self._step_over)
+        else:
+            self._step_end = strategy_marks.install(trainer.strategy, "post_training_step", self._step_over)
 
-    def _training_step_end(self) -> None:
-        """Manual optimization: the training step has returned (Lightning's loop calls the strategy's
-        ``post_training_step`` right after it). From here the LightningModule's forwards are evaluation, also in
-        the ``on_train_batch_end`` of callbacks listed before this one (an image logger sampling every N batches)."""
+    def _step_starts(self) -> None:
+        self._in_step = True
+
+    def _step_over(self) -> None:
+        """The training step is over: from here the LightningModule's forwards are evaluation, also in the
+        ``on_train_batch_end`` of callbacks listed before this one (an image logger sampling every N batches)."""
+        self._in_step = False
         try:
             if not self._watch.armed:
                 self._watch.arm()
             self._watch.model_ids = self._model_ids
         except Exception as err:  # noqa: BLE001 - a measurement must never stop training
-            self._record_failure("post_training_step", err)
+            self._record_failure("the end of the training step", err)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._pending_failure is not None:  # mode="raise": found in a phase the last batch's hooks opened
@@ -359,6 +371,8 @@ class EvalNoGradGuard(PerfCallback):
             # inside training_step (an eval-mode discriminator with grad on is legitimate there).
             if self._automatic:
                 self._watch.arm()
+                if self._step_end is not None and not self._in_step:  # a batch that accumulates: no step follows
+                    self._watch.model_ids = self._model_ids
         except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
             self._record_failure("on_after_backward", err)
 
@@ -366,10 +380,10 @@ class EvalNoGradGuard(PerfCallback):
                            batch_idx: int) -> None:
         try:
             watch = self._watch
-            if not watch.armed:  # armed after the backward already, under automatic optimization
+            if not watch.armed:  # armed at the step's end already, where the strategy marks it
                 watch.arm()
-            # From here to the next batch's start the LightningModule's own forwards are evaluation too (not from
-            # the backward on: an optimizer's closure may run the training step again inside its step).
+            # From here to the next batch's start the LightningModule's own forwards are evaluation too (also where
+            # the strategy has no method to mark the step's end by)
             watch.model_ids = self._model_ids
         except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
             self._record_failure("on_train_batch_end", err)
