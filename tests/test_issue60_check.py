@@ -249,3 +249,24 @@ def test_an_lbfgs_step_running_the_training_step_again_is_no_evaluation_with_a_c
         limit_val_batches=0, num_sanity_val_steps=0)
     guard = find_summary(tmp_path)["eval_no_grad_guard"]
     assert guard["clean"] is True and guard["findings"] == [] and guard["train_mode_findings"] == []
+
+
+class NetEvalThenSelf(Gan):
+    """Seed 001's form: ``self.generator.eval(); self(z)`` at the epoch end, grad on."""
+
+    def on_train_epoch_end(self):
+        self.generator.eval()
+        self(torch.randn(16, 8))
+        self.generator.train()
+
+
+@pytest.mark.parametrize("model, says_net_eval", [(Gan(), False), (NetEvalThenSelf(), True)])
+def test_the_grad_warning_blames_self_net_eval_only_where_a_module_inside_was_in_eval_mode(tmp_path, model,
+                                                                                         says_net_eval):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tmp_path, [EvalNoGradGuard()], model=model, max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0)
+    name = type(model).__name__
+    said = [str(w.message) for w in caught if f"ran {name}.forward with autograd on" in str(w.message)]
+    assert len(said) == 1 and "in training mode (evaluation in a training hook" in said[0], said
+    assert ("`self.net.eval()` leaves the module around it in training mode" in said[0]) is says_net_eval, said[0]

@@ -147,16 +147,17 @@ class EvalNoGradGuard(PerfCallback):
         entry["count"] += 1
         entry["saved_for_backward_bytes"] += saved
         self._events += 1
+        how = _how(training_mode, self._watch.eval_inside)
         if fixed:
             if first:
-                self._warn_once(f"fix:{site}", f"{site} ran {module}.forward {_how(training_mode)};"
+                self._warn_once(f"fix:{site}", f"{site} ran {module}.forward {how};"
                                 " mode='fix' ran it under torch.no_grad() (and will each time).")
             return
         allow_it = (f"`EvalNoGradGuard(allow=[{hook!r}])` or `with lightning_perf.allow_grad_in_eval():`" if hook else
                     "`with lightning_perf.allow_grad_in_eval():` (no Callback or LightningModule hook method was on"
                     " the stack, so `allow=` cannot name this site)")
         message = (
-            f"{site} ran {module}.forward {_how(training_mode)}: {_fmt_bytes(saved)} of activations were"
+            f"{site} ran {module}.forward {how}: {_fmt_bytes(saved)} of activations were"
             " kept for a backward that never ran. Wrap the evaluation in `with torch.no_grad():` (or"
             f" torch.inference_mode()). If gradients are wanted here, allow it with {allow_it}."
         )

@@ -44,7 +44,9 @@ def train_mode_message(result: Dict[str, Any]) -> str:
             f" {counted}; {' and '.join(effects)}. {TRAIN_MODE_FIX}")
 
 
-def how_it_ran(training_mode: bool) -> str:
-    return ("with autograd on between training steps, in training mode (evaluation in a training hook;"
-            " `self.net.eval()` leaves the module around it in training mode)" if training_mode
-            else "in eval mode with autograd on")
+def how_it_ran(training_mode: bool, eval_inside: bool = False) -> str:
+    """How a grad finding's forward ran; ``eval_inside``: its module, in training mode, held eval-mode modules."""
+    if not training_mode:
+        return "in eval mode with autograd on"
+    return ("with autograd on between training steps, in training mode (evaluation in a training hook"
+            + ("; `self.net.eval()` leaves the module around it in training mode)" if eval_inside else ")"))

@@ -113,6 +113,8 @@ class EvalForwardWatch:
         self.model_ids: Optional[FrozenSet[int]] = None
         self.on_model_forward: Optional[Callable[[nn.Module], Optional[Collection[int]]]] = None
         self.on_model_forward_end: Optional[Callable[[nn.Module, Set[int]], None]] = None
+        #: Whether the module of the finding being reported held modules in eval mode (read by ``on_finding``).
+        self.eval_inside = False
         self._look_for: Collection[int] = ()  # ids on_model_forward asked for, in the top-level forward now
         self._ran: Optional[Set[int]] = None  # those of them that forward ran so far
 
@@ -221,8 +223,11 @@ class EvalForwardWatch:
             ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
             self._counter = counter
         ctx.__enter__()
+        # a training-mode module holding eval-mode ones: `self.net.eval(); self(x)` (a walk, on a finding only)
+        eval_inside = module.training and any(not m.training for m in module.modules())
         self._active = {"ctx": ctx, "site": site, "hook": hook, "module": type(module).__name__,
-                        "training": module.training, "fixed": self.fix and not module.training}
+                        "training": module.training, "fixed": self.fix and not module.training,
+                        "eval_inside": eval_inside}
 
     def _close(self) -> Dict[str, Any]:
         active, self._active = self._active, None
@@ -239,6 +244,7 @@ class EvalForwardWatch:
         if active is not None:
             fixed = active["fixed"]
             saved = 0 if fixed else self._counter["bytes"]
+            self.eval_inside = active["eval_inside"]
             self.on_finding(active["site"], active["hook"], active["module"], saved, fixed, active["training"])
 
 
