@@ -658,8 +658,8 @@ class _BlocksHead(Callback):
 class Blocks(Callback):
     """A paired A/B inside one fit: the measured callbacks take part in alternate blocks of ``block`` steps and are out
     of the Trainer's list in the others, together with the instance attributes they put on the strategy and the
-    profiler at setup. A drift of the machine's speed (one run's median step moved by tens of percent from one run
-    to the next here) then falls alike on the steps with and without them.
+    profiler at setup and train start. A drift of the machine's speed (one run's median step moved by tens of
+    percent from one run to the next here) then falls alike on the steps with and without them.
 
     Last in the Trainer's list. At a batch start, once every other callback has run its own (EvalNoGradGuard has
     taken its forward hook out of torch's dict), it switches at a block's first step; at a batch end, after every
@@ -683,6 +683,10 @@ class Blocks(Callback):
         self.added = [(obj, name) for obj, names in self.before for name in set(vars(obj)) - names]
         self.with_list = list(trainer.callbacks)
         self.without_list = [cb for cb in self.with_list if not any(cb is m for m in self.measured)]
+
+    def on_train_start(self, trainer, pl_module):
+        # and what they put there at the train start (EvalNoGradGuard's mark of the step's end on the strategy)
+        self.added = [(obj, name) for obj, names in self.before for name in set(vars(obj)) - names]
 
     def _set(self, trainer, on: bool) -> None:
         # rebound, not changed in place: Lightning's loop over the old list, at this callback (the last), ends here

@@ -11,21 +11,20 @@ import torch
 
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 
+from lightning_perf.callbacks.core import strategy_marks
 from lightning_perf.callbacks.core.arguments import bad_argument, check_bool
 from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks.core.scalars import log_scalars
-from lightning_perf.callbacks.core.state import StateError, StateReader
+from lightning_perf.callbacks.eval_no_grad_guard.messages import MB, TRAIN_HOOKS, train_mode_message
+from lightning_perf.callbacks.eval_no_grad_guard.messages import fmt_bytes as _fmt_bytes
+from lightning_perf.callbacks.eval_no_grad_guard.messages import how_it_ran as _how
+from lightning_perf.callbacks.eval_no_grad_guard.state import read_state
 from lightning_perf.errors import PerfCheckFailed
 from lightning_perf.measure.evaluation.autograd import EvalForwardWatch, calling_site, find_retained_graphs
 from lightning_perf.measure.evaluation.train_mode import MAX_MODULE_NAMES, ModesBetweenSteps, TrainModeWatch
 from lightning_perf.measure.memory.user_phases import add_listener, remove_listener
 
 MODES = ("warn", "raise", "fix")
-#: The phase of a training-mode finding a training hook ran without `phase("eval_in_train_hooks")` around it.
-TRAIN_HOOKS = "train_hooks"
-MB = 1024.0 * 1024.0
-TRAIN_MODE_FIX = ("Call `model.eval()` before evaluating and `model.train()` after (Lightning does it around its"
-                  " evaluation loops; a hook or step that calls `train()` undoes it).")
 
 
 def known_hooks() -> List[str]:
@@ -33,43 +32,6 @@ def known_hooks() -> List[str]:
     names = {n for cls in (Callback, LightningModule) for n in dir(cls)
              if n.startswith("on_") or n.endswith("_step")}
     return sorted(names)
-
-
-def _fmt_bytes(n: float) -> str:
-    if n >= 1024 * MB:
-        return f"{n / MB / 1024:.2f} GiB"
-    return f"{n / MB:.1f} MiB" if n >= MB else f"{n / 1024:.1f} KiB"
-
-
-def train_mode_message(result: Dict[str, Any]) -> str:
-    """One line: where evaluation ran which modules in training mode, how often, what it did, and the fix."""
-    modules = result["modules"]
-    by_type: Dict[str, List[str]] = {}
-    for name, (kind, _) in list(modules.items())[:MAX_MODULE_NAMES]:
-        by_type.setdefault(kind, []).append(name or "(the module itself)")
-    listed = "; ".join(f"{kind} {', '.join(names)}" for kind, names in by_type.items())
-    if len(modules) > MAX_MODULE_NAMES:
-        listed += f" and {len(modules) - MAX_MODULE_NAMES} more"
-    effects = []
-    if result["running_stats_changed"]:
-        effects.append("BatchNorm normalised with batch statistics and changed its running statistics")
-    if result["random_active"]:
-        effects.append("dropout was active")
-    where = (f"{result['site'] or 'code'} ran `phase({result['phase']!r})`" if result["phase"] == "eval_in_train_hooks"
-             else f"{result['site'] or 'code'} ran the LightningModule's modules between training steps"
-             if result["phase"] == TRAIN_HOOKS else f"{result['phase']} ran")
-    forwards = result["forwards"]
-    counted = ("forwards not counted" if forwards is None else f"{forwards} forward{'s' if forwards != 1 else ''}")
-    if result["uncounted"]:
-        counted += f" ({', '.join(result['uncounted'][:MAX_MODULE_NAMES])} inside torch.compile: not counted)"
-    return (f"{where} with {len(modules)} module{'s' if len(modules) != 1 else ''} in training mode ({listed}):"
-            f" {counted}; {' and '.join(effects)}. {TRAIN_MODE_FIX}")
-
-
-def _how(training_mode: bool) -> str:
-    return ("with autograd on between training steps, in training mode (evaluation in a training hook;"
-            " `self.net.eval()` leaves the module around it in training mode)" if training_mode
-            else "in eval mode with autograd on")
 
 
 class EvalNoGradGuard(PerfCallback):
@@ -90,11 +52,12 @@ class EvalNoGradGuard(PerfCallback):
     whether BatchNorm's running statistics changed (its ``num_batches_tracked`` counters, read at the phase's start
     and end).
 
-    Between training steps (from its ``on_train_batch_end`` to the next batch's start) a forward of the
-    LightningModule or of one of its modules with parameters is evaluation whatever the modes: with autograd on it
-    is a finding (``training_mode`` where the module was in training mode: ``self.net.eval(); self(x)``), and with
-    BatchNorm or Dropout in training mode a training-mode finding of phase ``train_hooks``, with or without a
-    ``phase`` mark.
+    Between training steps (from the step's end, marked by the strategy's ``post_training_step`` or
+    ``optimizer_step``, to the next batch's start) a forward of the LightningModule or of one of its modules with
+    parameters is evaluation whatever the modes: with autograd on it is a finding (``training_mode`` where the
+    module was in training mode: ``self.net.eval(); self(x)``), and with BatchNorm or Dropout in training mode a
+    training-mode finding of phase ``train_hooks`` naming those that forward ran, with or without a ``phase``
+    mark.
 
     Args:
         mode: ``"warn"`` one warning per site with the fix; ``"raise"`` fail at the first finding (for CI);
@@ -119,7 +82,7 @@ class EvalNoGradGuard(PerfCallback):
     """
 
     section_name = "eval_no_grad_guard"
-    _transient = ("_module_ref", "_model_ids", "_ids_after_eval")
+    _transient = ("_module_ref", "_model_ids", "_ids_after_eval", "_between_now", "_step_end")
 
     def __init__(self, mode: str = "warn", allow: Optional[Sequence[str]] = None, scan_retained: bool = True,
                  summary_path: Optional[str] = None, run_name: Optional[str] = None,
@@ -148,6 +111,10 @@ class EvalNoGradGuard(PerfCallback):
         self._watch = EvalForwardWatch(self._on_finding, self._is_allowed, fix=(mode == "fix"),
                                        hooks=frozenset(hooks), owners=(Callback, LightningModule, LightningDataModule))
         self._watch.on_model_forward = self._on_model_forward
+        self._watch.on_model_forward_end = self._on_model_forward_end
+        self._between_now: Any = None  # (site, modules in training mode) of the top-level forward between steps now
+        self._step_end: Any = None  # the strategy method that marks the training step's end (see on_train_start)
+        self._in_step = False  # inside the strategy's optimizer_step (automatic optimization)
         self._model_ids: Any = None  # the LightningModule's modules with parameters, found at the train start
         self._between_steps = ModesBetweenSteps()
         self._ids_after_eval: Any = None  # the watch's model ids to give back when an evaluation run ends
@@ -180,16 +147,17 @@ class EvalNoGradGuard(PerfCallback):
         entry["count"] += 1
         entry["saved_for_backward_bytes"] += saved
         self._events += 1
+        how = _how(training_mode, self._watch.eval_inside)
         if fixed:
             if first:
-                self._warn_once(f"fix:{site}", f"{site} ran {module}.forward {_how(training_mode)};"
+                self._warn_once(f"fix:{site}", f"{site} ran {module}.forward {how};"
                                 " mode='fix' ran it under torch.no_grad() (and will each time).")
             return
         allow_it = (f"`EvalNoGradGuard(allow=[{hook!r}])` or `with lightning_perf.allow_grad_in_eval():`" if hook else
                     "`with lightning_perf.allow_grad_in_eval():` (no Callback or LightningModule hook method was on"
                     " the stack, so `allow=` cannot name this site)")
         message = (
-            f"{site} ran {module}.forward {_how(training_mode)}: {_fmt_bytes(saved)} of activations were"
+            f"{site} ran {module}.forward {how}: {_fmt_bytes(saved)} of activations were"
             " kept for a backward that never ran. Wrap the evaluation in `with torch.no_grad():` (or"
             f" torch.inference_mode()). If gradients are wanted here, allow it with {allow_it}."
         )
@@ -276,18 +244,33 @@ class EvalNoGradGuard(PerfCallback):
             return
         self._warn_once(f"train_mode:{phase}:{site}", message)
 
-    def _on_model_forward(self, module: Any) -> None:
-        """A top-level forward of the LightningModule's modules between training steps (the watch calls it): with
-        mode-dependent modules in training mode, a finding of phase ``train_hooks`` at the calling site. Inside
-        `phase("eval_in_train_hooks")` the phase's own check counts them. Never raises: ``mode="raise"`` raises at
-        the next hook that can."""
+    def _on_model_forward(self, module: Any) -> Any:
+        """A top-level forward of the LightningModule's modules between training steps (the watch calls it): the ids
+        of its mode-dependent modules in training mode, for the watch to note which of them this forward runs (None
+        when there are none). Inside `phase("eval_in_train_hooks")` the phase's own check counts them."""
+        self._between_now = None
         if not self.check_train_mode or self._in_phase:
+            return None
+        try:
+            root = self._module_ref() if self._module_ref is not None else None
+            training = self._between_steps.training(module, root)
+            if training:  # the site while the user's hook is on the stack
+                self._between_now = (calling_site(self._watch.hooks, self._watch.owners)[0], training)
+                return training
+        except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+            self._train_mode_failed("a forward between training steps", err)
+        return None
+
+    def _on_model_forward_end(self, module: Any, ran: Any) -> None:
+        """Its end: with modules in training mode that it ran, a finding of phase ``train_hooks`` at the calling
+        site. Never raises: ``mode="raise"`` raises at the next hook that can."""
+        now, self._between_now = self._between_now, None
+        if now is None:
             return
         try:
-            found = self._between_steps.found(module, self._module_ref() if self._module_ref is not None else None)
+            found = self._between_steps.found(module, now[1], ran)
             if found is not None:
-                site, _ = calling_site(self._watch.hooks, self._watch.owners)
-                self._on_train_mode_finding({**found, "phase": TRAIN_HOOKS, "site": site}, can_raise=False, runs=0)
+                self._on_train_mode_finding({**found, "phase": TRAIN_HOOKS, "site": now[0]}, can_raise=False, runs=0)
         except Exception as err:  # noqa: BLE001 - a measurement must never stop training
             self._train_mode_failed("a forward between training steps", err)
 
@@ -347,6 +330,30 @@ class EvalNoGradGuard(PerfCallback):
         # in a batch-end hook builds no graph and is no evaluation).
         self._model_ids = frozenset(id(m) for m in pl_module.modules() if next(m.parameters(), None) is not None)
         self._between_steps.reset()
+        # No hook marks the step's end before callbacks' on_train_batch_end: the strategy's methods do. Manual
+        # optimization: post_training_step, right after training_step returns. Automatic: the end of optimizer_step
+        # (an LBFGS closure runs training_step again inside it), or the backward of a batch that does not step.
+        strategy_marks.uninstall(self._step_end)
+        self._in_step = False
+        if self._automatic:
+            self._step_end = strategy_marks.install(trainer.strategy, "optimizer_step", self._step_starts,
+                                                    self._step_over)
+        else:
+            self._step_end = strategy_marks.install(trainer.strategy, "post_training_step", self._step_over)
+
+    def _step_starts(self) -> None:
+        self._in_step = True
+
+    def _step_over(self) -> None:
+        """The training step is over: from here the LightningModule's forwards are evaluation, also in the
+        ``on_train_batch_end`` of callbacks listed before this one (an image logger sampling every N batches)."""
+        self._in_step = False
+        try:
+            if not self._watch.armed:
+                self._watch.arm()
+            self._watch.model_ids = self._model_ids
+        except Exception as err:  # noqa: BLE001 - a measurement must never stop training
+            self._record_failure("the end of the training step", err)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._pending_failure is not None:  # mode="raise": found in a phase the last batch's hooks opened
@@ -365,6 +372,8 @@ class EvalNoGradGuard(PerfCallback):
             # inside training_step (an eval-mode discriminator with grad on is legitimate there).
             if self._automatic:
                 self._watch.arm()
+                if self._step_end is not None and not self._in_step:  # a batch that accumulates: no step follows
+                    self._watch.model_ids = self._model_ids
         except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
             self._record_failure("on_after_backward", err)
 
@@ -372,10 +381,10 @@ class EvalNoGradGuard(PerfCallback):
                            batch_idx: int) -> None:
         try:
             watch = self._watch
-            if not watch.armed:  # armed after the backward already, under automatic optimization
+            if not watch.armed:  # armed at the step's end already, where the strategy marks it
                 watch.arm()
-            # From here to the next batch's start the LightningModule's own forwards are evaluation too (not from
-            # the backward on: an optimizer's closure may run the training step again inside its step).
+            # From here to the next batch's start the LightningModule's own forwards are evaluation too (also where
+            # the strategy has no method to mark the step's end by)
             watch.model_ids = self._model_ids
         except Exception as err:  # noqa: BLE001 - `guarded`, inline (its docstring says why)
             self._record_failure("on_train_batch_end", err)
@@ -481,6 +490,9 @@ class EvalNoGradGuard(PerfCallback):
         self._watch.disarm()
         self._watch.model_ids = None
         self._between_steps.reset()  # it holds the model's modules
+        self._between_now = None
+        strategy_marks.uninstall(self._step_end)
+        self._step_end = None
         self._end_watching()
         self._flush_summary(trainer)
 
@@ -489,6 +501,9 @@ class EvalNoGradGuard(PerfCallback):
         self._watch.disarm()  # no teardown hook follows an exception
         self._watch.model_ids = None
         self._between_steps.reset()
+        self._between_now = None
+        strategy_marks.uninstall(self._step_end)
+        self._step_end = None
         self._end_watching()
         self._write_summary(trainer, exception)
 
@@ -561,41 +576,7 @@ class EvalNoGradGuard(PerfCallback):
 
     @reads_state
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        s = StateReader(state_dict)
-        findings = {}
-        for f in s.records("findings"):
-            entry = {"site": f.text("site", allow_none=False), "hook": f.text("hook"),
-                     "module": f.text("module", allow_none=False), "count": f.count("count"),
-                     "saved_for_backward_bytes": f.count("saved_for_backward_bytes"), "fixed": f.flag("fixed"),
-                     "training_mode": f.flag("training_mode")}
-            if entry["site"] is None or entry["module"] is None:
-                raise StateError(f"{f.where} lacks its site or module")
-            findings[(entry["site"], entry["module"])] = {**f.data, **entry}
-        retained = {}
-        for r in s.records("retained"):
-            record = {"attribute": r.text("attribute", allow_none=False), "seen_at": r.text("seen_at"),
-                      "max_count": r.count("max_count"), "max_bytes_kept": r.count("max_bytes_kept"),
-                      "epochs_seen": r.count("epochs_seen")}
-            if record["attribute"] is None:
-                raise StateError(f"{r.where} lacks its attribute")
-            retained[record["attribute"]] = {**r.data, **record}
-        train_mode = {}
-        for f in s.records("train_mode_findings"):
-            names = {}
-            for key in ("modules", "module_types", "uncounted"):
-                names[key] = f.data.get(key, [])
-                if not isinstance(names[key], list) or not all(isinstance(n, str) for n in names[key]):
-                    raise StateError(f"{f.where}.{key} is not a list of names")
-            forwards = f.data.get("forwards")
-            entry = {"phase": f.text("phase", allow_none=False), "site": f.text("site"), "runs": f.count("runs"),
-                     "forwards": None if forwards is None else f.count("forwards"),
-                     "uncounted": names["uncounted"][:MAX_MODULE_NAMES], "modules": names["modules"][:MAX_MODULE_NAMES],
-                     "module_types": names["module_types"][:MAX_MODULE_NAMES],
-                     "module_count": f.count("module_count"),
-                     "running_stats_changed": f.flag("running_stats_changed")}
-            if entry["phase"] is None:
-                raise StateError(f"{f.where} lacks its phase")
-            train_mode[(entry["phase"], entry["site"])] = entry
+        findings, retained, train_mode = read_state(state_dict)
         self._findings.update(findings)  # all read: nothing is assigned from a state that fails halfway
         self._retained.update(retained)
         self._train_mode_findings.update(train_mode)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, Set, Tuple
+from typing import Any, Callable, Collection, Dict, FrozenSet, Iterator, Optional, Set, Tuple
 
 import torch
 from torch import nn
@@ -77,7 +77,10 @@ class EvalForwardWatch:
     parameters): a top-level forward of one of them there is evaluation in a training hook whatever its mode
     (``self.net.eval(); self(x)`` runs a module in training mode around an eval-mode one), so it is an offending
     forward when autograd is on, and ``on_model_forward`` sees each such forward first (the guard's training-mode
-    check). Outside the training step only: the step's own forwards run with the watch disarmed.
+    check). It may return ids of modules to look for: the watch then notes which of them that forward ran (its
+    nested calls pass its pre-hook anyway) and gives them to ``on_model_forward_end`` at the forward's end, so a
+    finding names what ran, not every module in training mode. Outside the training step only: the step's own
+    forwards run with the watch disarmed.
 
     Args:
         on_finding: called after each offending forward with (site, hook, module class name, saved bytes, fixed,
@@ -108,7 +111,12 @@ class EvalForwardWatch:
         #: ids of the LightningModule's modules with parameters while between training steps, else None (set by
         #: the guard); and what sees each top-level forward of one of them there.
         self.model_ids: Optional[FrozenSet[int]] = None
-        self.on_model_forward: Optional[Callable[[nn.Module], None]] = None
+        self.on_model_forward: Optional[Callable[[nn.Module], Optional[Collection[int]]]] = None
+        self.on_model_forward_end: Optional[Callable[[nn.Module, Set[int]], None]] = None
+        #: Whether the module of the finding being reported held modules in eval mode (read by ``on_finding``).
+        self.eval_inside = False
+        self._look_for: Collection[int] = ()  # ids on_model_forward asked for, in the top-level forward now
+        self._ran: Optional[Set[int]] = None  # those of them that forward ran so far
 
     def arm(self) -> None:
         """One global forward pre-hook; the end of a top-level forward is seen by a hook on that module alone,
@@ -163,26 +171,35 @@ class EvalForwardWatch:
         """A copy starts disarmed, holding none of torch's hooks or dicts: it registers its own at its first arm."""
         state = self.__dict__.copy()
         state.update(_hooks=None, _handle=None, _outer=None, _outer_handle=None, _active=None, armed=False, _depth=0,
-                     model_ids=None)
+                     model_ids=None, _look_for=(), _ran=None)
         return state
 
     def _end_outer(self) -> Optional[Dict[str, Any]]:
         if self._outer_handle is not None:
             self._outer_handle.remove()
-        self._outer = self._outer_handle = None
+        outer, ran = self._outer, self._ran
+        self._outer = self._outer_handle = self._ran = None
+        self._look_for = ()
         self._depth = 0
+        if ran is not None and outer is not None and self.on_model_forward_end is not None:
+            self.on_model_forward_end(outer, ran)
         return self._close() if self._active is not None else None
 
     def _pre(self, module: nn.Module, args: Any) -> None:
         if self._outer is not None:  # inside a top-level forward: only its own re-entrant calls are counted
             if module is self._outer:
                 self._depth += 1
+            elif self._ran is not None and id(module) in self._look_for:
+                self._ran.add(id(module))
             return
         self._outer, self._depth = module, 1
         self._outer_handle = module.register_forward_hook(self._post, always_call=True)
         model = self.model_ids is not None and id(module) in self.model_ids
         if model and self.on_model_forward is not None:
-            self.on_model_forward(module)
+            look_for = self.on_model_forward(module)
+            if look_for:
+                self._look_for = look_for
+                self._ran = {id(module)} if id(module) in look_for else set()
         if (module.training and not model) or not torch.is_grad_enabled() or grad_in_eval_allowed():
             return
         site, hook = calling_site(self.hooks, self.owners)
@@ -206,8 +223,11 @@ class EvalForwardWatch:
             ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
             self._counter = counter
         ctx.__enter__()
+        # a training-mode module holding eval-mode ones: `self.net.eval(); self(x)` (a walk, on a finding only)
+        eval_inside = module.training and any(not m.training for m in module.modules())
         self._active = {"ctx": ctx, "site": site, "hook": hook, "module": type(module).__name__,
-                        "training": module.training, "fixed": self.fix and not module.training}
+                        "training": module.training, "fixed": self.fix and not module.training,
+                        "eval_inside": eval_inside}
 
     def _close(self) -> Dict[str, Any]:
         active, self._active = self._active, None
@@ -224,6 +244,7 @@ class EvalForwardWatch:
         if active is not None:
             fixed = active["fixed"]
             saved = 0 if fixed else self._counter["bytes"]
+            self.eval_inside = active["eval_inside"]
             self.on_finding(active["site"], active["hook"], active["module"], saved, fixed, active["training"])
 
 

@@ -3,7 +3,7 @@ No Lightning import here."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Collection, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -188,34 +188,45 @@ class TrainModeWatch:
 
 class ModesBetweenSteps:
     """Evaluation a training hook runs between training steps: which mode-dependent modules of the module it runs
-    are in training mode, at each top-level forward.
+    are in training mode, at each top-level forward, and which of those the forward ran.
 
     A top-level module's mode-dependent modules are listed at its first forward (named within ``root``, the
-    LightningModule), then only their ``training`` flags are read: a few attribute reads a forward.
+    LightningModule), then only their ``training`` flags are read: a few attribute reads a forward. Which of them
+    ran is seen by the caller's global forward pre-hook (a GAN's ``self(z)`` runs its generator, not the Dropout of
+    its discriminator); inside a ``torch.compile``'d module, whose compiled code may not call that hook, every one
+    in training mode is taken to have run.
     """
 
     def __init__(self) -> None:
         self._listed: Dict[int, List[Tuple[str, nn.Module, str]]] = {}
+        self._compiled: Dict[int, bool] = {}
 
     def reset(self) -> None:
-        self._listed = {}
+        self._listed, self._compiled = {}, {}
 
     def __getstate__(self) -> Dict[str, Any]:
         """A copy holds no modules."""
-        return {"_listed": {}}
+        return {"_listed": {}, "_compiled": {}}
 
-    def found(self, module: nn.Module, root: Optional[nn.Module]) -> Optional[Dict[str, Any]]:
-        """None when no mode-dependent module of ``module`` is in training mode; else a finding in the form of
-        :meth:`TrainModeWatch.stop`'s (one forward, no phase or site: the caller names them)."""
+    def training(self, module: nn.Module, root: Optional[nn.Module]) -> Dict[int, Tuple[str, nn.Module, str]]:
+        """The mode-dependent modules of ``module`` in training mode now, by id: (qualified name, module, kind)."""
         listed = self._listed.get(id(module))
         if listed is None:
             prefix = next((n for n, m in root.named_modules() if m is module), "") if root is not None else ""
             listed = self._listed[id(module)] = [(".".join(p for p in (prefix, name) if p), m, kind)
                                                  for name, m in module.named_modules()
                                                  for kind in (mode_dependent(m),) if kind]
-        training = [(name, m, kind) for name, m, kind in listed if m.training]
-        if not training:
+            self._compiled[id(module)] = any(_is_compiled(m) for m in module.modules())
+        return {id(m): (name, m, kind) for name, m, kind in listed if m.training}
+
+    def found(self, module: nn.Module, training: Dict[int, Tuple[str, nn.Module, str]],
+              ran: Collection[int]) -> Optional[Dict[str, Any]]:
+        """None when none of ``training`` (from :meth:`training`) ran in this forward of ``module``; else a finding
+        in the form of :meth:`TrainModeWatch.stop`'s (one forward, no phase or site: the caller names them)."""
+        every = self._compiled.get(id(module), False)
+        ran_ = [(name, m, kind) for i, (name, m, kind) in training.items() if every or i in ran]
+        if not ran_:
             return None
-        return {"forwards": 1, "modules": {name: (type(m).__name__, 1) for name, m, _ in training},
-                "running_stats_changed": any(kind == RUNNING_STATS for _, _, kind in training),
-                "random_active": any(kind == RANDOM for _, _, kind in training), "uncounted": []}
+        return {"forwards": 1, "modules": {name: (type(m).__name__, 1) for name, m, _ in ran_},
+                "running_stats_changed": any(kind == RUNNING_STATS for _, _, kind in ran_),
+                "random_active": any(kind == RANDOM for _, _, kind in ran_), "uncounted": []}
