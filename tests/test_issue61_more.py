@@ -145,7 +145,8 @@ if os.path.basename(folder).startswith("repeat_"):
 factor = json.load(open("factors.json"))[os.path.basename(folder)][k - 1]
 summary = json.load(open(os.environ["RECORDED"]))
 timer = summary["iteration_timer"]
-timer["ms_per_iter"] = {key: v * factor if isinstance(v, (int, float)) else v for key, v in timer["ms_per_iter"].items()}
+timer["ms_per_iter"] = {key: v * factor if isinstance(v, (int, float)) else v
+                       for key, v in timer["ms_per_iter"].items()}
 for key in ("it_per_s", "batches_per_s", "samples_per_s"):
     timer[key] = timer[key] / factor
 json.dump(summary, open(path, "w"))

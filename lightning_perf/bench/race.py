@@ -274,9 +274,9 @@ def _sequential_verdict(cmp: Dict[str, Any], name: str, runs: Dict[str, List[Dic
 
 def _fixed_what_would_decide(cmp: Dict[str, Any], name: str, runs: Dict[str, List[Dict[str, Any]]],
                              typed: Dict[str, Any], base: str, copy: Optional[str], basis: str) -> None:
-    """``--repeats N`` left the command within noise (its interval holds 1 or reaches the A/A band): ``what_would_decide``
-    (:func:`lightning_perf.bench.what_would_decide.what_would_decide`, from its per-round log-ratios against the
-    baseline and its A/A copy) and those words after the verdict's why."""
+    """``--repeats N`` left the command within noise (its interval holds 1 or reaches the A/A band):
+    ``what_would_decide`` (:func:`lightning_perf.bench.what_would_decide.what_would_decide`, from its per-round
+    log-ratios against the baseline and its A/A copy) and those words after the verdict's why."""
     verdict = cmp["verdict"]
     if verdict["verdict"] != WITHIN_NOISE or verdict["why"].startswith("a change below"):
         return
