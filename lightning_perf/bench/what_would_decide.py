@@ -3,10 +3,10 @@ it: the smallest change those rounds could have found from the spread between ro
 and, for a matrix variant that differs from the baseline by one switch an in-run trial can flip, the exact
 ``lightning-perf run --trial`` line that tries it inside one run. Pure Python: no torch.
 
-The figure of a fixed design (docs/bench.md, "When it cannot decide"): the rounds' paired log-ratios ``d`` (as
-``--repeats auto`` reads them, :func:`lightning_perf.bench.sequential.round_log_ratios`), their spread ``sd``, and the
-change a paired t test at 95% finds with 80% power at ``n`` rounds: ``(t_{0.975, n-1} + z_{0.8}) sd / sqrt(n)``. The
-verdict's rank interval and its A/A band ask a little more, so the figure is a lower bound, said "about".
+The figure of a fixed design (docs/bench.md, "When `--repeats N` cannot decide"): the rounds' paired log-ratios ``d``
+(as ``--repeats auto`` reads them, :func:`lightning_perf.bench.sequential.round_log_ratios`), their spread ``sd``, and
+the change a paired t test at 95% finds with 80% power at ``n`` rounds: ``(t_{0.975, n-1} + z_{0.8}) sd / sqrt(n)``.
+The verdict's rank interval and its A/A band ask a little more, so the figure is a lower bound, said "about".
 """
 
 from __future__ import annotations
