@@ -767,6 +767,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     )
     from lightning_perf.bench.matrix_sequential import all_decided
     from lightning_perf.bench.matrix_trial import add_trial
+    from lightning_perf.bench.what_would_decide import add_trial_lines
 
     auto = args.repeats == "auto"
     if args.max_rounds is not None and not auto:
@@ -813,6 +814,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     rows = matrix_rows(results, noise_floor=copy, same_within_pct=args.same_within)
     header = matrix_header(results, args.config)
     add_trial(rows, results, args.trial)  # each variant's trial, pooled over its runs (bench/matrix_trial.py)
+    add_trial_lines(rows, results, sys.executable, args.script, args.config)  # a switch within noise: its --trial line
     text = format_matrix(rows, args.format, header, best_by=args.best_by)
     _say(text)
     if args.report:

@@ -23,6 +23,7 @@ from lightning_perf.bench.matrix_sequential import add_sequential_verdicts
 from lightning_perf.bench.rounds import check_repeats, run_rounds
 from lightning_perf.bench.sequential import DEFAULT_EQUIVALENCE_PCT
 from lightning_perf.bench.threads import thread_env
+from lightning_perf.bench.what_would_decide import trial_line_findings
 from lightning_perf.summary.baseline import DEFAULT_TOLERANCE, verdict
 from lightning_perf.summary.compare import break_even_text, compare_summaries, run_speed, warmup_section
 from lightning_perf.summary.contention import contention, contention_line
@@ -685,6 +686,7 @@ def findings(rows: List[Dict[str, Any]], best_by: str = "end-to-end") -> List[st
     ok = [r for r in rows if r["status"] == "completed" and r.get("speedup")]
     base = next((r for r in rows if r.get("baseline")), rows[0] if rows else None)
     out += verdict_findings(rows, best_by)
+    out += trial_line_findings(rows, best_by)  # a switch within noise: the run that tries it inside one fit
     with_memory = [r for r in ok if r.get("peak_memory_mb") and not r.get("noise_floor")]  # the A/A copy: no choice
     if len(with_memory) >= 2:
         out.append(least_memory(with_memory))

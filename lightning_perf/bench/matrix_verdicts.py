@@ -21,6 +21,8 @@ from lightning_perf.bench.noise_floor import (
     shift_by_rounds,
 )
 from lightning_perf.bench.rounds import DEFAULT_REPEATS, rounds_line
+from lightning_perf.bench.sequential import round_log_ratios
+from lightning_perf.bench.what_would_decide import fixed_words, what_would_decide
 
 #: The two bases of a verdict: (name in row keys, the speedup's key, words).
 BASES = (("steady", "speedup", "steady state, per measured iteration"),
@@ -83,12 +85,26 @@ def add_verdicts(rows: List[Dict[str, Any]], noise_floor_name: Optional[str], mi
             if cmp["ratio"] is None:  # no rate: say whose runs failed rather than "no rate to compare"
                 decided["why"] = _not_completed(r, "every run") or _not_completed(base, "the baseline's runs") or (
                     decided["why"])
+            if r is not aa and all(_in_rounds(x, key) for x in [r, *references]):
+                _what_would_decide(r, basis, decided, round_log_ratios(r[key], [x[key] for x in references]))
             r[f"{basis}_verdict"], r[f"{basis}_verdict_why"] = decided["verdict"], decided["why"] or None
             r[f"_{basis}_floor"] = floor
             r[f"_{basis}_cmp"] = cmp
             r[prefix + "speedup"] = None if floor is None else floor["ratio"]
             r[prefix + "ci_low"] = None if floor is None else floor["low"]
             r[prefix + "ci_high"] = None if floor is None else floor["high"]
+
+
+def _what_would_decide(row: Dict[str, Any], basis: str, decided: Dict[str, Any], diffs: List[Any]) -> None:
+    """``--repeats N`` left the variant within noise (its interval holds 1 or reaches the A/A band): what would decide
+    (:func:`lightning_perf.bench.what_would_decide.what_would_decide`, from its per-round log-ratios against the
+    baseline and its A/A copy) in ``_{basis}_what_would_decide`` and after the verdict's why."""
+    if (decided["verdict"] != WITHIN_NOISE or decided["why"].startswith("a change below")
+            or (row.get("_rounds") or {}).get("rule") == "sequential"):
+        return
+    found = what_would_decide(diffs)
+    row[f"_{basis}_what_would_decide"] = found
+    decided["why"] = f"{decided['why']}; {fixed_words(found)}"
 
 
 def _not_completed(row: Dict[str, Any], whose: str) -> Optional[str]:

@@ -39,6 +39,7 @@ from lightning_perf.bench.sequential import SLOWER as SEQ_SLOWER
 from lightning_perf.bench.sequential import UNDECIDED as SEQ_UNDECIDED
 from lightning_perf.bench.sequential import decide_rounds, round_log_ratios
 from lightning_perf.bench.threads import thread_env
+from lightning_perf.bench.what_would_decide import fixed_words, what_would_decide
 from lightning_perf.summary.compare import compare_summaries, format_text, run_speed
 from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.fields import finite, quality, train_peak_mb
@@ -232,6 +233,8 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
         cmp["between_runs"] = between
         if info.get("rule") == "sequential":  # --repeats auto: the always-valid interval, round by round
             _sequential_verdict(cmp, name, runs, typed, base_name, copy, basis, min_effect_pct, same_within_pct)
+        elif name != copy:
+            _fixed_what_would_decide(cmp, name, runs, typed, base_name, copy, basis)
     out["memory"], out["quality"] = _memory_verdicts(typed, base_name, copy), _quality_verdicts(typed, base_name, copy)
     pool = {name: [run_speed(r, "samples/s") for r in typed[name] + (typed.get(copy, []) if name == base_name else [])]
             for name, _ in commands if name != copy and typed[name]}
@@ -267,6 +270,22 @@ def _sequential_verdict(cmp: Dict[str, Any], name: str, runs: Dict[str, List[Dic
     cmp["between_runs"] = {"ratio": found["ratio"], "low": found["low"], "high": found["high"],
                            "runs": (found["rounds"], found["rounds"]), "method": SEQUENTIAL_INTERVAL,
                            "round_drift_f": None}
+
+
+def _fixed_what_would_decide(cmp: Dict[str, Any], name: str, runs: Dict[str, List[Dict[str, Any]]],
+                             typed: Dict[str, Any], base: str, copy: Optional[str], basis: str) -> None:
+    """``--repeats N`` left the command within noise (its interval holds 1 or reaches the A/A band):
+    ``what_would_decide`` (:func:`lightning_perf.bench.what_would_decide.what_would_decide`, from its per-round
+    log-ratios against the baseline and its A/A copy) and those words after the verdict's why."""
+    verdict = cmp["verdict"]
+    if verdict["verdict"] != WITHIN_NOISE or verdict["why"].startswith("a change below"):
+        return
+    refs = [_round_rates(runs[base], basis)]
+    if copy is not None and copy in typed:
+        refs.append(_round_rates(runs[copy], basis))
+    found = what_would_decide(round_log_ratios(_round_rates(runs[name], basis), refs))
+    cmp["what_would_decide"] = found
+    verdict["why"] = f"{verdict['why']}; {fixed_words(found)}"
 
 
 def _memory_verdicts(typed: Dict[str, List[PerfSummary]], base: str, copy: Optional[str]) -> Dict[str, Any]:

@@ -35,6 +35,10 @@ DEFAULT_BUDGET_S = 600.0
 TARGET_PCT = 10.0
 #: Power of the smallest detectable change.
 POWER = 0.8
+#: The in-run trial in the words of an undecided verdict, where no exact line can be given (the change is not a switch
+#: the trial knows: lightning_perf/bench/what_would_decide.py gives the line where it is).
+IN_RUN_HINT = ("(or an in-run trial, which pairs the change inside one fit: `lightning-perf run --trial ...` /"
+               " ABTrial)")
 
 #: What a sequential verdict can be.
 FASTER, SLOWER, SAME, UNDECIDED, NO_VERDICT = "faster", "slower", "the same", "undecided", "no verdict"
@@ -165,8 +169,7 @@ def undecided_words(found: Dict[str, Any]) -> str:
         tail = "the spread between rounds is not known yet"
     else:
         tail = f"about {need} rounds would find {TARGET_PCT:g}%"
-    return (f"{head}; {tail} (or an in-run trial, which pairs the change inside one fit: `lightning-perf run --trial"
-            " ...` / ABTrial)")
+    return f"{head}; {tail} {IN_RUN_HINT}"
 
 
 def round_log_ratios(values: Sequence[Optional[float]], references: Sequence[Sequence[Optional[float]]]
