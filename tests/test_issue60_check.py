@@ -270,3 +270,17 @@ def test_the_grad_warning_blames_self_net_eval_only_where_a_module_inside_was_in
     said = [str(w.message) for w in caught if f"ran {name}.forward with autograd on" in str(w.message)]
     assert len(said) == 1 and "in training mode (evaluation in a training hook" in said[0], said
     assert ("`self.net.eval()` leaves the module around it in training mode" in said[0]) is says_net_eval, said[0]
+
+
+@pytest.mark.parametrize("phases, words", [
+    (["train_hooks"], "what the training hooks evaluated (samples, images) is not the model's in eval mode"),
+    (["train_hooks", "validation"], "its quality figures are not the model's in eval mode"),
+    (["validation"], "its quality figures are not the model's in eval mode")])
+def test_the_reports_note_on_a_training_hooks_own_evaluation_speaks_of_its_samples_not_quality(phases, words):
+    from types import SimpleNamespace
+
+    from lightning_perf.summary.report import train_mode_note
+
+    findings = [SimpleNamespace(phase=phase, modules=["gen.1"], running_stats_changed=True) for phase in phases]
+    note = train_mode_note(SimpleNamespace(eval_no_grad_guard=SimpleNamespace(train_mode_findings=findings)))
+    assert note.endswith(f"; BatchNorm's running statistics changed: {words} (EvalNoGradGuard)"), note

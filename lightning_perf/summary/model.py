@@ -757,6 +757,10 @@ class RetainedGraph(Section):
     epochs_seen: Count = Field(None, description="the epoch ends (training or validation) it was found at")
 
 
+#: The phase of a training-mode finding a training hook ran without `phase("eval_in_train_hooks")` around it.
+TRAIN_HOOKS = "train_hooks"
+
+
 class TrainModeFinding(Section):
     phase: Text = Field(None, description="`validation`, `test`, `predict`, `eval_in_train_hooks` or `train_hooks`"
                                           " (a training hook's forward of the LightningModule's modules, unmarked)")

@@ -21,7 +21,7 @@ from lightning_perf.summary.fields import (
     train_peak_mb,
 )
 from lightning_perf.summary.energy import fmt_energy, train_energy
-from lightning_perf.summary.model import PerfSummary, as_summary
+from lightning_perf.summary.model import TRAIN_HOOKS, PerfSummary, as_summary
 from lightning_perf.summary.trial_view import trial_line
 
 
@@ -123,9 +123,12 @@ def train_mode_note(summary: PerfSummary) -> Optional[str]:
         return None
     where = "; ".join(f"{f.phase}: {', '.join(f.modules or []) or 'modules'}" for f in findings)
     changed = any(f.running_stats_changed for f in findings)
+    # a training hook's own evaluation (sampling at an epoch end) gives no quality figure: its outputs are what it made
+    what = ("what the training hooks evaluated (samples, images) is" if all(f.phase == TRAIN_HOOKS for f in findings)
+            else "its quality figures are")
     return (f"evaluation ran modules in training mode ({where})"
             + ("; BatchNorm's running statistics changed" if changed else "")
-            + ": its quality figures are not the model's in eval mode (EvalNoGradGuard)")
+            + f": {what} not the model's in eval mode (EvalNoGradGuard)")
 
 
 #: Memory columns: (row key, label, phases it reads, the largest across them).

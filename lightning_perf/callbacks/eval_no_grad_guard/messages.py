@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from lightning_perf.measure.evaluation.train_mode import MAX_MODULE_NAMES
-
-#: The phase of a training-mode finding a training hook ran without `phase("eval_in_train_hooks")` around it.
-TRAIN_HOOKS = "train_hooks"
+from lightning_perf.summary.model import TRAIN_HOOKS
 MB = 1024.0 * 1024.0
 TRAIN_MODE_FIX = ("Call `model.eval()` before evaluating and `model.train()` after (Lightning does it around its"
                   " evaluation loops; a hook or step that calls `train()` undoes it).")
