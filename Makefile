@@ -42,64 +42,46 @@ TEST_DIST := --dist worksteal
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) $(TEST_DIST)
 
-# The same suite (but the slow seed scripts, the tests of benchmarks/overhead.py and own_steps.py: developer tools,
-# ~1.5 minutes of subprocesses, and LOWEST_SKIP below) against the lowest Lightning that pyproject.toml allows,
-# installed beside the venv's newest in $(LOWEST_DIR) and put first on the path. Lightning 2.2 imports pkg_resources,
-# which new setuptools no longer ship: an older one goes in with it. Keep LOWEST_LIGHTNING in step with pyproject's
-# floor.
+# The tests that drive Lightning, against the lowest Lightning that pyproject.toml allows, installed beside the venv's
+# newest in $(LOWEST_DIR) and put first on the path. Lightning 2.2 imports pkg_resources, which new setuptools no
+# longer ship: an older one goes in with it. Keep LOWEST_LIGHTNING in step with pyproject's floor.
 LOWEST_LIGHTNING := 2.2.0
-# Also left out there: the commands that run whole trainings in rounds of subprocesses (matrix, race, make demo, the
-# A/A noise floor on real fits, the rounds' order, their torch threads, a trial pooled over them, race and matrix
-# interrupted or timed out, and the fuzz of race, matrix, compare's repeats and report --html): ~7 minutes of
-# orchestration whose fits the in-process tests already run on 2.2. What of the matrix meets Lightning (its LightningCLI
-# variants with the suite attached, a config's own callbacks) is still run there by
-# test_a_summary_the_matrix_cannot_copy_is_read_at_once_and_no_path_to_it_is_kept, and `run --trial` by test_trial_cli.
-LOWEST_SKIP := tests/test_race.py tests/test_noise_floor.py \
-	tests/test_demo.py::test_make_demo_ends_on_the_answer_with_the_summaries_figures \
-	tests/test_bench.py::test_matrix_on_the_demo_with_two_variants_and_a_crash \
-	tests/test_bench.py::test_matrix_measures_with_the_configs_own_lightning_perf_callbacks \
-	tests/test_bench.py::test_matrix_cli_runs_the_aa_copy_in_the_rounds_and_a_budget_stops_them \
-	tests/test_bench.py::test_matrix_repeats_run_interleaved_and_each_variant_keeps_its_runs \
-	tests/test_threads.py::test_matrix_and_race_run_torch_with_the_chosen_threads \
-	tests/test_matrix_trial.py::test_matrix_trial_reports_each_variants_in_run_speedup_from_its_summaries \
-	tests/test_adversarial_race_matrix.py tests/test_cli_fuzz_commands.py \
-	tests/test_user_trial_cli.py::test_matrix_trial_passes_a_users_switch_spec_to_the_fits
-# Also: the several-process numbering of `run` (Pool workers, a fork, a DDP fit under run: the numbering is
-# lightning_perf's own file lock, no Lightning in it) and the straggler's 4-rank DDP fits (the rule that names it
-# reads the gathered ranks, which tests/test_perf_suite.py's DDP fit gathers on 2.2 too; the rule's own tests stay).
-LOWEST_SKIP += tests/test_adversarial_writes.py::test_trainers_of_two_processes_under_one_run_get_a_file_each \
-	tests/test_adversarial_writes.py::test_a_ddp_fit_under_run_is_one_trainer_numbered_by_rank_0 \
-	tests/test_stragglers.py::test_the_rank_that_waits_for_data_is_named_with_its_section \
-	tests/test_stragglers.py::test_an_a_a_set_of_ranks_names_no_straggler \
-	tests/test_stragglers.py::test_compare_and_report_show_the_straggler
-# And the tests that import no Lightning at all, in the test process or in any subprocess they start (checked by running
-# them with a sitecustomize whose import hook logs every lookup of lightning, pytorch_lightning, lightning_fabric,
-# pkg_resources and setuptools, all that $(LOWEST_DIR) holds: none): `lightning-perf bench` sweeps, their rounds and
-# frontier on torch alone, and the statistics, clocks and ledger of lightning_perf/measure. Lightning 2.2 cannot change
-# what they prove (119 tests, ~45 s of a worker on CI). A test added to these files that fits a model belongs in
-# another file.
-LOWEST_SKIP += tests/test_bench_sweeps.py tests/test_bench_rounds.py tests/test_bench_frontier.py tests/test_stats.py \
-	tests/test_trial_stats.py tests/test_speed_verdict.py tests/test_clock.py tests/test_section_ledger.py \
-	tests/test_bench.py::test_sweep_writes_csv_plot_and_table_then_appends \
-	tests/test_bench.py::test_out_of_memory_is_a_row_and_the_sweep_goes_on \
-	tests/test_bench.py::test_another_error_is_recorded_and_the_exit_code_says_so \
-	tests/test_bench.py::test_bad_input_is_one_line_and_exit_2 \
-	tests/test_bench.py::test_a_csv_with_another_header_is_refused_untouched \
-	tests/test_bench.py::test_sweep_as_a_python_function \
-	tests/test_bench.py::test_analysis_from_csv_and_bench_compare \
-	tests/test_bench.py::test_without_csv_the_rows_go_to_runs_bench_csv
-# And what the comparing commands say (the A/A property tests of compare, report, race, matrix and bench: the
-# words derived from one decided verdict, on summaries of fits the callbacks' own tests run on 2.2 too), the
-# sequential rounds' statistics and their real races, and the package's import graph (ast only).
-LOWEST_SKIP += tests/test_one_voice_compare.py tests/test_one_voice_bench.py tests/test_sequential_rounds.py \
-	tests/test_layout.py
+# An allow-list: a file is here when what it checks is measured from Lightning's loop (the
+# callbacks' fits, their hooks, accumulation and manual optimization, resume, LightningCLI configs, DDP, `run`'s hook
+# on the Trainer, the version check). Left out: the files whose fits, if any, only make summaries for what they check
+# (compare, report, diagnosis ceilings, verdict words, readers, the CLI's answers, statistics, clocks, the layout), the
+# bench sweeps on torch alone, and the commands that run whole trainings in rounds of subprocesses (race, matrix,
+# make demo, the seed scripts, benchmarks/): their fits are the ones the files below run on 2.2. A new test file that
+# fits a model to check a measurement belongs here; one that checks words or statistics does not.
+# Checked by logging every Trainer.__init__ and Trainer._run of the suite by test (a sitecustomize wrapping them in the
+# test process and every subprocess): each file below runs fits (test_lightning_version.py checks the version itself);
+# of test_bench.py, only the two matrix tests named here put the suite into a Trainer (LightningCLI, fill mode).
+LOWEST_TESTS := tests/test_lightning_version.py tests/test_conformance.py tests/test_perf_suite.py \
+	tests/test_nothing_lost.py tests/test_fail_closed_state.py tests/test_fail_closed_writes.py \
+	tests/test_summary_typed.py tests/test_inline_guards.py \
+	tests/test_iteration_timer.py tests/test_iteration_end_work.py tests/test_tail.py tests/test_tail_sections.py \
+	tests/test_step_trace.py tests/test_section_profiler.py tests/test_manual_optimization_sections.py \
+	tests/test_printer.py tests/test_transfer_section.py tests/test_data_loading.py tests/test_adversarial_workers.py \
+	tests/test_vram_monitor.py tests/test_memory_snapshot.py tests/test_device_activity.py tests/test_energy.py \
+	tests/test_contention.py tests/test_flops.py tests/test_diagnosis.py \
+	tests/test_eval_no_grad_guard.py tests/test_eval_train_mode.py tests/test_eval_in_train_hooks.py \
+	tests/test_quality_gate.py tests/test_quality_gate_step.py \
+	tests/test_ab_trial.py tests/test_adversarial_trial.py tests/test_trial_cli.py tests/test_user_trial_cli.py \
+	tests/test_run_command.py tests/test_adversarial_writes.py \
+	tests/test_bench.py::test_a_summary_the_matrix_cannot_copy_is_read_at_once_and_no_path_to_it_is_kept \
+	tests/test_bench.py::test_matrix_fill_mode_adds_only_what_the_trainer_lacks
+# Within those files: a matrix of trials (orchestration), the several-process numbering of `run` (Pool workers, a
+# fork, a DDP fit under run: the numbering is lightning_perf's own file lock, no Lightning in it).
+LOWEST_SKIP := tests/test_user_trial_cli.py::test_matrix_trial_passes_a_users_switch_spec_to_the_fits \
+	tests/test_adversarial_writes.py::test_trainers_of_two_processes_under_one_run_get_a_file_each \
+	tests/test_adversarial_writes.py::test_a_ddp_fit_under_run_is_one_trainer_numbered_by_rank_0
 LOWEST_DIR := $(VENV)/lowest-lightning
 test-lowest: $(STAMP)
 	rm -rf $(LOWEST_DIR)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --target $(LOWEST_DIR) \
 		"lightning==$(LOWEST_LIGHTNING)" "setuptools<70"
 	PYTHONPATH=$(LOWEST_DIR) LIGHTNING_PERF_EXPECT_LIGHTNING=$(LOWEST_LIGHTNING) $(PY) -m pytest -q -n $(TEST_WORKERS) \
-		$(addprefix --deselect ,tests/test_seeds.py tests/test_overhead_benchmark.py $(LOWEST_SKIP))
+		$(LOWEST_TESTS) $(addprefix --deselect ,$(LOWEST_SKIP))
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
