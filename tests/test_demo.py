@@ -14,25 +14,38 @@ from lightning_perf.callbacks.section_profiler.callback import BACKWARD_OVER_FOR
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
-def test_demo_writes_tensorboard_and_summary(tmp_path):
+@pytest.fixture(scope="module")
+def made_demo(tmp_path_factory):
+    """`make demo`, shortened, run once: its baseline is the demo run of the README (the tests below read its output
+    and files), its two summaries the answer's. Its stdout holds each run's own printout."""
+    out = tmp_path_factory.mktemp("made") / "demo"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--out", str(tmp_path), "--name", "t",
-         "--max-steps", "40", "--val-every", "20"],
-        capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary_path = tmp_path / "t" / "perf_summary.json"
-    assert f"summary    {summary_path}" in proc.stdout
-    assert "ms/iter mean" in proc.stdout and "with evaluation" in proc.stdout
+        ["make", "--no-print-directory", "demo", f"PY={sys.executable}", "STAMP=", f"DEMO={out}",
+         f"LIGHTNING_PERF={sys.executable} -m lightning_perf.cli", f"DEMO_ARGS={DEMO_ARGS}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc, out
+
+
+#: The shortened demo of `made_demo`, and the plain run that the sampling test compares with its baseline.
+DEMO_ARGS = "--max-steps 40 --val-every 20"
+
+
+@pytest.mark.slow
+def test_demo_writes_tensorboard_and_summary(made_demo):
+    made, out = made_demo
+    summary_path = out / "baseline" / "perf_summary.json"
+    stdout = made.stdout[:made.stdout.index("run 'workers2'")]  # the baseline's own printout
+    assert f"summary    {summary_path}" in stdout
+    assert "ms/iter mean" in stdout and "with evaluation" in stdout
     # FLOPs counted on CPU, where the peak is unknown: MFU unavailable, with the reason
-    assert "TFLOP/s" in proc.stdout and "MFU unavailable: the peak FLOP/s of a cpu device is unknown" in proc.stdout
-    assert "  tail       " in proc.stdout and "% of training time in" in proc.stdout
+    assert "TFLOP/s" in stdout and "MFU unavailable: the peak FLOP/s of a cpu device is unknown" in stdout
+    assert "  tail       " in stdout and "% of training time in" in stdout
     summary = json.loads(summary_path.read_text())
     assert summary["status"] == "completed"
     assert summary["iteration_timer"]["iterations"] == 40
     assert summary["iteration_timer"]["target_steps"] == 30000
-    assert "perf/it_per_s" in read_scalars(tmp_path / "t")
+    assert "perf/it_per_s" in read_scalars(out / "baseline")
     # the demo times its forward in a user section; backward weighed against the remainder looked 8x slow. The
     # insight weighs it against the forward with its user section put back, and says so exactly when those figures
     # are over the threshold (on this machine ~1x; a busy CI machine once made one run's means 3.0x: the figures,
@@ -48,8 +61,9 @@ def test_demo_writes_tensorboard_and_summary(tmp_path):
 
 @pytest.mark.slow
 def test_seed_001_story_shows_before_and_after():
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "eval_no_grad_story.py")],
-                          capture_output=True, text=True, timeout=900)
+    # one render of the held-out crops (step 40) a run: the before/after contrast of the story's three
+    story = os.path.join(ROOT, "examples", "eval_no_grad_story.py")
+    proc = subprocess.run([sys.executable, story, "--max-steps", "40"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = {line.split("  ")[0]: line.split() for line in proc.stdout.splitlines() if line.startswith(("before", "after"))}
     before = lines["before: no torch.no_grad()"]
@@ -61,7 +75,7 @@ def test_seed_001_story_shows_before_and_after():
 
 
 @pytest.mark.slow
-def test_demo_samples_in_eval_mode_and_the_guard_finds_the_training_mode_mistake(tmp_path):
+def test_demo_samples_in_eval_mode_and_the_guard_finds_the_training_mode_mistake(tmp_path, made_demo):
     """Seed 001's phase 2 samples the held-out patches from a training hook. In eval mode that changes nothing the
     gate measures (the same metrics as a run without sampling); left in training mode, BatchNorm normalises the
     held-out patches with their own statistics and moves its running statistics, the metrics move, and
@@ -70,13 +84,13 @@ def test_demo_samples_in_eval_mode_and_the_guard_finds_the_training_mode_mistake
     def demo(name, *extra):
         proc = subprocess.run(
             [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--out", str(tmp_path), "--name", name,
-             "--max-steps", "20", "--val-every", "10", *extra], capture_output=True, text=True, timeout=900)
+             *DEMO_ARGS.split(), *extra], capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc, json.loads((tmp_path / name / "perf_summary.json").read_text())
 
-    _, plain = demo("plain")
-    proc, sampled = demo("sampled", "--sample-every", "10")
-    _, mistaken = demo("mistaken", "--sample-every", "10", "--sample-in-train-mode")
+    plain = json.loads((made_demo[1] / "baseline" / "perf_summary.json").read_text())
+    proc, sampled = demo("sampled", "--sample-every", "20")
+    _, mistaken = demo("mistaken", "--sample-every", "20", "--sample-in-train-mode")
     values = {name: {k: m["value"] for k, m in s["quality_gate"]["metrics"].items()}
               for name, s in (("plain", plain), ("sampled", sampled), ("mistaken", mistaken))}
     assert values["sampled"] == values["plain"]
@@ -100,16 +114,11 @@ def _number(pattern, text):
 
 
 @pytest.mark.slow
-def test_make_demo_ends_on_the_answer_with_the_summaries_figures(tmp_path):
+def test_make_demo_ends_on_the_answer_with_the_summaries_figures(made_demo):
     """`make demo`, shortened: its last 20 lines carry the speed verdict with its interval, the section that moved
     most, memory and quality, each figure the one in the two summaries (read here from the JSON, not from the code
     that printed them); no line claims significance from one run a side; upstream noise is gone."""
-    out = tmp_path / "demo"
-    proc = subprocess.run(
-        ["make", "--no-print-directory", "demo", f"PY={sys.executable}", "STAMP=", f"DEMO={out}",
-         f"LIGHTNING_PERF={sys.executable} -m lightning_perf.cli", "DEMO_ARGS=--max-steps 40 --val-every 20"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    proc, out = made_demo
     last = proc.stdout.splitlines()[-20:]
     block = "\n".join(last)
     lines = {line.split(":")[0]: line for line in last if line[:1].isalpha() and ":" in line}
