@@ -1,5 +1,6 @@
 """The demo as the README runs it, shortened: real photographs, TensorBoard scalars, a summary, printed paths."""
 
+import fcntl
 import json
 import os
 import re
@@ -17,14 +18,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def made_demo(tmp_path_factory):
     """`make demo`, shortened, run once: its baseline is the demo run of the README (the tests below read its output
-    and files), its two summaries the answer's. Its stdout holds each run's own printout."""
-    out = tmp_path_factory.mktemp("made") / "demo"
-    proc = subprocess.run(
-        ["make", "--no-print-directory", "demo", f"PY={sys.executable}", "STAMP=", f"DEMO={out}",
-         f"LIGHTNING_PERF={sys.executable} -m lightning_perf.cli", f"DEMO_ARGS={DEMO_ARGS}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    return proc, out
+    and files), its two summaries the answer's. Its stdout holds each run's own printout. Under pytest-xdist each
+    worker that runs one of these tests asks for it: the first runs it, in the folder all workers share, and the
+    others wait on the lock and read what it left (one make demo, not one a worker)."""
+    shared = tmp_path_factory.getbasetemp()  # this session's; under xdist a worker's, in the session's folder
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    out, done = shared / "made_demo" / "demo", shared / "made_demo.json"
+    with open(shared / "made_demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            proc = subprocess.run(
+                ["make", "--no-print-directory", "demo", f"PY={sys.executable}", "STAMP=", f"DEMO={out}",
+                 f"LIGHTNING_PERF={sys.executable} -m lightning_perf.cli", f"DEMO_ARGS={DEMO_ARGS}"],
+                cwd=ROOT, capture_output=True, text=True, timeout=900)
+            done.write_text(json.dumps([proc.returncode, proc.stdout, proc.stderr]))
+        returncode, stdout, stderr = json.loads(done.read_text())
+    assert returncode == 0, (stdout[-3000:], stderr[-3000:])
+    return subprocess.CompletedProcess("make demo", returncode, stdout, stderr), out
 
 
 #: The shortened demo of `made_demo`, and the plain run that the sampling test compares with its baseline.
