@@ -65,6 +65,7 @@ LOWEST_TESTS := tests/test_lightning_version.py tests/test_conformance.py tests/
 	tests/test_vram_monitor.py tests/test_memory_snapshot.py tests/test_device_activity.py tests/test_energy.py \
 	tests/test_contention.py tests/test_flops.py tests/test_diagnosis.py \
 	tests/test_eval_no_grad_guard.py tests/test_eval_train_mode.py tests/test_eval_in_train_hooks.py \
+	tests/test_issue60_check.py \
 	tests/test_quality_gate.py tests/test_quality_gate_step.py \
 	tests/test_ab_trial.py tests/test_adversarial_trial.py tests/test_trial_cli.py tests/test_user_trial_cli.py \
 	tests/test_run_command.py tests/test_adversarial_writes.py \
