@@ -19,11 +19,12 @@ def ledger_on(clock, **kwargs):
 
 
 def iterate(ledger, clock, seconds, batches=1, samples=8, items=None):
-    """One iteration of ``seconds``, its ``batches`` ending in it with ``samples`` (and ``items``) each."""
+    """One iteration of ``seconds``, its ``batches`` ending in it with ``samples`` (and ``items``) each: the last one
+    ends the iteration."""
     clock.advance(seconds)
-    for _ in range(batches):
+    for _ in range(batches - 1):
         ledger.add_batch(samples, items)
-    ledger.end_iteration()
+    ledger.end_iteration(samples, items)
 
 
 def validate(ledger, clock, seconds):

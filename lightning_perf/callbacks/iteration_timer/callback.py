@@ -307,18 +307,18 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        ledger = self._ledger
-        ledger.add_batch(self._batch_size(batch) if self._samples_unknown is None else None,
-                         self._items(batch) if self.items_fn is not None and self._items_unknown is None else None)
+        samples = self._batch_size(batch) if self._samples_unknown is None else None
+        items = self._items(batch) if self.items_fn is not None and self._items_unknown is None else None
         if not self._manual:
-            if not self._stepped:
-                return  # still accumulating: the iteration ends with the optimizer step
+            if not self._stepped:  # still accumulating: the iteration ends with the optimizer step
+                self._ledger.add_batch(samples, items)
+                return
             self._stepped = False
         else:  # an iteration is a batch; the optimizer steps taken convert a target from max_steps
             self._last_global_step = trainer.global_step
-        self._end_iteration(trainer)
+        self._end_iteration(trainer, samples, items)
         self._drain_scalars(trainer)
-        if ledger.fit_iterations == self._flops_due:
+        if self._ledger.fit_iterations == self._flops_due:
             self._count_flops(trainer, pl_module, batch, batch_idx)
 
     def _items(self, batch: Any) -> Optional[int]:
@@ -332,10 +332,12 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
             self._warn_once("items", f"{self._items_unknown}; items/s is not reported.")
             return None
 
-    def _end_iteration(self, trainer: Trainer) -> None:
+    def _end_iteration(self, trainer: Trainer, samples: Optional[int], items: Optional[int]) -> None:
+        """The iteration ends with this batch (``samples`` and ``items`` where known): the ledger's, then the
+        device's marks and, when due, the logging window."""
         ledger = self._ledger
         index = ledger.fit_iterations  # of this iteration in the fit, 0-based
-        ledger.end_iteration()
+        ledger.end_iteration(samples, items)
         if self._clock is not None:
             self._device_mark(index)
             if ledger.fit_iterations % POLL_EVERY == 0:  # the events the device has passed, read in batches

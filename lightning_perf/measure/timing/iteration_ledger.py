@@ -168,7 +168,8 @@ class IterationLedger:
         self.epochs.end(epoch, self.clock(), self.eval_time_fit, self.iterations)
 
     def add_batch(self, samples: Optional[int], items: Optional[int]) -> None:
-        """A training batch ended, with its samples and items where known."""
+        """A training batch ended, not the last of its iteration (gradient accumulation), with its samples and items
+        where known."""
         self.batches += 1
         self.iter_batches += 1
         if samples is not None:
@@ -178,9 +179,20 @@ class IterationLedger:
             self.items += items
             self.iter_items += items
 
-    def end_iteration(self) -> None:
-        """The iteration in progress ends now: counted (after the warm-up) or left out as warm-up."""
+    def end_iteration(self, samples: Optional[int] = None, items: Optional[int] = None) -> None:
+        """The iteration in progress ends now with a batch of ``samples`` and ``items`` (where known), its last (the
+        others came through :meth:`add_batch`): counted (after the warm-up) or left out as warm-up."""
         t = self.clock()
+        # the last batch added here: one call a step less than through add_batch (the step path's one call)
+        self.batches += 1
+        batches = self.iter_batches + 1
+        it_samples, it_items = self.iter_samples, self.iter_items
+        if samples is not None:
+            self.samples += samples
+            it_samples += samples
+        if items is not None:
+            self.items += items
+            it_items += items
         index = self.fit_iterations  # of this iteration in the fit, 0-based
         self.iterations += 1
         self.fit_iterations += 1
@@ -211,15 +223,14 @@ class IterationLedger:
             window = self.window
             if seconds > self.tail_threshold_s:
                 window.tail_s += seconds
-            batches, samples, items = self.iter_batches, self.iter_samples, self.iter_items
             self.counted_batches += batches
-            self.counted_samples += samples
-            self.counted_items += items
+            self.counted_samples += it_samples
+            self.counted_items += it_items
             window.seconds += seconds
             window.iterations += 1
             window.batches += batches
-            window.samples += samples
-            window.items += items
+            window.samples += it_samples
+            window.items += it_items
         else:
             self.excluded["warmup"] += 1
             self.warmup_time_s += seconds
