@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import math
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -24,12 +22,6 @@ from lightning_perf.measure.timing.batch_size import batch_size_path, follow
 from lightning_perf.measure.timing.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
 from lightning_perf.measure.timing.iteration_ledger import IterationLedger
 from lightning_perf.measure.timing.tail import ALLOC_RETRY, OWN_WORK, GcWatch
-
-
-def _position(trainer_ref: "weakref.ReferenceType[Trainer]") -> Tuple[int, int]:
-    """(global step, epoch) of the trainer, for a slow iteration's record (the ledger holds no trainer)."""
-    trainer = trainer_ref()
-    return (trainer.global_step, trainer.current_epoch) if trainer is not None else (0, 0)
 
 
 class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
@@ -251,10 +243,8 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
         workers = getattr(loader, "num_workers", None)
         self._loader_info = None if not isinstance(workers, int) else {
             "num_workers": workers, "persistent_workers": bool(getattr(loader, "persistent_workers", False))}
-        ref = weakref.ref(trainer)  # (a slow iteration's record reads the trainer; the ledger keeps no fit alive)
-        self._ledger.position = functools.partial(_position, ref)
-        self._ledger.slow_flags = (None if self._retries_seen is None else
-                                   functools.partial(self._retried_by_ref, ref))  # CUDA: read the allocator's retries
+        self._ledger.position = self._position  # a slow iteration's, read from the trainer of this fit
+        self._ledger.slow_flags = None if self._retries_seen is None else self._slow_retried  # CUDA only
         self._ledger.start_training(trainer.current_epoch)
 
     @guarded
@@ -287,8 +277,19 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
         grew, self._retries_seen = retries > (self._retries_seen or 0), retries
         return ALLOC_RETRY if grew else 0
 
-    def _retried_by_ref(self, trainer_ref: "weakref.ReferenceType[Trainer]") -> int:
-        trainer = trainer_ref()
+    def _fit_trainer(self) -> Optional[Trainer]:
+        """The trainer of this fit (held weakly: a copy of the timer holds none)."""
+        ref = getattr(self, "_trainer_ref", None)  # (set at setup)
+        return ref() if ref is not None else None
+
+    def _position(self) -> Tuple[int, int]:
+        """(global step, epoch) for the ledger's record of a slow iteration."""
+        trainer = self._fit_trainer()
+        return (trainer.global_step, trainer.current_epoch) if trainer is not None else (0, 0)
+
+    def _slow_retried(self) -> int:
+        """For the ledger, at a slow iteration: ALLOC_RETRY where the allocator retried (``_retried``)."""
+        trainer = self._fit_trainer()
         return self._retried(trainer) if trainer is not None else 0
 
     @guarded
@@ -437,7 +438,6 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
                 for ms in self._clock.flush():
                     self._device.add(ms)
             ledger.finish()
-        ledger.position = ledger.slow_flags = None  # (they hold a weak reference: a callback pickles once more)
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
