@@ -131,22 +131,16 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
         self._reset()
 
     # -- state: the counts and clocks are the ledger's (``measure.timing.iteration_ledger``) ----------------------
-    @property
-    def iterations(self) -> int:
-        """Training iterations so far, over the whole run."""
-        return self._ledger.iterations
-
-    @property
-    def batches(self) -> int:
-        return self._ledger.batches
-
-    @property
-    def samples(self) -> int:
-        return self._ledger.samples
-
-    @property
-    def items(self) -> int:
-        return self._ledger.items
+    # the run's counts, as attributes of the timer (settable, as they were before the ledger held them)
+    iterations = property(lambda self: self._ledger.iterations,
+                          lambda self, value: setattr(self._ledger, "iterations", value),
+                          doc="Training iterations so far, over the whole run.")
+    batches = property(lambda self: self._ledger.batches, lambda self, value: setattr(self._ledger, "batches", value),
+                       doc="Training batches so far, over the whole run.")
+    samples = property(lambda self: self._ledger.samples, lambda self, value: setattr(self._ledger, "samples", value),
+                       doc="Samples of the training batches so far, where their size is known.")
+    items = property(lambda self: self._ledger.items, lambda self, value: setattr(self._ledger, "items", value),
+                     doc="Items (``items_fn``) of the training batches so far.")
 
     @property
     def _pending_ms(self) -> List[float]:
