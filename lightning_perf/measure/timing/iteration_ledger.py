@@ -56,8 +56,8 @@ class IterationLedger:
     evaluation time cut out of the iteration it interrupts, the logging window, the slowest iterations with what
     coincided with each, per-epoch records, and what a checkpoint keeps of it all (:meth:`to_state`, :meth:`load`).
 
-    An iteration runs from the end of the previous one (or the training start) to :meth:`end_iteration`; its batches
-    are added by :meth:`add_batch` as they end. What coincided with it (tail bits of ``measure.timing.tail``) is
+    An iteration runs from the end of the previous one (or the training start) to :meth:`end_iteration`, which
+    takes its last batch; the ones before (gradient accumulation) come through :meth:`add_batch`. What coincided with it (tail bits of ``measure.timing.tail``) is
     or-ed into ``flags`` by the events (and by :meth:`gc_flagged`, :meth:`own_work`) and taken at its end.
     ``position()``, where set, gives (global step, epoch) for a slow iteration's record; ``slow_flags()``, where set,
     more bits for a slow one (the allocator's retries on CUDA). Both are called only for slow iterations."""
