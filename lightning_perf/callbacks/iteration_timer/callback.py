@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-import statistics
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -18,14 +17,11 @@ from lightning_perf.callbacks.core.summary_book import error_message
 from lightning_perf.callbacks.iteration_timer.flops import FlopsCount
 from lightning_perf.callbacks.iteration_timer.state import CheckpointState
 from lightning_perf.callbacks.iteration_timer.summary import Results
-from lightning_perf.callbacks.iteration_timer.window import LoggingWindow
 from lightning_perf.measure.stats.streaming import FOLD_EVERY, BlockSeries, LogHistogram
 from lightning_perf.measure.timing.batch_size import batch_size_path, follow
 from lightning_perf.measure.timing.clock import POLL_EVERY, DeviceIntervalClock, device_timed, now
-from lightning_perf.measure.timing.epochs import EpochRecords
-from lightning_perf.measure.timing.tail import (AFTER_VALIDATION, ALLOC_RETRY, CHECKPOINT, EPOCH_START, GC,
-                                                GC_FLAG_PAUSE_S, OWN, OWN_WORK, TAIL_FACTOR, CauseBook, GcWatch,
-                                                SlowestIterations)
+from lightning_perf.measure.timing.iteration_ledger import IterationLedger
+from lightning_perf.measure.timing.tail import ALLOC_RETRY, OWN_WORK, GcWatch
 
 
 class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
@@ -134,40 +130,38 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
         self.verbose = check_bool("IterationTimer", "verbose", verbose)
         self._reset()
 
-    # -- state ---------------------------------------------------------------------------------------------------
-    # The step path appends each counted iteration's ms to a list; it goes into the histogram and the block series
-    # every FOLD_EVERY iterations and before any read (``_histogram``, ``_series``), so memory stays bounded.
-    def _fold(self) -> None:
-        pending, self._pending_ms = self._pending_ms, []
-        if pending:
-            self._host.add_many(pending)
-            self._blocks.add_many(pending)
+    # -- state: the counts and clocks are the ledger's (``measure.timing.iteration_ledger``) ----------------------
+    # the run's counts, as attributes of the timer (settable, as they were before the ledger held them)
+    iterations = property(lambda self: self._ledger.iterations,
+                          lambda self, value: setattr(self._ledger, "iterations", value),
+                          doc="Training iterations so far, over the whole run.")
+    batches = property(lambda self: self._ledger.batches, lambda self, value: setattr(self._ledger, "batches", value),
+                       doc="Training batches so far, over the whole run.")
+    samples = property(lambda self: self._ledger.samples, lambda self, value: setattr(self._ledger, "samples", value),
+                       doc="Samples of the training batches so far, where their size is known.")
+    items = property(lambda self: self._ledger.items, lambda self, value: setattr(self._ledger, "items", value),
+                     doc="Items (``items_fn``) of the training batches so far.")
+
+    @property
+    def _pending_ms(self) -> List[float]:
+        """The measured iterations' ms not folded yet (at most FOLD_EVERY - 1 of them)."""
+        return self._ledger.pending_ms
 
     def _histogram(self) -> LogHistogram:
         """The counted iterations' ms, every one of them folded in."""
-        self._fold()
-        return self._host
+        return self._ledger.histogram()
 
     def _series(self) -> BlockSeries:
         """The counted iterations' ms in blocks (for the speed verdict's interval), every one folded in."""
-        self._fold()
-        return self._blocks
+        return self._ledger.series()
 
     def _reset(self) -> None:
-        # Cumulative over the whole run (kept through checkpoints).
-        self.iterations = 0
-        self.batches = 0
-        self.samples = 0
-        self._prior_train_time_s = 0.0
-        self._prior_eval_time_s = 0.0
-        self._pending_ms: List[float] = []  # counted iterations not yet folded into _host and _blocks
-        self._host = LogHistogram()
+        old = getattr(self, "_ledger", None)
+        if old is not None:
+            OWN_WORK.unwatch(old.own_work)
+        # read at reset (a fit's setup): a clock put in place of ``now`` before the fit is the ledger's
+        self._ledger = IterationLedger(self.warmup_steps, self.keep_slowest, clock=now, fold_every=FOLD_EVERY)
         self._device = LogHistogram()
-        self._blocks = BlockSeries()
-        self._counted_samples = 0
-        self._counted_batches = 0
-        self.items = 0
-        self._counted_items = 0
         self._items_unknown: Optional[str] = None
         numeric = self.flops_per_batch is not None and self.flops_per_batch != "auto"
         self._flops: Optional[float] = float(self.flops_per_batch) if numeric else None
@@ -178,45 +172,22 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
         old_watch = getattr(self, "_gc", None)
         if old_watch is not None:
             old_watch.uninstall()
-        self._slowest = SlowestIterations(self.keep_slowest)
-        self._causes = CauseBook()
-        self._gc = GcWatch(self._gc_flagged)
-        self._excluded: Dict[str, int] = {"warmup": 0}
-        self._warmup_time_s = 0.0
-        self._startup_time_s: Optional[float] = 0.0  # None: an older checkpoint's fits did not record theirs
-        self._validation_runs = 0
-        self._fits = 0
-        self._epochs = EpochRecords()
-        self._resumed_at: Optional[int] = None
+        self._gc = GcWatch(self._ledger.gc_flagged)
         self._samples_unknown: Optional[str] = None
         self._size_path: Optional[tuple] = None
         self._ranks: Optional[Dict[str, Any]] = None
         # This fit only.
-        self._fit_start: Optional[float] = None
-        self._fit_iterations = 0
-        self._train_start: Optional[float] = None
-        self._train_end: Optional[float] = None
-        self._eval_time_fit = 0.0
-        self._sanity_time_s = 0.0
-        self._eval_start: Optional[float] = None
-        self._last_mark: Optional[float] = None
         self._last_global_step = 0
         self._stepped = False
         self._first_global_step = 0
         self._target: Optional[int] = self.target_steps
         self._target_from_max_steps = False
         self._manual = False
-        self._iter_batches = self._iter_samples = self._iter_items = 0  # the iteration in progress: added at its end
         self._flops_due = -1  # the fit iteration after which "auto" counts the FLOPs of a batch (-1: none)
         self._peak_flops: Optional[float] = None  # the device's peak FLOP/s at the run's precision
         self._peak_source: Optional[str] = None
         self._peak_reason: Optional[str] = "training has not started"
         self._dtype_name: Optional[str] = None
-        self._window = LoggingWindow()
-        self._flags = 0  # what coincided with the iteration in progress (measure.timing.tail's bits), set by the hooks
-        self._gc_pause_s = 0.0  # pauses of the flagged garbage collections in the iteration in progress
-        self._own_s = 0.0  # lightning_perf's own periodic work in the iteration in progress (timing.tail.OwnWork)
-        self._tail_threshold_s = math.inf  # 2x the median as of the last log window: the window's tail share
         self._loader_info: Optional[Dict[str, Any]] = None
         self._alloc_retries_start: Optional[int] = None
         self._alloc_retries: Optional[int] = None
@@ -226,14 +197,10 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
 
     def _train_time_s(self) -> float:
         """Training wall time so far: this fit's time in the training loop minus its validation, plus earlier fits."""
-        if self._train_start is None:
-            return self._prior_train_time_s
-        end = self._train_end if self._train_end is not None else now()
-        eval_running = (end - self._eval_start) if self._eval_start is not None else 0.0
-        return self._prior_train_time_s + max(0.0, end - self._train_start - self._eval_time_fit - eval_running)
+        return self._ledger.train_time_s()
 
     def _eval_time_s(self) -> float:
-        return self._prior_eval_time_s + self._eval_time_fit
+        return self._ledger.eval_time_s()
 
     # -- Lightning hooks -----------------------------------------------------------------------------------------
     @guarded
@@ -241,9 +208,9 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
         if stage != "fit":
             return
         self._carry_or_reset(trainer, self._reset)
-        self._fit_start = now()  # the warm-up cost runs from here (after the data module's setup) to training
+        self._ledger.fit_setup()  # the warm-up cost runs from here (after the data module's setup) to training
         self._gc.install()  # removed at teardown and on an exception
-        OWN_WORK.watch(self._own_work)  # likewise
+        OWN_WORK.watch(self._ledger.own_work)  # likewise
         self._start_run(trainer)
         self._log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
         # Known before anything runs, so a fit that fails in its sanity check still names its target.
@@ -252,13 +219,11 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
 
     @guarded
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._eval_start = now()
+        self._ledger.sanity_start()
 
     @guarded
     def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._eval_start is not None:
-            self._sanity_time_s += now() - self._eval_start
-        self._eval_start = None
+        self._ledger.sanity_end()
 
     @guarded
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -272,44 +237,17 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
         workers = getattr(loader, "num_workers", None)
         self._loader_info = None if not isinstance(workers, int) else {
             "num_workers": workers, "persistent_workers": bool(getattr(loader, "persistent_workers", False))}
-        self._fits += 1
-        self._train_start = self._last_mark = now()
-        if self._startup_time_s is not None and self._fit_start is not None:
-            self._startup_time_s += self._train_start - self._fit_start
-        self._epochs.resume(trainer.current_epoch, self._train_start, self._eval_time_fit, self.iterations)
-
-    def _gc_flagged(self, pause_s: float) -> None:
-        """From the garbage collector: a full collection, or one that paused long, ran in this iteration."""
-        self._flags |= GC
-        self._gc_pause_s += pause_s
-
-    def _own_work_named(self, seconds: float, own_s: float) -> bool:
-        """Whether lightning_perf's own work (``own_s`` of this iteration's ``seconds``) is a cause: it took at least
-        half the median iteration (at most ``GC_FLAG_PAUSE_S``), and the iteration is not slow without it (a stall
-        beside a report stays unexplained). Before the first log window's median, that of the iterations so far (the
-        unfolded ones, else the histogram's); where none is known yet, no."""
-        threshold = self._tail_threshold_s
-        if threshold == math.inf:
-            median = (statistics.median(self._pending_ms) if self._pending_ms
-                      else self._host.quantile(0.5))
-            if not median:
-                return False
-            threshold = TAIL_FACTOR * median / 1000.0
-        return own_s >= min(GC_FLAG_PAUSE_S, threshold / (2.0 * TAIL_FACTOR)) and seconds - own_s <= threshold
-
-    def _own_work(self, seconds: float) -> None:
-        """From lightning_perf's own periodic work (``OWN_WORK``): it ran in this iteration, for ``seconds``."""
-        self._flags |= OWN
-        self._own_s += seconds
+        self._ledger.position = self._position  # a slow iteration's, read from the trainer of this fit
+        self._ledger.slow_flags = None if self._retries_seen is None else self._slow_retried  # CUDA only
+        self._ledger.start_training(trainer.current_epoch)
 
     @guarded
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: Dict[str, Any]) -> None:
-        # Lightning's ModelCheckpoint runs after the other callbacks: the write falls in the next iteration
-        self._flags |= CHECKPOINT
+        self._ledger.checkpoint_saved()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._gc.uninstall()
-        OWN_WORK.unwatch(self._own_work)
+        OWN_WORK.unwatch(self._ledger.own_work)
         super().teardown(trainer, pl_module, stage)
 
     def _read_alloc_retries(self, trainer: Trainer) -> Optional[int]:
@@ -333,14 +271,26 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
         grew, self._retries_seen = retries > (self._retries_seen or 0), retries
         return ALLOC_RETRY if grew else 0
 
+    def _fit_trainer(self) -> Optional[Trainer]:
+        """The trainer of this fit (held weakly: a copy of the timer holds none)."""
+        ref = getattr(self, "_trainer_ref", None)  # (set at setup)
+        return ref() if ref is not None else None
+
+    def _position(self) -> Tuple[int, int]:
+        """(global step, epoch) for the ledger's record of a slow iteration."""
+        trainer = self._fit_trainer()
+        return (trainer.global_step, trainer.current_epoch) if trainer is not None else (0, 0)
+
+    def _slow_retried(self) -> int:
+        """For the ledger, at a slow iteration: ALLOC_RETRY where the allocator retried (``_retried``)."""
+        trainer = self._fit_trainer()
+        return self._retried(trainer) if trainer is not None else 0
+
     @guarded
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # The round trip goes on across the epoch boundary: epoch-end hooks and a DataLoader starting its workers
-        # are real training time, paid again every epoch, and belong to the first iteration of the next epoch.
-        if self._fit_iterations == 0:
+        if self._ledger.fit_iterations == 0:
             self._restart_device_chain()
-        if self._epochs.begin(trainer.current_epoch, now(), self._eval_time_fit, self.iterations):
-            self._flags |= EPOCH_START
+        self._ledger.epoch_start(trainer.current_epoch)
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         # automatic optimization calls this once per optimizer step: the batch that ends here ends an iteration. One
@@ -352,27 +302,18 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.batches += 1
-        self._iter_batches += 1
-        if self._samples_unknown is None:
-            size = self._batch_size(batch)
-            if size is not None:
-                self.samples += size
-                self._iter_samples += size
-        if self.items_fn is not None and self._items_unknown is None:
-            items = self._items(batch)
-            if items is not None:
-                self.items += items
-                self._iter_items += items
+        samples = self._batch_size(batch) if self._samples_unknown is None else None
+        items = self._items(batch) if self.items_fn is not None and self._items_unknown is None else None
         if not self._manual:
-            if not self._stepped:
-                return  # still accumulating: the iteration ends with the optimizer step
+            if not self._stepped:  # still accumulating: the iteration ends with the optimizer step
+                self._ledger.add_batch(samples, items)
+                return
             self._stepped = False
         else:  # an iteration is a batch; the optimizer steps taken convert a target from max_steps
             self._last_global_step = trainer.global_step
-        self._end_iteration(trainer)
+        self._end_iteration(trainer, samples, items)
         self._drain_scalars(trainer)
-        if self._fit_iterations == self._flops_due:
+        if self._ledger.fit_iterations == self._flops_due:
             self._count_flops(trainer, pl_module, batch, batch_idx)
 
     def _items(self, batch: Any) -> Optional[int]:
@@ -386,57 +327,18 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
             self._warn_once("items", f"{self._items_unknown}; items/s is not reported.")
             return None
 
-    def _end_iteration(self, trainer: Trainer) -> None:
-        t = now()
-        index = self._fit_iterations  # of this iteration in the fit, 0-based
-        self.iterations += 1
-        self._fit_iterations += 1
-        reason = "warmup" if index < self.warmup_steps else None
-        seconds = t - self._last_mark if self._last_mark is not None else 0.0
-        flags = self._flags
-        # what coincided with this iteration, taken at its end: what runs from here on is the next one's
-        gc_pause_s, own_s = self._gc_pause_s, self._own_s
-        self._flags, self._gc_pause_s, self._own_s = 0, 0.0, 0.0
-        if flags & OWN and not self._own_work_named(seconds, own_s):
-            flags &= ~OWN
-        if reason is None:
-            ms = seconds * 1000.0
-            # folded every FOLD_EVERY: 6 µs a step less than 2 adds (benchmarks/overhead.py --per-hook IterationTimer)
-            pending = self._pending_ms
-            pending.append(ms)
-            if len(pending) >= FOLD_EVERY:
-                start = now()
-                self._fold()
-                OWN_WORK.add(now() - start)  # the next iteration's
-            if self._retries_seen is not None and (ms > self._slowest.floor or seconds > self._tail_threshold_s):
-                flags |= self._retried(trainer)  # a slow iteration on CUDA: did the allocator retry?
-            if ms > self._slowest.floor:  # the tail: one comparison with the K-th slowest so far
-                self._slowest.offer(ms, trainer.global_step, trainer.current_epoch, flags, gc_pause_s * 1000.0,
-                                    self.iterations)
-            if flags:
-                self._causes.add(ms, flags, gc_pause_s, own_s)
-            if seconds > self._tail_threshold_s:
-                self._window.tail_s += seconds
-            self._counted_batches += self._iter_batches
-            self._counted_samples += self._iter_samples
-            self._counted_items += self._iter_items
-            window = self._window
-            window.seconds += seconds
-            window.iterations += 1
-            window.batches += self._iter_batches
-            window.samples += self._iter_samples
-            window.items += self._iter_items
-        else:
-            self._excluded[reason] = self._excluded.get(reason, 0) + 1
-            self._warmup_time_s += seconds
+    def _end_iteration(self, trainer: Trainer, samples: Optional[int], items: Optional[int]) -> None:
+        """The iteration ends with this batch (``samples`` and ``items`` where known): the ledger's, then the
+        device's marks and, when due, the logging window."""
+        ledger = self._ledger
+        index = ledger.fit_iterations  # of this iteration in the fit, 0-based
+        ledger.end_iteration(samples, items)
         if self._clock is not None:
             self._device_mark(index)
-            if self._fit_iterations % POLL_EVERY == 0:  # the events the device has passed, read in batches
+            if ledger.fit_iterations % POLL_EVERY == 0:  # the events the device has passed, read in batches
                 for ms in self._clock.poll():
                     self._device.add(ms)
-        self._last_mark = t
-        self._iter_batches = self._iter_samples = self._iter_items = 0
-        if self._fit_iterations % self._log_every == 0:
+        if ledger.fit_iterations % self._log_every == 0:
             start = now()
             self._log_window(trainer)
             OWN_WORK.add(now() - start)  # the next iteration's
@@ -462,46 +364,37 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
             return None
 
     def _log_window(self, trainer: Trainer) -> None:
-        window, self._window = self._window, LoggingWindow()
+        ledger = self._ledger
+        window = ledger.take_window()
         if window.iterations == 0 or window.seconds <= 0:
             return
         metrics = window.rates(samples_known=self._samples_unknown is None,
                                items_known=self.items_fn is not None and self._items_unknown is None,
-                               tail_known=self._tail_threshold_s < math.inf, flops_per_batch=self._flops,
+                               tail_known=ledger.tail_threshold_s < math.inf, flops_per_batch=self._flops,
                                peak_flops=self._peak_flops)
         if self._retries_seen is not None:  # retries in this window's fast iterations flag none of the next
             self._retried(trainer)
-        # the next window's tail: above 2x the median so far (of the folded iterations: a read does not fold)
-        median = self._host.quantile(0.5)
-        self._tail_threshold_s = TAIL_FACTOR * median / 1000.0 if median else math.inf
+        ledger.update_tail_threshold()
         log_scalars(trainer, metrics)
 
     @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking or self._train_start is None:
+        if trainer.sanity_checking or self._ledger.train_start is None:
             return
         self._sync_device()
         if self._clock is not None:  # the device's interval that spans the validation is left out, as the host's
             self._clock.break_chain()  # time of it is cut out of the iteration it interrupts
-        self._eval_start = now()
+        self._ledger.validation_start()
 
     @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking or self._eval_start is None:
+        if trainer.sanity_checking or self._ledger.eval_start is None:
             return
         self._sync_device()
-        seconds = now() - self._eval_start
-        self._eval_time_fit += seconds
-        self._validation_runs += 1
-        self._eval_start = None
-        # the next iteration is the first after a validation; a collection during validation is not training's
-        self._flags = (self._flags & CHECKPOINT) | AFTER_VALIDATION
-        self._gc_pause_s = self._own_s = 0.0
+        self._ledger.validation_end()  # cut out of the iteration it interrupted
         if self._retries_seen is not None:  # an evaluation's retries are not the next iteration's
             self._retried(trainer)
-        if self._last_mark is not None:  # cut the validation out of the iteration it interrupted
-            self._last_mark += seconds
-        if self._iter_batches == 0:  # between two iterations: the next one's device interval starts here
+        if self._ledger.iter_batches == 0:  # between two iterations: the next one's device interval starts here
             self._restart_device_chain()
 
     # -- device timing -------------------------------------------------------------------------------------------
@@ -520,7 +413,7 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
     def _restart_device_chain(self) -> None:
         """After something left out of the device's chain (the fit's start, a validation between iterations, the
         FLOP count): the next iteration, when timed, starts here."""
-        if self._clock is not None and self._device_timed(self._fit_iterations):
+        if self._clock is not None and self._device_timed(self._ledger.fit_iterations):
             self._clock.mark(counted=False)
 
     def _sync_device(self) -> None:
@@ -530,14 +423,15 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._epochs.end(trainer.current_epoch, now(), self._eval_time_fit, self.iterations)
+        self._ledger.epoch_end(trainer.current_epoch)
 
     def _finish_timing(self) -> None:
-        if self._train_start is not None and self._train_end is None:
+        ledger = self._ledger
+        if ledger.train_start is not None and ledger.train_end is None:
             if self._clock is not None:
                 for ms in self._clock.flush():
                     self._device.add(ms)
-            self._train_end = now()
+            ledger.finish()
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -571,7 +465,7 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
     @guarded
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._gc.uninstall()  # no teardown follows an exception
-        OWN_WORK.unwatch(self._own_work)
+        OWN_WORK.unwatch(self._ledger.own_work)
         self._finish_timing()
         self._write_summary(trainer, exception)
 

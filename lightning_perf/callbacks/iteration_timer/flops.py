@@ -10,7 +10,6 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning_perf.callbacks.core.summary_book import error_message
 from lightning_perf.measure.timing.clock import now
 from lightning_perf.measure.timing.flops import count_step_flops, peak_flops
-from lightning_perf.measure.timing.tail import GC
 
 
 class FlopsCount:
@@ -52,14 +51,7 @@ class FlopsCount:
         finally:
             spent = now() - start
             self._flops_count_time_s += spent
-            for name in ("_last_mark", "_train_start"):  # the clocks skip the count
-                mark = getattr(self, name)
-                if mark is not None:
-                    setattr(self, name, mark + spent)
-            self._epochs.skip(spent)
+            self._ledger.skip(spent)  # the clocks skip the count
             if self._clock is not None:
                 self._clock.break_chain()
                 self._restart_device_chain()
-            if self._flags & GC:  # a collection during the count is not the next iteration's
-                self._flags &= ~GC
-                self._gc_pause_s = 0.0

@@ -24,15 +24,15 @@ class Results:
         if self._samples_unknown is not None:
             unavailable["samples_per_s"] = self._samples_unknown
         elif counted_s > 0:
-            samples_per_s = self._counted_samples / counted_s
+            samples_per_s = self._ledger.counted_samples / counted_s
         if self._histogram().count == 0:
             unavailable["ms_per_iter"] = (
                 f"no iteration was measured: {self.iterations} iterations ran and the first"
                 f" {self.warmup_steps} of each fit are warm-up"
             )
-        startup = self._startup_time_s if self._fits else None
+        startup = self._ledger.startup_time_s if self._ledger.fits else None
         if startup is None:
-            unavailable["startup_time_s"] = ("training never started" if not self._fits else
+            unavailable["startup_time_s"] = ("training never started" if not self._ledger.fits else
                                              "resumed from a checkpoint that kept no startup time (an older version)")
         if self._clock is None:
             unavailable["device_ms_per_iter"] = "device timing needs CUDA" if self.device_timing else "switched off"
@@ -45,7 +45,7 @@ class Results:
         elif self._items_unknown is not None:
             unavailable["items_per_s"] = self._items_unknown
         elif counted_s > 0:
-            items_per_s = self._counted_items / counted_s
+            items_per_s = self._ledger.counted_items / counted_s
         target = self._target_iterations()
         if target is None:
             unavailable["projected_time_to_target_s"] = "no target: set `target_steps` or the trainer's `max_steps`"
@@ -55,15 +55,15 @@ class Results:
             "samples": self.samples if self._samples_unknown is None else None,
             "measured_iterations": self._histogram().count,
             "warmup_steps": self.warmup_steps,
-            "excluded": dict(self._excluded),
-            "warmup_time_s": self._warmup_time_s,
+            "excluded": dict(self._ledger.excluded),
+            "warmup_time_s": self._ledger.warmup_time_s,
             "startup_time_s": startup,
-            "fits": self._fits,
+            "fits": self._ledger.fits,
             "manual_optimization": self._manual,
-            "resumed_at_iteration": self._resumed_at,
+            "resumed_at_iteration": self._ledger.resumed_at,
             "ms_per_iter": s,
             "it_per_s": 1000.0 / s["mean"] if s["mean"] else None,
-            "batches_per_s": self._counted_batches / counted_s if counted_s > 0 else None,
+            "batches_per_s": self._ledger.counted_batches / counted_s if counted_s > 0 else None,
             "samples_per_s": samples_per_s,
             "items": self.items if self.items_fn is not None and self._items_unknown is None else None,
             "items_per_s": items_per_s,
@@ -75,11 +75,11 @@ class Results:
             "device_timing_every_n_iterations": self.device_timing_every_n_iterations,
             "train_time_s": self._train_time_s(),
             "eval_time_s": self._eval_time_s(),
-            "sanity_check_time_s": self._sanity_time_s,
-            "validation_runs": self._validation_runs,
+            "sanity_check_time_s": self._ledger.sanity_time_s,
+            "validation_runs": self._ledger.validation_runs,
             "eval_time_per_validation_s": (
-                self._eval_time_s() / self._validation_runs if self._validation_runs else None),
-            "epochs": list(self._epochs.records),
+                self._eval_time_s() / self._ledger.validation_runs if self._ledger.validation_runs else None),
+            "epochs": list(self._ledger.epochs.records),
             "ranks": self._ranks,
             "histogram_ms": self._histogram().to_dict(),
             "blocks_ms": self._series().to_dict(),
@@ -103,7 +103,7 @@ class Results:
         if target is None or not (self._manual and self._target_from_max_steps):
             return target
         steps = self._last_global_step - self._first_global_step
-        fit_iters = self._fit_iterations
+        fit_iters = self._ledger.fit_iterations
         if steps <= 0 or fit_iters <= 0:
             return target
         return int(round(target * fit_iters / steps))
@@ -114,7 +114,7 @@ class Results:
         if self._alloc_retries is None:
             unavailable["tail.alloc_retries"] = ("the CUDA allocator's retries are read on CUDA only"
                                                  if self._clock is None else "not read: training did not end")
-        block = tail_block(self._histogram(), self._causes, self._slowest,
+        block = tail_block(self._histogram(), self._ledger.causes, self._ledger.slowest,
                            {"gc": gc_figures, "alloc_retries": self._alloc_retries, "dataloader": self._loader_info})
         block["insights"] = tail_insights(block)
         if block["share_pct"] is None:
@@ -123,7 +123,7 @@ class Results:
 
     def _flops_section(self, counted_s: float, unavailable: Dict[str, str]) -> Dict[str, Any]:
         """TFLOP/s over the measured iterations (FLOPs of a batch x measured batches / measured time) and MFU."""
-        tflops = tflops_per_s(self._flops, self._counted_batches, counted_s)
+        tflops = tflops_per_s(self._flops, self._ledger.counted_batches, counted_s)
         mfu = mfu_pct(tflops, self._peak_flops)
         if self._flops is None:
             unavailable["tflops_per_s"] = (
@@ -160,7 +160,7 @@ class Results:
         """The scalars logged at the end of training: the percentiles, it/s, TFLOP/s and MFU over every measured
         iteration, and the train and eval times."""
         s = self._histogram().summary()
-        tflops = tflops_per_s(self._flops, self._counted_batches, self._histogram().total / 1000.0)
+        tflops = tflops_per_s(self._flops, self._ledger.counted_batches, self._histogram().total / 1000.0)
         return {
             "perf/final_ms_per_iter_p50": s["p50"],
             "perf/final_ms_per_iter_p95": s["p95"],
