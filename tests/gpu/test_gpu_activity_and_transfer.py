@@ -14,12 +14,12 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from helpers import find_summary
 from lightning_perf import IterationTimer, SectionProfiler, VRAMMonitor
 
-from test_gpu_truth import MatmulModel, gpu_fit
+from test_gpu_truth import MatmulModel, Same, gpu_fit
 
 pytestmark = pytest.mark.gpu
 MB = 1024 * 1024
@@ -83,19 +83,6 @@ def test_nvml_utilisation_power_and_clock_match_nvidia_smi_in_the_same_seconds(t
     assert checked == 3, f"NVML figures unavailable on this GPU: {activity['unavailable']}"
 
 
-class _Same(Dataset):
-    """One ready host buffer, `n` times: no collation, no per-batch host work but the copy."""
-
-    def __init__(self, buf, n):
-        self.buf, self.n = buf, n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return self.buf
-
-
 class CopyModel(LightningModule):
     """A step that is all host-to-device copy: a 64 MB batch, pinned or pageable, copied blocking or not (our own
     ``transfer_batch_to_device``; Lightning's default copies non-blocking), then one tiny kernel."""
@@ -127,7 +114,7 @@ class CopyModel(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
     def train_dataloader(self):
-        return DataLoader(_Same(self.buf, self.batches), batch_size=None)
+        return DataLoader(Same(self.buf, self.batches), batch_size=None)
 
 
 def copy_alone_ms(buf, blocking, reps=20):

@@ -15,30 +15,16 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from helpers import find_summary
 from lightning_perf import ABTrial, IterationTimer, StepTrace, VRAMMonitor
 from lightning_perf.measure.device.activity import THROTTLE_REASONS_MASK
 from lightning_perf.summary.contention import THROTTLED_PCT
 
-from test_gpu_truth import gpu_fit
+from test_gpu_truth import Same, gpu_fit
 
 pytestmark = pytest.mark.gpu
-
-
-class Same(Dataset):
-    """One batch already on the device, ``n`` times (``batch_size=None``): no copy, no collation; the host queues the
-    steps ahead of the device as in well-fed GPU training."""
-
-    def __init__(self, batch, n):
-        self.batch, self.n = batch, n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return self.batch
 
 
 class Matmuls(LightningModule):

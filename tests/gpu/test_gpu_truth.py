@@ -12,13 +12,27 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from helpers import find_summary, fit
 from lightning_perf import EvalNoGradGuard, IterationTimer, SectionProfiler, VRAMMonitor, profile_section
 
 pytestmark = pytest.mark.gpu
 MB = 1024.0 * 1024.0
+
+
+class Same(Dataset):
+    """One ready batch, ``n`` times (``batch_size=None``): no collation, no per-batch host work. On the device, the host
+    queues the steps ahead of it as in well-fed GPU training; on the host, each step's only work is its copy."""
+
+    def __init__(self, batch, n):
+        self.batch, self.n = batch, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.batch
 
 
 class MatmulModel(LightningModule):
