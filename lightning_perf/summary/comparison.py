@@ -145,7 +145,7 @@ def section_noise_ms(row: Dict[str, Any]) -> Optional[float]:
     floor = row.get("min_effect_pct", 2.0) / 100.0 * max(abs(b), abs(c))
     se = [finite(v) for v in (row.get("base_se_ms"), row.get("candidate_se_ms"))]
     if None not in se:
-        floor = max(floor, 2.0 * math.sqrt(se[0] ** 2 + se[1] ** 2))
+        floor = max(floor, 2.0 * math.hypot(se[0], se[1]))  # hypot: no overflow for 1e300
     spread = finite(row.get("repeats_spread_ms"))
     return max(floor, spread or 0.0, 0.005)
 
