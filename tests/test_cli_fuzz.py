@@ -21,6 +21,9 @@ from hypothesis import strategies as st
 from summary_files import read, write_two_runs
 from lightning_perf.cli import main
 
+#: The suite draws the same examples every run (a red CI is a regression, not a new draw); ``FUZZ_RANDOM=1`` draws
+#: fresh ones to hunt for new failures: ``FUZZ_RANDOM=1 FUZZ_EXAMPLES=5000 pytest tests/test_cli_fuzz.py``.
+DERANDOMIZE = not os.environ.get("FUZZ_RANDOM")
 DEEP = "__deeply_nested__"
 HUGE_DIGITS = "__5000_digits__"
 
@@ -169,7 +172,7 @@ def scratch(tmp_path_factory):
 
 def test_readers_answer_every_mutant_with_0_1_or_2_and_one_line(real, scratch):
     @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 300)), deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+              derandomize=DERANDOMIZE, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(data=st.data())
     def check(data):
         files = _write(scratch, *apply(real, data.draw(mutations(real))))
@@ -190,7 +193,7 @@ def test_report_plot_answers_every_mutant(real, scratch):
     pytest.importorskip("matplotlib")
 
     @settings(max_examples=int(os.environ.get("FUZZ_PLOT_EXAMPLES", 25)), deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+              derandomize=DERANDOMIZE, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(data=st.data())
     def check(data):
         files = _write(scratch, *apply(real, data.draw(mutations(real))))
