@@ -27,6 +27,7 @@ from lightning_perf.bench.sequential import (
 from lightning_perf.bench.sequential_sim import (
     NOISE_MODELS,
     OUTCOMES,
+    looks_boundary,
     power_table,
     run_sequential,
     sequential_outcomes,
@@ -44,6 +45,21 @@ def test_aa_false_positive_rate_with_the_stopping_rule_applied(model, floor):
     faster or slower in at most 5% of 2,000 trials (a fixed-round t interval looked at so often would pass 5%)."""
     found = run_sequential(model, 0.0, TRIALS, DEFAULT_MAX_ROUNDS, seed=11, floor=floor)
     assert found["faster"] + found["slower"] <= 0.05, found
+
+
+@pytest.mark.parametrize("model", NOISE_MODELS)
+def test_the_group_sequential_alternative_looks_only_where_planned_and_holds_5pct(model):
+    """benchmarks/sequential_power.py --looks: the design race's rule was measured against reads its t interval at
+    its planned rounds only (Bonferroni over them), so its A/A error holds too, and off a look it decides nothing."""
+    looks = (5, 10, 20, 40)
+    factor = looks_boundary(looks)
+    assert [math.isinf(factor(n)) for n in (4, 5, 6, 39, 40)] == [True, False, True, True, False]
+    from lightning_perf.measure.stats.ratio_ci import t_quantile_at_least
+    assert factor(20) == pytest.approx(t_quantile_at_least(1 - 0.05 / 4 / 2, 19) / math.sqrt(20 * 19))
+    found = run_sequential(model, 0.0, TRIALS, DEFAULT_MAX_ROUNDS, seed=11, boundary=factor)
+    assert found["faster"] + found["slower"] <= 0.05, found
+    slow = run_sequential(model, -20.0, 200, 4, seed=5, boundary=factor)  # no look in 4 rounds: nothing decided
+    assert slow["slower"] == 0.0 and slow["mean_rounds"] == 4.0, slow
 
 
 @pytest.mark.parametrize("model", NOISE_MODELS)

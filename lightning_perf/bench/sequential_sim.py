@@ -5,7 +5,7 @@ applied to thousands of them at once with numpy: the false-positive rate, the eq
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from lightning_perf.bench.sequential import ALPHA, DEFAULT_EQUIVALENCE_PCT, boundary_factor
 
@@ -37,17 +37,19 @@ def simulate_logs(model: str, trials: int, rounds: int, setups: int, rng):
 
 def run_sequential(model: str, change_pct: float, trials: int = 2000, max_rounds: int = 40, seed: int = 0,
                    same_within_pct: float = DEFAULT_EQUIVALENCE_PCT, min_effect_pct: float = 2.0,
-                   alpha: float = ALPHA, floor: bool = True) -> Dict[str, float]:
+                   alpha: float = ALPHA, floor: bool = True,
+                   boundary: Optional[Callable[[int], float]] = None) -> Dict[str, float]:
     """``trials`` races of a baseline, its A/A copy (where ``floor``) and a candidate ``change_pct`` faster (negative:
     slower), a round at a time, each stopped at its first decision or at ``max_rounds``, as
-    :func:`lightning_perf.bench.sequential.decide_rounds` decides. Returns the share of trials ending ``faster``,
+    :func:`lightning_perf.bench.sequential.decide_rounds` decides (``boundary``: another rule's half-width factor
+    after ``n`` rounds, ``inf`` where it does not look, as :func:`looks_boundary`). Returns the share of trials ending ``faster``,
     ``slower``, ``same``, ``no_verdict``, ``undecided`` and ``mean_rounds`` (rounds run)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     logs = simulate_logs(model, trials, max_rounds, 3 if floor else 2, rng)
     logs[:, :, -1] += math.log1p(change_pct / 100.0)
-    final, first = sequential_outcomes(logs, floor, same_within_pct, min_effect_pct, alpha)
+    final, first = sequential_outcomes(logs, floor, same_within_pct, min_effect_pct, alpha, boundary)
     shares = {name: float(np.mean(final == code)) for code, name in enumerate(OUTCOMES)}
     shares["mean_rounds"] = float(np.mean(first + 1))
     return shares
@@ -58,7 +60,8 @@ OUTCOMES = ("undecided", "faster", "slower", "same", "no_verdict")
 
 
 def sequential_outcomes(logs, floor: bool = True, same_within_pct: float = DEFAULT_EQUIVALENCE_PCT,
-                        min_effect_pct: float = 2.0, alpha: float = ALPHA):
+                        min_effect_pct: float = 2.0, alpha: float = ALPHA,
+                        boundary: Optional[Callable[[int], float]] = None):
     """For log rates of shape (trials, rounds, setups) (the baseline, its copy where ``floor``, the candidate last):
     each trial's outcome (a code of :data:`OUTCOMES`) at its first decision, else at the last round, and that round
     (from 0), as :func:`lightning_perf.bench.sequential.decide_rounds` decides round by round."""
@@ -68,7 +71,7 @@ def sequential_outcomes(logs, floor: bool = True, same_within_pct: float = DEFAU
     base = logs[:, :, 0] if not floor else logs[:, :, :2].mean(axis=2)
     d = logs[:, :, -1] - base
     n = np.arange(1, max_rounds + 1)
-    k = np.array([boundary_factor(int(i), alpha) for i in n])
+    k = np.array([boundary(int(i)) if boundary else boundary_factor(int(i), alpha) for i in n])
 
     def interval(x):
         mean = np.cumsum(x, axis=1) / n
@@ -93,6 +96,21 @@ def sequential_outcomes(logs, floor: bool = True, same_within_pct: float = DEFAU
     decided = outcome > 0
     first = np.where(decided.any(axis=1), decided.argmax(axis=1), max_rounds - 1)
     return outcome[np.arange(trials), first], first
+
+
+def looks_boundary(looks, alpha: float = ALPHA) -> Callable[[int], float]:
+    """The alternative the rule was measured against: a group-sequential design that reads a Student's t interval
+    at planned rounds only (``looks``), each at ``alpha / len(looks)`` (Bonferroni: valid whatever the stopping), as
+    a half-width factor of ``sqrt(V)`` like :func:`lightning_perf.bench.sequential.boundary_factor`."""
+    from lightning_perf.measure.stats.ratio_ci import t_quantile_at_least
+
+    looks, share = frozenset(int(n) for n in looks), alpha / len(looks)
+
+    def factor(n: int) -> float:
+        if n not in looks or n < 2:
+            return math.inf
+        return t_quantile_at_least(1.0 - share / 2.0, n - 1) / math.sqrt(n * (n - 1))
+    return factor
 
 
 def power_table(changes=(5.0, 10.0, 20.0), budgets=(10, 20, 40), trials: int = 2000,
