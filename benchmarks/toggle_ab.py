@@ -22,6 +22,9 @@ Tricks:
   iterations); off: applied by each batch end's switch, with the close's switch at once (a checkout whose ledger
   has that choice, ``defer``: 31a47ce, ``LIGHTNING_PERF_BENCH_SOURCE=<that checkout>``).
 
+- ``suite-step-loop``: PerfSuite's six step hooks loop over their callbacks themselves (``PerfSuite._step_failed``
+  only where one raised); off: each through ``PerfSuite._forward``, a frame and a dict lookup more, as before.
+
     python benchmarks/toggle_ab.py suite-guard --steps 50000 --reps 3     # ~1 minute a rep on an idle core
 """
 
@@ -91,6 +94,8 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
             raise SystemExit("step-events: this checkout has no list of step events (measure one up to 61500f1)")
         return [profiler], lambda: None, lambda: setattr(profiler, "_deferring", False), True
     suite = lightning_perf.PerfSuite()
+    if name == "suite-step-loop":
+        return [suite], *_through_forward(), False
     if name == "suite-guard":
         unguarded = suite._by_hook
         guarded = {hook: [(getattr(cb, hook), cb) for _, cb in fns] for hook, fns in unguarded.items()}
@@ -104,9 +109,47 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
             lambda: setattr(perf_suite.PerfSuite, "state_key", built), False)
 
 
+def _through_forward() -> Tuple[Callable[[], None], Callable[[], None]]:
+    """On: PerfSuite's own step hooks; off: hooks of the same names that call ``_forward``, as the suite did."""
+    from lightning_perf.callbacks.core.scalars import WAITING, drain_scalars
+
+    def on_train_batch_end(self: Any, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        try:
+            self._forward("on_train_batch_end", trainer, pl_module, outputs, batch, batch_idx)
+        finally:
+            if WAITING.count:
+                try:
+                    drain_scalars(trainer, batch_end=True)
+                except Exception as err:  # noqa: BLE001
+                    self._record_failure(None, "on_train_batch_end (logging)", err)
+
+    def on_train_batch_start(self: Any, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._forward("on_train_batch_start", trainer, pl_module, batch, batch_idx)
+
+    def on_before_backward(self: Any, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._forward("on_before_backward", trainer, pl_module, loss)
+
+    def on_after_backward(self: Any, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_after_backward", trainer, pl_module)
+
+    def on_before_optimizer_step(self: Any, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._forward("on_before_optimizer_step", trainer, pl_module, optimizer)
+
+    def on_before_zero_grad(self: Any, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._forward("on_before_zero_grad", trainer, pl_module, optimizer)
+
+    cls = perf_suite.PerfSuite
+    old = {fn.__name__: fn for fn in (on_train_batch_end, on_train_batch_start, on_before_backward, on_after_backward,
+                                      on_before_optimizer_step, on_before_zero_grad)}
+    new = {name: cls.__dict__[name] for name in old}
+    return (lambda: [setattr(cls, k, v) for k, v in new.items()] and None,
+            lambda: [setattr(cls, k, v) for k, v in old.items()] and None)
+
+
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trick", choices=("suite-guard", "suite-key", "step-events", "held-switches", "held-to-fold"))
+    parser.add_argument("trick", choices=("suite-guard", "suite-key", "suite-step-loop", "step-events", "held-switches",
+                                          "held-to-fold"))
     parser.add_argument("--steps", type=int, default=50_000, help="steps of each fit (default 50000)")
     parser.add_argument("--reps", type=int, default=3, help="fits, one after the other (default 3)")
     parser.add_argument("--block", type=int, default=7, help="steps per block (default 7, as overhead.py's)")
