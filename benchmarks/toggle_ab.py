@@ -25,6 +25,11 @@ Tricks:
 - ``suite-step-loop``: PerfSuite's six step hooks loop over their callbacks themselves (``PerfSuite._step_failed``
   only where one raised); off: each through ``PerfSuite._forward``, a frame and a dict lookup more, as before.
 
+- ``step-frames``: the step path's own tests made before its calls (IterationTimer's batch size followed in its hook,
+  SectionProfiler's close and between-batches work called only where due, the ledger's held switch appended where
+  it is read); off: the methods of the checkout before (``--old CHECKOUT``, e.g. a worktree of f6235a7), in a
+  PerfSuite.
+
     python benchmarks/toggle_ab.py suite-guard --steps 50000 --reps 3     # ~1 minute a rep on an idle core
 """
 
@@ -96,6 +101,9 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
     suite = lightning_perf.PerfSuite()
     if name == "suite-step-loop":
         return [suite], *_through_forward(), False
+    if name == "step-frames":
+        holder = _TrainerOf()
+        return [suite, holder], *_step_frames(suite, holder), False
     if name == "suite-guard":
         unguarded = suite._by_hook
         guarded = {hook: [(getattr(cb, hook), cb) for _, cb in fns] for hook, fns in unguarded.items()}
@@ -146,14 +154,76 @@ def _through_forward() -> Tuple[Callable[[], None], Callable[[], None]]:
             lambda: [setattr(cls, k, v) for k, v in old.items()] and None)
 
 
+#: ``--old``: the checkout whose methods ``step-frames`` runs in its off blocks
+OLD: List[str] = []
+
+
+class _TrainerOf(Callback):
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.trainer = trainer
+
+
+def _old_module(relative: str) -> Any:
+    """A module of the ``--old`` checkout, run under another name beside this checkout's (its imports are ours)."""
+    import importlib.util
+
+    if not OLD:
+        raise SystemExit("step-frames: give --old CHECKOUT, a checkout before the change (f6235a7)")
+    path = os.path.join(OLD[0], relative)
+    spec = importlib.util.spec_from_file_location("old_" + relative.replace("/", "_")[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _step_frames(suite: Any, holder: Any) -> Tuple[Callable[[], None], Callable[[], None]]:
+    """On: this checkout's methods; off: ``--old``'s, the same names swapped on the classes (and the bound ones the
+    loop holds: the suite's step tuples, the fetch marks on the data fetcher, the transfer mark)."""
+    import types
+
+    from lightning_perf.callbacks.iteration_timer.callback import IterationTimer
+    from lightning_perf.callbacks.section_profiler.callback import SectionProfiler
+    from lightning_perf.measure.sections.ledger import SectionLedger
+
+    old_it = _old_module("lightning_perf/callbacks/iteration_timer/callback.py").IterationTimer
+    old_sp = _old_module("lightning_perf/callbacks/section_profiler/callback.py").SectionProfiler
+    old_ledger = _old_module("lightning_perf/measure/sections/ledger.py").SectionLedger
+    swaps = [(IterationTimer, ("on_train_batch_end",), old_it),
+             (SectionProfiler, ("_fetch_started", "_batch_transfer", "on_train_batch_start"), old_sp),
+             (SectionLedger, ("batch_end", "fetch_returned", "transfer", "batch_start"), old_ledger)]
+    new = {(cls, name): cls.__dict__[name] for cls, names, _ in swaps for name in names}
+    old = {(cls, name): source.__dict__[name] for cls, names, source in swaps for name in names}
+    profiler = next(cb for cb in suite.callbacks if isinstance(cb, SectionProfiler))
+
+    def use(methods: Any) -> Callable[[], None]:
+        def switch() -> None:
+            for (cls, name), fn in methods.items():
+                setattr(cls, name, fn)
+            suite._build_dispatch()
+            fetcher = getattr(getattr(getattr(holder, "trainer", None), "fit_loop", None), "_data_fetcher", None)
+            marks = profiler._fetch_marks
+            if fetcher is not None and marks is not None and marks.loop is not None:
+                started = types.MethodType(SectionProfiler._fetch_started, profiler)
+                fetcher._start_profiler = started
+                setattr(marks.loop, marks.names[0], started)  # (read again at an epoch's start)
+            if profiler._transfer is not None:
+                profiler._transfer.mark = types.MethodType(SectionProfiler._batch_transfer, profiler)
+        return switch
+
+    return use(new), use(old)
+
+
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trick", choices=("suite-guard", "suite-key", "suite-step-loop", "step-events", "held-switches",
+    parser.add_argument("trick", choices=("suite-guard", "suite-key", "suite-step-loop", "step-frames",
+                                          "step-events", "held-switches",
                                           "held-to-fold"))
     parser.add_argument("--steps", type=int, default=50_000, help="steps of each fit (default 50000)")
     parser.add_argument("--reps", type=int, default=3, help="fits, one after the other (default 3)")
     parser.add_argument("--block", type=int, default=7, help="steps per block (default 7, as overhead.py's)")
+    parser.add_argument("--old", help="step-frames: the checkout before the change, whose methods the off blocks run")
     args = parser.parse_args(argv)
+    OLD[:] = [args.old] if args.old else []
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     for handler in logging.getLogger("lightning.pytorch").handlers:  # (built and logged, as overhead.py does)

@@ -4,7 +4,7 @@ step), and that a saving keeps what the step's hooks do when one of them fails."
 import pytest
 from lightning.pytorch import Callback
 
-from helpers import fit
+from helpers import find_summary, fit
 from lightning_perf import EvalNoGradGuard, IterationTimer, PerfCheckFailed, PerfSuite, SectionProfiler, VRAMMonitor
 
 #: 64 items in batches of 8, one epoch (tests.helpers.fit's loader)
@@ -91,3 +91,39 @@ def test_a_step_hook_that_fails_in_the_suite_is_recorded_and_the_callbacks_after
     suite._build_dispatch()
     suite.on_before_backward(None, None, None)  # recorded, not raised
     assert seen == ["second", "second", "third"] and "bookkeeping broke" in first._failures["on_before_backward"]
+
+
+def count_calls(run, names):
+    """Python calls, by function name, of the functions called ``names`` made while ``run()`` runs (this thread)."""
+    import sys
+
+    counts = dict.fromkeys(names, 0)
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in counts and "lightning_perf" in frame.f_code.co_filename:
+            counts[frame.f_code.co_name] += 1
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(previous)
+    return counts
+
+
+def test_a_plain_step_makes_no_call_whose_test_its_caller_can_make(tmp_path):
+    """A step with nothing due (no report, no device, the batch shaped as the first) calls no helper whose first test
+    would send it back: IterationTimer follows the batch size's path in its hook (``_batch_size`` and ``follow``
+    only at the first batch, which finds it), SectionProfiler's close and between-batches work (``_closed``,
+    ``_own_work_between_batches``) only where due, the ledger's held switch (``_hold``) only at a batch end and a
+    close: closed-form counts over the fit's batches."""
+    suite = PerfSuite([IterationTimer(warmup_steps=1),
+                       SectionProfiler(warmup_steps=1, print_reports=False, report_every_n_steps=1000)])
+    names = ("_batch_size", "follow", "_closed", "_own_work_between_batches", "_hold", "between_batches")
+    counts = count_calls(lambda: fit(tmp_path, [suite], max_epochs=1, limit_val_batches=0), names)
+    assert counts["_batch_size"] == 1 and counts["follow"] == 1, counts
+    assert counts["_closed"] == 1 and counts["_own_work_between_batches"] == 0, counts  # (1: the train end's close)
+    assert counts["_hold"] == 2 * BATCHES, counts  # each batch's end, each iteration's close
+    assert counts["between_batches"] <= 2, counts  # (an epoch's end, the train's end: not a step's)
+    assert find_summary(tmp_path)["section_profiler"]["sections"]["forward"]["count"] == BATCHES - 1
