@@ -19,7 +19,7 @@ def children():
             VRAMMonitor(nvml_interval_s=0.01), EvalNoGradGuard()]
 
 
-class CountStepHooks(Callback):
+class CountBatches(Callback):
     """Counts the training batches Lightning runs."""
 
     batches = 0
@@ -49,7 +49,7 @@ def test_the_suites_step_hooks_reach_their_callbacks_without_the_generic_forward
 
             setattr(cb, name, counted)
     suite._build_dispatch()  # (the instance attributes above are what it binds)
-    counter = CountStepHooks()
+    counter = CountBatches()
     fit(tmp_path, [suite, counter], max_epochs=1)
     assert counter.batches == BATCHES
     assert not set(forwarded) & set(STEP_HOOKS), sorted(set(forwarded) & set(STEP_HOOKS))
