@@ -22,6 +22,14 @@ Tricks:
   iterations); off: applied by each batch end's switch, with the close's switch at once (a checkout whose ledger
   has that choice, ``defer``: 31a47ce, ``LIGHTNING_PERF_BENCH_SOURCE=<that checkout>``).
 
+- ``suite-step-loop``: PerfSuite's six step hooks loop over their callbacks themselves (``PerfSuite._step_failed``
+  only where one raised); off: each through ``PerfSuite._forward``, a frame and a dict lookup more, as before.
+
+- ``step-frames``: the step path's own tests made before its calls (IterationTimer's batch size followed in its hook,
+  SectionProfiler's close and between-batches work called only where due, the ledger's held switch appended where
+  it is read); off: the methods of the checkout before (``--old CHECKOUT``, e.g. a worktree of f6235a7), in a
+  PerfSuite.
+
     python benchmarks/toggle_ab.py suite-guard --steps 50000 --reps 3     # ~1 minute a rep on an idle core
 """
 
@@ -91,6 +99,11 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
             raise SystemExit("step-events: this checkout has no list of step events (measure one up to 61500f1)")
         return [profiler], lambda: None, lambda: setattr(profiler, "_deferring", False), True
     suite = lightning_perf.PerfSuite()
+    if name == "suite-step-loop":
+        return [suite], *_through_forward(), False
+    if name == "step-frames":
+        holder = _TrainerOf()
+        return [suite, holder], *_step_frames(suite, holder), False
     if name == "suite-guard":
         unguarded = suite._by_hook
         guarded = {hook: [(getattr(cb, hook), cb) for _, cb in fns] for hook, fns in unguarded.items()}
@@ -104,13 +117,113 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
             lambda: setattr(perf_suite.PerfSuite, "state_key", built), False)
 
 
+def _through_forward() -> Tuple[Callable[[], None], Callable[[], None]]:
+    """On: PerfSuite's own step hooks; off: hooks of the same names that call ``_forward``, as the suite did."""
+    from lightning_perf.callbacks.core.scalars import WAITING, drain_scalars
+
+    def on_train_batch_end(self: Any, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        try:
+            self._forward("on_train_batch_end", trainer, pl_module, outputs, batch, batch_idx)
+        finally:
+            if WAITING.count:
+                try:
+                    drain_scalars(trainer, batch_end=True)
+                except Exception as err:  # noqa: BLE001
+                    self._record_failure(None, "on_train_batch_end (logging)", err)
+
+    def on_train_batch_start(self: Any, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._forward("on_train_batch_start", trainer, pl_module, batch, batch_idx)
+
+    def on_before_backward(self: Any, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._forward("on_before_backward", trainer, pl_module, loss)
+
+    def on_after_backward(self: Any, trainer: Any, pl_module: Any) -> None:
+        self._forward("on_after_backward", trainer, pl_module)
+
+    def on_before_optimizer_step(self: Any, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._forward("on_before_optimizer_step", trainer, pl_module, optimizer)
+
+    def on_before_zero_grad(self: Any, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._forward("on_before_zero_grad", trainer, pl_module, optimizer)
+
+    cls = perf_suite.PerfSuite
+    old = {fn.__name__: fn for fn in (on_train_batch_end, on_train_batch_start, on_before_backward, on_after_backward,
+                                      on_before_optimizer_step, on_before_zero_grad)}
+    new = {name: cls.__dict__[name] for name in old}
+    return (lambda: [setattr(cls, k, v) for k, v in new.items()] and None,
+            lambda: [setattr(cls, k, v) for k, v in old.items()] and None)
+
+
+#: ``--old``: the checkout whose methods ``step-frames`` runs in its off blocks
+OLD: List[str] = []
+
+
+class _TrainerOf(Callback):
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.trainer = trainer
+
+
+def _old_module(relative: str) -> Any:
+    """A module of the ``--old`` checkout, run under another name beside this checkout's (its imports are ours)."""
+    import importlib.util
+
+    if not OLD:
+        raise SystemExit("step-frames: give --old CHECKOUT, a checkout before the change (f6235a7)")
+    path = os.path.join(OLD[0], relative)
+    spec = importlib.util.spec_from_file_location("old_" + relative.replace("/", "_")[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _step_frames(suite: Any, holder: Any) -> Tuple[Callable[[], None], Callable[[], None]]:
+    """On: this checkout's methods; off: ``--old``'s, the same names swapped on the classes (and the bound ones the
+    loop holds: the suite's step tuples, the fetch marks on the data fetcher, the transfer mark)."""
+    import types
+
+    from lightning_perf.callbacks.iteration_timer.callback import IterationTimer
+    from lightning_perf.callbacks.section_profiler.callback import SectionProfiler
+    from lightning_perf.measure.sections.ledger import SectionLedger
+
+    old_it = _old_module("lightning_perf/callbacks/iteration_timer/callback.py").IterationTimer
+    old_sp = _old_module("lightning_perf/callbacks/section_profiler/callback.py").SectionProfiler
+    old_ledger = _old_module("lightning_perf/measure/sections/ledger.py").SectionLedger
+    swaps = [(IterationTimer, ("on_train_batch_end",), old_it),
+             (SectionProfiler, ("_fetch_started", "_batch_transfer", "on_train_batch_start"), old_sp),
+             (SectionLedger, ("batch_end", "fetch_returned", "transfer", "batch_start"), old_ledger)]
+    new = {(cls, name): cls.__dict__[name] for cls, names, _ in swaps for name in names}
+    old = {(cls, name): source.__dict__[name] for cls, names, source in swaps for name in names}
+    profiler = next(cb for cb in suite.callbacks if isinstance(cb, SectionProfiler))
+
+    def use(methods: Any) -> Callable[[], None]:
+        def switch() -> None:
+            for (cls, name), fn in methods.items():
+                setattr(cls, name, fn)
+            suite._build_dispatch()
+            fetcher = getattr(getattr(getattr(holder, "trainer", None), "fit_loop", None), "_data_fetcher", None)
+            marks = profiler._fetch_marks
+            if fetcher is not None and marks is not None and marks.loop is not None:
+                started = types.MethodType(SectionProfiler._fetch_started, profiler)
+                fetcher._start_profiler = started
+                setattr(marks.loop, marks.names[0], started)  # (read again at an epoch's start)
+            if profiler._transfer is not None:
+                profiler._transfer.mark = types.MethodType(SectionProfiler._batch_transfer, profiler)
+        return switch
+
+    return use(new), use(old)
+
+
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trick", choices=("suite-guard", "suite-key", "step-events", "held-switches", "held-to-fold"))
+    parser.add_argument("trick", choices=("suite-guard", "suite-key", "suite-step-loop", "step-frames",
+                                          "step-events", "held-switches",
+                                          "held-to-fold"))
     parser.add_argument("--steps", type=int, default=50_000, help="steps of each fit (default 50000)")
     parser.add_argument("--reps", type=int, default=3, help="fits, one after the other (default 3)")
     parser.add_argument("--block", type=int, default=7, help="steps per block (default 7, as overhead.py's)")
+    parser.add_argument("--old", help="step-frames: the checkout before the change, whose methods the off blocks run")
     args = parser.parse_args(argv)
+    OLD[:] = [args.old] if args.old else []
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     for handler in logging.getLogger("lightning.pytorch").handlers:  # (built and logged, as overhead.py does)

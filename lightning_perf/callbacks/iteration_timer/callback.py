@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_perf.callbacks.core.arguments import bad_argument, check_bool, check_number, check_positive_int
 from lightning_perf.callbacks.core.base import PerfCallback, guarded, reads_state
 from lightning_perf.callbacks.core.rank_gather import Rows, gather_floats_then, spread_across_ranks
-from lightning_perf.callbacks.core.scalars import log_scalars
+from lightning_perf.callbacks.core.scalars import WAITING, log_scalars
 from lightning_perf.callbacks.core.summary_book import error_message
 from lightning_perf.callbacks.iteration_timer.flops import FlopsCount
 from lightning_perf.callbacks.iteration_timer.state import CheckpointState
@@ -302,7 +302,20 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        samples = self._batch_size(batch) if self._samples_unknown is None else None
+        samples = None
+        if self._samples_unknown is None:
+            path = self._size_path
+            if path is not None and self.batch_size_fn is None:  # the path found at the first batch, followed here
+                try:
+                    found = batch
+                    for key in path:
+                        found = found[key]
+                    if isinstance(found, torch.Tensor):
+                        samples = found.shape[0]
+                except Exception:  # noqa: BLE001 - shaped otherwise: ``_batch_size`` finds it again or says why
+                    pass
+            if samples is None:
+                samples = self._batch_size(batch)
         items = self._items(batch) if self.items_fn is not None and self._items_unknown is None else None
         if not self._manual:
             if not self._stepped:  # still accumulating: the iteration ends with the optimizer step
@@ -312,7 +325,8 @@ class IterationTimer(FlopsCount, CheckpointState, Results, PerfCallback):
         else:  # an iteration is a batch; the optimizer steps taken convert a target from max_steps
             self._last_global_step = trainer.global_step
         self._end_iteration(trainer, samples, items)
-        self._drain_scalars(trainer)
+        if WAITING.count:
+            self._drain_scalars(trainer)
         if self._ledger.fit_iterations == self._flops_due:
             self._count_flops(trainer, pl_module, batch, batch_idx)
 

@@ -20,6 +20,12 @@ from lightning_perf.errors import PerfCheckFailed, PerfConfigError
 _HOOKS = tuple(sorted(name for name in dir(Callback) if (name.startswith("on_") or name in ("setup", "teardown"))
                       and callable(getattr(Callback, name)) and name != "on_load_checkpoint"))
 
+#: The hooks of the training step, each with the attribute that holds its (method, callback) pairs: these hooks run
+#: their loop themselves (``_step_failed`` only where one raised), with no ``_forward`` frame and no dict lookup.
+_STEP_HOOKS = {name: f"_step_{name}" for name in ("on_train_batch_start", "on_train_batch_end", "on_before_backward",
+                                                   "on_after_backward", "on_before_optimizer_step",
+                                                   "on_before_zero_grad")}
+
 #: Suites not yet set up, by the state key each holds: two suites of the same callbacks in one Trainer get distinct
 #: keys until ``setup`` (see ``PerfSuite._compute_state_key``).
 _UNSET_KEYS: "weakref.WeakValueDictionary[str, PerfSuite]" = weakref.WeakValueDictionary()
@@ -106,6 +112,8 @@ class PerfSuite(Callback):
             fns = [(getattr(cb, name), cb) for cb in self.callbacks if getattr(type(cb), name, base) is not base]
             if fns:
                 self._by_hook[name] = fns
+        for name in _STEP_HOOKS:  # (read by the step hooks themselves: no dict lookup, no ``_forward`` frame)
+            setattr(self, _STEP_HOOKS[name], tuple(self._by_hook.get(name, ())))
         self.__dict__.pop("state_key", None)
         for cb in self.callbacks:
             cb._in_suite = True  # the suite drains the window scalars they defer, once a batch end
@@ -117,7 +125,7 @@ class PerfSuite(Callback):
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_by_hook", "state_key"):
+        for name in ("_by_hook", "state_key", *_STEP_HOOKS.values()):
             state.pop(name, None)
         return state
 
@@ -207,6 +215,24 @@ class PerfSuite(Callback):
         if failed is not None:
             raise failed
 
+    def _step_failed(self, name: str, pair: Any, err: BaseException, *args: Any) -> None:
+        """A step hook's loop stopped at ``pair`` (method, callback) with ``err``: handled as ``_forward`` handles it
+        (recorded on that callback, or a failed check raised once every callback has run the hook), then the
+        callbacks after it run the hook."""
+        pairs = getattr(self, _STEP_HOOKS[name])
+        failed: Optional[BaseException] = err if isinstance(err, PerfCheckFailed) else None
+        if failed is None:
+            pair[1]._record_failure(name, err)
+        for fn, cb in pairs[next(i for i, p in enumerate(pairs) if p is pair) + 1:]:
+            try:
+                fn(*args)
+            except PerfCheckFailed as later:
+                failed = failed or later
+            except Exception as later:  # noqa: BLE001 - a measurement must never stop training
+                cb._record_failure(name, later)
+        if failed is not None:
+            raise failed
+
     def _forward_logging(self, name: str, trainer: Any, *args: Any) -> None:
         """``_forward`` in a phase-end hook where the callbacks log: what they log goes to each logger in one call,
         and at ``on_train_end`` what they gather across ranks in one all_gather."""
@@ -241,8 +267,12 @@ class PerfSuite(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Forwarded, then the loggers get what the callbacks queued (a few scalars a batch end, see ``core.scalars``).
         Not a logging hook: it runs only while fitting."""
+        pair = None
         try:
-            self._forward("on_train_batch_end", trainer, pl_module, outputs, batch, batch_idx)
+            for pair in self._step_on_train_batch_end:
+                pair[0](trainer, pl_module, outputs, batch, batch_idx)
+        except Exception as err:  # noqa: BLE001 - recorded, or a failed check raised once the rest have run
+            self._step_failed("on_train_batch_end", pair, err, trainer, pl_module, outputs, batch, batch_idx)
         finally:
             if WAITING.count:
                 try:
@@ -263,16 +293,36 @@ class PerfSuite(Callback):
         self._forward_logging("on_train_end", trainer, pl_module)
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        self._forward("on_after_backward", trainer, pl_module)
+        pair = None
+        try:
+            for pair in self._step_on_after_backward:
+                pair[0](trainer, pl_module)
+        except Exception as err:  # noqa: BLE001 - see ``_step_failed``
+            self._step_failed("on_after_backward", pair, err, trainer, pl_module)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        self._forward("on_before_backward", trainer, pl_module, loss)
+        pair = None
+        try:
+            for pair in self._step_on_before_backward:
+                pair[0](trainer, pl_module, loss)
+        except Exception as err:  # noqa: BLE001 - see ``_step_failed``
+            self._step_failed("on_before_backward", pair, err, trainer, pl_module, loss)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        self._forward("on_before_optimizer_step", trainer, pl_module, optimizer)
+        pair = None
+        try:
+            for pair in self._step_on_before_optimizer_step:
+                pair[0](trainer, pl_module, optimizer)
+        except Exception as err:  # noqa: BLE001 - see ``_step_failed``
+            self._step_failed("on_before_optimizer_step", pair, err, trainer, pl_module, optimizer)
 
     def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        self._forward("on_before_zero_grad", trainer, pl_module, optimizer)
+        pair = None
+        try:
+            for pair in self._step_on_before_zero_grad:
+                pair[0](trainer, pl_module, optimizer)
+        except Exception as err:  # noqa: BLE001 - see ``_step_failed``
+            self._step_failed("on_before_zero_grad", pair, err, trainer, pl_module, optimizer)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: Any) -> None:
         self._forward("on_exception", trainer, pl_module, exception)
@@ -333,7 +383,12 @@ class PerfSuite(Callback):
         self._forward("on_test_start", trainer, pl_module)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self._forward("on_train_batch_start", trainer, pl_module, batch, batch_idx)
+        pair = None
+        try:
+            for pair in self._step_on_train_batch_start:
+                pair[0](trainer, pl_module, batch, batch_idx)
+        except Exception as err:  # noqa: BLE001 - see ``_step_failed``
+            self._step_failed("on_train_batch_start", pair, err, trainer, pl_module, batch, batch_idx)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._forward("on_train_epoch_start", trainer, pl_module)

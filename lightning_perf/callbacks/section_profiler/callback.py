@@ -241,7 +241,8 @@ class SectionProfiler(Results, PerfCallback):
             try:
                 self._fetches.started += 1
                 self._fetches.running = True
-                if self._ledger.fetch_started(t):
+                ledger = self._ledger
+                if ledger.fetch_started(t) and (ledger.report_due or self._device is not None):
                     self._closed(None, report_later=True)  # (no report here: no trainer needed)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's fetch
                 self._record_failure("dataloader fetch", err)
@@ -268,8 +269,10 @@ class SectionProfiler(Results, PerfCallback):
         if self._active:
             start = now()
             try:
-                ran = self._own_work_between_batches(None, start)  # (a close or a report: the transfer starts after)
-                self._ledger.transfer(now() if ran else start)
+                ledger = self._ledger
+                # (a close or a report: the transfer starts after; the test before the call is the call's own first)
+                ran = (ledger.ending or self._report_waits) and self._own_work_between_batches(None, start)
+                ledger.transfer(now() if ran else start)
             except Exception as err:  # noqa: BLE001 - a measurement never raises into the user's transfer
                 self._record_failure("batch_to_device", err)
             self._overhead_s += now() - start
@@ -426,8 +429,10 @@ class SectionProfiler(Results, PerfCallback):
         if self._active:
             t = now()
             try:
-                ran = self._own_work_between_batches(trainer, t)  # (a close or a report: the batch starts after)
-                self._ledger.batch_start(now() if ran else t)
+                ledger = self._ledger
+                # (a close or a report: the batch starts after; the test before the call is the call's own first)
+                ran = (ledger.ending or self._report_waits) and self._own_work_between_batches(trainer, t)
+                ledger.batch_start(now() if ran else t)
             except Exception as err:  # noqa: BLE001
                 self._record_failure("on_train_batch_start", err)
             self._overhead_s += now() - t

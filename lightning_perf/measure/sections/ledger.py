@@ -173,10 +173,11 @@ class SectionLedger:
         """The step is done (or, accumulating, the batch): batch-end work belongs to the iteration, which closes where
         the next one starts. In batch_gap mode the gap now running is the wait for the next batch: the next
         iteration's, while what is carved out of it (sections, writes) is this one's."""
+        between = "data_loading" if self.gap_mode else BETWEEN  # (``between_batches``, without its call)
         if not ends_iteration:
-            self.switch(self.between_batches(), t)
+            self.switch(between, t)
             return
-        self._hold(self.between_batches(), t, self.gap_mode)
+        self._hold(between, t, self.gap_mode)
         self.ending = True
 
     def fetch_started(self, t: float) -> bool:
@@ -199,7 +200,10 @@ class SectionLedger:
     def fetch_returned(self, t: float) -> None:
         resume, self.fetch_resume = self.fetch_resume, None
         if resume is not None:
-            self._hold(resume, t)
+            if self.marker is None:  # (``_hold`` without its call, the step path's way; so below)
+                self.held.append((resume, t))
+            else:
+                self.switch(resume, t)
 
     def close(self, t: float) -> None:
         """The iteration whose step ended (``ending``) closes at ``t``, where the next event of the loop starts (the
@@ -213,7 +217,10 @@ class SectionLedger:
         if self.ending:
             self._close("transfer", t)
             return True
-        self._hold("transfer", t)
+        if self.marker is None:
+            self.held.append(("transfer", t))
+        else:
+            self.switch("transfer", t)
         return False
 
     def batch_start(self, t: float) -> bool:
@@ -222,7 +229,10 @@ class SectionLedger:
         if self.ending:
             self._close(section, t)
             return True
-        self._hold(section, t)
+        if self.marker is None:
+            self.held.append((section, t))
+        else:
+            self.switch(section, t)
         return False
 
     def manual_switch(self, section: str, t: float) -> Optional[str]:
