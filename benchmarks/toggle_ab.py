@@ -30,6 +30,11 @@ Tricks:
   it is read); off: the methods of the checkout before (``--old CHECKOUT``, e.g. a worktree of f6235a7), in a
   PerfSuite.
 
+- ``fold``: SectionProfiler's fold (``SectionLedger.fold``, at each window report and every 64 iterations) of the
+  measured checkout; off: the ``fold`` of the ``--old`` checkout, in a PerfSuite. The fold by columns (measured: a
+  checkout of e2d6425; ``--old``: one of d94eaad) saved ~2 µs an iteration in a loop of the ledger alone, not a step's
+  time that 3 paired fits could tell (see docs/perf_suite.md, "Hooks").
+
     python benchmarks/toggle_ab.py suite-guard --steps 50000 --reps 3     # ~1 minute a rep on an idle core
 """
 
@@ -104,6 +109,8 @@ def trick(name: str) -> Tuple[List[Callback], Callable[[], None], Callable[[], N
     if name == "step-frames":
         holder = _TrainerOf()
         return [suite, holder], *_step_frames(suite, holder), False
+    if name == "fold":
+        return [suite], *_fold(), False
     if name == "suite-guard":
         unguarded = suite._by_hook
         guarded = {hook: [(getattr(cb, hook), cb) for _, cb in fns] for hook, fns in unguarded.items()}
@@ -168,7 +175,8 @@ def _old_module(relative: str) -> Any:
     import importlib.util
 
     if not OLD:
-        raise SystemExit("step-frames: give --old CHECKOUT, a checkout before the change (f6235a7)")
+        raise SystemExit("step-frames, fold: give --old CHECKOUT, a checkout before the change (f6235a7,"
+                         " d94eaad)")
     path = os.path.join(OLD[0], relative)
     spec = importlib.util.spec_from_file_location("old_" + relative.replace("/", "_")[:-3], path)
     module = importlib.util.module_from_spec(spec)
@@ -213,15 +221,25 @@ def _step_frames(suite: Any, holder: Any) -> Tuple[Callable[[], None], Callable[
     return use(new), use(old)
 
 
+def _fold() -> Tuple[Callable[[], None], Callable[[], None]]:
+    """On: this checkout's ``SectionLedger.fold``; off: ``--old``'s."""
+    from lightning_perf.measure.sections.ledger import SectionLedger
+
+    new = SectionLedger.__dict__["fold"]
+    old = _old_module("lightning_perf/measure/sections/ledger.py").SectionLedger.fold
+    return lambda: setattr(SectionLedger, "fold", new), lambda: setattr(SectionLedger, "fold", old)
+
+
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trick", choices=("suite-guard", "suite-key", "suite-step-loop", "step-frames",
+    parser.add_argument("trick", choices=("suite-guard", "suite-key", "suite-step-loop", "step-frames", "fold",
                                           "step-events", "held-switches",
                                           "held-to-fold"))
     parser.add_argument("--steps", type=int, default=50_000, help="steps of each fit (default 50000)")
     parser.add_argument("--reps", type=int, default=3, help="fits, one after the other (default 3)")
     parser.add_argument("--block", type=int, default=7, help="steps per block (default 7, as overhead.py's)")
-    parser.add_argument("--old", help="step-frames: the checkout before the change, whose methods the off blocks run")
+    parser.add_argument("--old", help="step-frames, fold: the checkout before the change, whose methods the"
+                        " off blocks run")
     args = parser.parse_args(argv)
     OLD[:] = [args.old] if args.old else []
     torch.set_num_threads(1)
