@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from operator import add, attrgetter, itemgetter
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from lightning_perf.measure.sections.user_sections import Samples, Section
@@ -413,55 +412,8 @@ class SectionLedger:
         every read of a figure. ``histograms=False``: a section's raw times go to its histogram only at its limit."""
         if self.held:
             self.apply_held()
-        unfolded = self.unfolded
-        if unfolded:
-            self.unfolded = []
-            if not self._fold_columns(unfolded):
-                self._fold_each(unfolded)
-        self.iteration.fold(histograms)
-        for sec in self.sections.values():
-            sec.fold(histograms)
-
-    def _fold_columns(self, unfolded: List[Iteration]) -> bool:
-        """:meth:`_fold_each`'s figures, where every iteration has the same automatic sections and none has batch-end
-        work or a time <= 0 (the common case): each section's times taken as one column (``map``, in C), the slowest
-        offered only where past the floor. False, with nothing changed, where that does not hold."""
-        pieces = [it.pieces for it in unfolded]
-        first = pieces[0]
-        if len(set(map(len, pieces))) != 1 or any(it.end_pieces for it in unfolded):
-            return False
-        if any(call[0] in first for it in unfolded for call in it.calls):  # (a user section named as a piece: in
-            return False  # order with it)
-        try:  # (a KeyError: a dict of the same length with other names)
-            columns = [(name, list(map(itemgetter(name), pieces))) for name in first]
-        except KeyError:
-            return False
-        totals = list(map(add, map(sum, map(dict.values, pieces)), map(attrgetter("user_s"), unfolded)))
-        if min(totals) <= 0:
-            return False
         slowest, offset, sections = self.slowest, self.step_offset, self.sections
-        self.iteration.raw.extend(totals)
-        carried = self.prev_end if self.last_folded == unfolded[0].number else None
-        if carried is not None or max(totals) > slowest.floor:
-            for it, total in zip(unfolded, totals):  # (as in ``_fold_each``; no batch-end work: end_s is 0)
-                number = it.number + 1
-                aligned = total - it.end_s + (carried.end_s if carried else 0.0)
-                if aligned > slowest.floor:
-                    slowest.offer(aligned, number, None if offset is None else number + offset, it.pieces, it.calls,
-                                  it.end_pieces or None, carried.end_pieces if carried else None)
-                carried = None
-        self.prev_end, self.last_folded = None, unfolded[-1].number + 1
-        for name, times in columns:
-            (sections.get(name) or self.section(name)).raw.extend(times)
-        for it in unfolded:
-            if it.calls:
-                self._fold_calls(it.calls)
-        return True
-
-    def _fold_each(self, unfolded: List[Iteration]) -> None:
-        """The closed iterations folded one by one (see :meth:`fold`)."""
-        slowest, offset, sections = self.slowest, self.step_offset, self.sections
-        for it in unfolded:
+        for it in self.unfolded:
             total = sum(it.pieces.values()) + it.user_s
             if total <= 0:
                 continue
@@ -477,17 +429,16 @@ class SectionLedger:
             for name, seconds in it.pieces.items():
                 (sections.get(name) or self.section(name)).raw.append(seconds)
             if it.calls:
-                self._fold_calls(it.calls)
-
-    def _fold_calls(self, calls: List[Tuple[str, float, bool]]) -> None:
-        """An iteration's user-section calls into their sections' raw times."""
-        sections = self.sections
-        for name, seconds, failed in calls:
-            sec = sections[name]
-            sec.raw.append(seconds)
-            sec.closed_by_exception += failed
-        for name in {call[0] for call in calls}:
-            sections[name].runs += 1
+                for name, seconds, failed in it.calls:
+                    sec = sections[name]
+                    sec.raw.append(seconds)
+                    sec.closed_by_exception += failed
+                for name in {call[0] for call in it.calls}:
+                    sections[name].runs += 1
+        self.unfolded = []
+        self.iteration.fold(histograms)
+        for sec in self.sections.values():
+            sec.fold(histograms)
 
     def take_window(self) -> Tuple[int, Dict[str, Optional[float]], List[tuple]]:
         """The report window since the last one, then a new window: (iterations, ``time/..`` and ``time_share/..``
