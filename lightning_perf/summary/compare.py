@@ -367,7 +367,9 @@ def compare_summaries(
     times = {key: project_time(timer_dict(run), iterations) for key, run in (("base", base), ("candidate", candidate))}
     # like for like: where batch sizes differ, the base's time for the samples of the candidate's N iterations
     like = _samples_scale(b, c) if head["basis"] == "samples/s" else 1.0
-    base_like = project_time(timer_dict(base), max(0, round(iterations * like))) if like != 1.0 else times["base"]
+    like_n = finite(iterations * like)  # batch sizes 1e305 apart give no finite count: no like-for-like time
+    base_like = (times["base"] if like == 1.0 else {"train_s": None, "with_eval_s": None} if like_n is None
+                 else project_time(timer_dict(base), max(0, round(like_n))))
 
     def saved(field: str) -> Dict[str, Optional[float]]:
         t_b, t_c = finite(times["base"][field]), finite(times["candidate"][field])
