@@ -71,3 +71,18 @@ def test_samples_per_iteration_1e305_apart_read_without_an_overflow(real, tmp_pa
     result = json.loads(out)
     assert result["speedup_basis"] == "samples/s"
     assert result["time_saved_s"] is None  # no finite like-for-like time: said as n/a, not made up
+
+
+# -- the HTML histogram: an accuracy out of range made gamma negative (complex powers) or 1/0; a key of 1e6 overflowed
+@pytest.mark.parametrize("edit", [{"relative_accuracy": 1e300}, {"relative_accuracy": 1.0},
+                                  {"bin_keys": [10**6] * 11}, {"bin_keys": [-(10**6)] * 11}],
+                         ids=["accuracy_1e300", "accuracy_1", "key_1e6", "key_minus_1e6"])
+def test_html_reports_draw_or_skip_a_histogram_whose_figures_are_out_of_range(real, tmp_path, edit):
+    files = _files(tmp_path, real, cand={f"iteration_timer.histogram_ms.{k}": v for k, v in edit.items()})
+    for command in ("compare", "report"):
+        html = tmp_path / f"{command}.html"
+        rc, _, _ = _answer([command, *files, "--html", str(html)], files + [str(html)])
+        assert rc == 0
+        page = html.read_text(encoding="utf-8")
+        assert page.count('class="bin"') in (30, 60)  # the base's histogram drawn; the candidate's drawn or not
+        _readable(page)
