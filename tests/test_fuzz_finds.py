@@ -26,8 +26,8 @@ def _edit(summary, edits):
         node = out
         *parents, last = dotted.split(".")
         for key in parents:
-            node = node[key]
-        node[last] = value
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[int(last) if isinstance(node, list) else last] = value
     return out
 
 
@@ -86,3 +86,60 @@ def test_html_reports_draw_or_skip_a_histogram_whose_figures_are_out_of_range(re
         page = html.read_text(encoding="utf-8")
         assert page.count('class="bin"') in (30, 60)  # the base's histogram drawn; the candidate's drawn or not
         _readable(page)
+
+
+# -- a figure of 1e300 printed as 301 digits: every printed figure goes through one formatter, which turns to an
+# exponent (1.00e+300) from 1e15 on, as fmt_energy does for joules
+def _huge_timer(cand):
+    timer = cand["iteration_timer"]
+    edits = {f"iteration_timer.ms_per_iter.{k}": 1e300 for k in timer["ms_per_iter"]}
+    edits.update({f"iteration_timer.{k}": 1e300 for k in ("it_per_s", "samples_per_s", "warmup_time_s",
+                                                          "startup_time_s", "eval_time_s")})
+    edits.update({"iteration_timer.tail.share_pct": 1e300, "iteration_timer.tail.median_ms": 1e300,
+                  "iteration_timer.histogram_ms.max": 1e300})
+    edits.update({f"iteration_timer.tail.slowest.{i}.ms": 1e300 for i in range(len(timer["tail"]["slowest"]))})
+    return edits
+
+
+def _huge_sections(cand, fields=("total_s", "p95_ms", "share_pct")):
+    return {f"section_profiler.sections.{name}.{field}": 1e300
+            for name in cand["section_profiler"]["sections"] for field in fields}
+
+
+def _huge_others(cand):
+    edits = {f"vram.phases.{phase}.host_rss_peak_mb": 1e300 for phase in cand["vram"]["phases"]}
+    edits.update({f"quality_gate.metrics.{name}.value": 1e300 for name in cand["quality_gate"]["metrics"]})
+    edits.update({f"logged.values.{name}": 1e300 for name in cand["logged"]["values"]})
+    edits.update({"diagnosis.value": 1e300, "vram.activity.phases.train.process_cpu_cores.mean": 1e300})
+    edits.update({f"diagnosis.ceilings.{name}.at_most": 1e300 for name in cand["diagnosis"]["ceilings"]})
+    return edits
+
+
+HUGE = {"timer": _huge_timer, "sections": _huge_sections, "section_noise": lambda c: _huge_sections(c, ["p95_ms"]),
+        "others": _huge_others}
+
+
+@pytest.mark.parametrize("side", ["base", "cand"])
+@pytest.mark.parametrize("group", sorted(HUGE))
+def test_a_figure_of_1e300_prints_with_an_exponent_not_301_digits(real, tmp_path, group, side):
+    files = _files(tmp_path, real, **{side: HUGE[group](real["cand"])})
+    html = str(tmp_path / "page.html")
+    for argv in (["compare", *files], ["compare", *files, "--format", "markdown"], ["report", *files],
+                 ["report", *files, "--html", html], ["compare", *files, "--base-repeats", files[0],
+                                                      "--candidate-repeats", files[1]]):
+        rc, out, _ = _answer(argv, files + [html])
+        assert rc == 0, argv
+        _readable(out)
+    page = open(html, encoding="utf-8").read()
+    _readable(page)
+    assert re.search(r"\d\.\d+e\+\d{3}", out + page), "no figure of 1e300 shown at all"
+
+
+def test_the_slower_gate_says_a_slowdown_of_1e300_percent_with_an_exponent(real, tmp_path):
+    timer = real["cand"]["iteration_timer"]
+    files = _files(tmp_path, real, cand={"iteration_timer.ms_per_iter.mean": 1e300, "iteration_timer.it_per_s": 1e-297,
+                                         "iteration_timer.samples_per_s": 1e-297 * timer["samples_per_s"]
+                                         / timer["it_per_s"]})
+    rc, out, err = _answer(["compare", *files, "--fail-if-slower", "5"], files)
+    assert rc == 1 and "% slower than base" in err, err
+    _readable(out + err)
