@@ -5,6 +5,7 @@ never an internal error, and never a figure of hundreds of digits."""
 
 import copy
 import json
+import math
 import re
 
 import pytest
@@ -143,3 +144,54 @@ def test_the_slower_gate_says_a_slowdown_of_1e300_percent_with_an_exponent(real,
     rc, out, err = _answer(["compare", *files, "--fail-if-slower", "5"], files)
     assert rc == 1 and "% slower than base" in err, err
     _readable(out + err)
+
+
+# -- the speedup's intervals: a square of a batch's deviation past 1e308, a mean of 1e-300 squared to 0, exp(1381) ---
+# (the real runs above have 11 iterations: below the 32 a batch-means interval needs, so the fuzz never reached it)
+def _blocks(sums):
+    return {"iteration_timer.blocks_ms": {"block_len": 1, "sums": sums, "open_sum": 0.0, "open_count": 0,
+                                          "max_blocks": 256}}
+
+
+STEADY = [10.0, 11.0] * 20
+
+
+@pytest.mark.parametrize("sums", [[1e200] * 20 + [1e-200] * 20, [1e-300] * 40, [1e300] * 20 + [1e299] * 20],
+                         ids=["deviation_1e200", "mean_1e-300", "mean_1e300"])
+@pytest.mark.parametrize("side", ["base", "cand"])
+def test_iteration_blocks_of_absurd_sizes_give_no_interval_rather_than_an_error(real, tmp_path, sums, side):
+    edits = {"base": _blocks(STEADY), "cand": _blocks(STEADY)}
+    edits[side] = _blocks(sums)
+    files = _files(tmp_path, real, **edits)
+    for fmt in ("text", "json"):
+        rc, out, _ = _answer(["compare", *files, "--format", fmt], files)
+        assert rc == 0
+    _readable(run_cli(["compare", *files])[1])
+    ci = json.loads(out)["speedup_ci95"]
+    assert ci is None or all(math.isfinite(v) and v > 0 for v in ci), ci
+    steady = _files(tmp_path / "steady", real, base=_blocks(STEADY), cand=_blocks(STEADY))
+    assert json.loads(run_cli(["compare", *steady, "--format", "json"])[1])["speedup_ci95"] is not None
+
+
+@pytest.mark.parametrize("order", ["fast_base", "fast_candidate"])
+def test_repeats_whose_speeds_are_1e450_apart_give_no_interval_rather_than_an_error(real, tmp_path, order):
+    """The first pair's speeds are 1e300 apart (a finite ratio), the second pair's 1e600: the geometric means are
+    1e450 apart and the between-runs ratio, exp of a difference of logs, was exp(1036): an OverflowError."""
+    def ms(value):
+        return {"iteration_timer.ms_per_iter.mean": value}
+
+    pairs = [(1e150, 1e-150), (1e300, 1e-300)]
+    if order == "fast_base":
+        pairs = [(c, b) for b, c in pairs]
+    files = _files(tmp_path / "a", real, base=ms(pairs[0][0]), cand=ms(pairs[0][1]))
+    again = _files(tmp_path / "b", real, base=dict(ms(pairs[1][0]), **{"run.name": "base again"}),
+                   cand=dict(ms(pairs[1][1]), **{"run.name": "cand again"}))
+    argv = ["compare", *files, "--base-repeats", again[0], "--candidate-repeats", again[1]]
+    for fmt in ("text", "json"):
+        rc, out, _ = _answer(argv + ["--format", fmt], files + again)
+        assert rc == 0
+    result = json.loads(out)
+    assert result["speedup"] is None or math.isfinite(result["speedup"]) and result["speedup"] > 0, result["speedup"]
+    _readable(run_cli(argv)[1])
+    rc, _, err = _answer(argv + ["--fail-if-slower", "5"], files + again)
+    assert rc in (0, 1), err

@@ -227,6 +227,9 @@ def repeats_headline(bases: Sequence[PerfSummary], candidates: Sequence[PerfSumm
     if found is None:
         out["reason"] = "no between-run interval: each side needs two runs or more"
         return out
+    if any(ratio(v, 1.0) is None for v in found):  # geometric means 1e450 apart: inf, or 0
+        out["reason"] = "no between-run interval: the runs' speeds are too far apart for a finite ratio"
+        return out
     out["speedup"], lo, hi = found
     out["ci95"] = [lo, hi]
     out["significant"] = (lo > 1.0 or hi < 1.0) and abs(out["speedup"] - 1.0) * 100.0 >= min_effect_pct
