@@ -195,3 +195,17 @@ def test_repeats_whose_speeds_are_1e450_apart_give_no_interval_rather_than_an_er
     _readable(run_cli(argv)[1])
     rc, _, err = _answer(argv + ["--fail-if-slower", "5"], files + again)
     assert rc in (0, 1), err
+
+
+# -- the HTML bar charts: a bar of 1.7e308 was drawn `width="inf"` (420 x 1.7e308 before the division by the top)
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_html_bars_of_1e308_are_drawn_full_width_not_inf(real, tmp_path, command):
+    sections = {f"section_profiler.sections.{name}.share_pct": 1.7e308
+                for name in real["cand"]["section_profiler"]["sections"]}
+    files = _files(tmp_path, real, cand={"iteration_timer.samples_per_s": 1.7e308, **sections})
+    html = tmp_path / "page.html"
+    rc, _, _ = _answer([command, *files, "--html", str(html)], files + [str(html)])
+    assert rc == 0
+    page = html.read_text(encoding="utf-8")
+    assert not re.search(r'="-?(inf|nan)"', page), re.search(r'.{200}="-?(inf|nan)".{50}', page).group(0)
+    _readable(page)

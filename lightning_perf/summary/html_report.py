@@ -63,7 +63,7 @@ def bars_svg(title: str, items: Sequence[Tuple[str, Optional[float], str]], svg_
              f' height="{height}">']
     for i, (label, value, text) in enumerate(items):
         y = 4 + i * row_h
-        width = 0.0 if value is None or not value > 0 else bar_w * value / top
+        width = 0.0 if value is None or not 0 < value < math.inf else bar_w * (value / top)  # 420 x 1e308: inf
         parts.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end">{esc(label[:28])}</text>'
                      f'<rect x="{label_w}" y="{y + 3}" width="{width:.1f}" height="{row_h - 6}" fill="#4c78a8"/>'
                      f'<text x="{label_w + width + 6:.1f}" y="{y + 15}">{esc(text)}</text>')
