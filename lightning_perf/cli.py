@@ -538,6 +538,7 @@ def _flush_stdout() -> None:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from lightning_perf.summary.compare import (FORMATTERS, compare_summaries, default_names, distinct_runs,
                                                 labelled_runs)
+    from lightning_perf.summary.fields import fixed
     from lightning_perf.summary.io import read_summary
 
     base, candidate = read_summary(args.base), read_summary(args.candidate)
@@ -578,7 +579,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         _say(f"lightning-perf: --fail-if-slower cannot decide: {'; '.join(undecided)}", sys.stderr)
         return EXIT_SLOWER
     if slower > args.fail_if_slower:
-        _say(f"lightning-perf: candidate is {slower:.1f}% slower than base ({result['speedup_basis']};"
+        _say(f"lightning-perf: candidate is {fixed(slower, '.1f')}% slower than base ({result['speedup_basis']};"
              f" limit {args.fail_if_slower:g}%)", sys.stderr)
         return EXIT_SLOWER
     return EXIT_OK

@@ -4,6 +4,8 @@ Whatever a file holds, `compare`, `report` (with and without --plot) and the `--
 exit 0, 1 or 2; an exit 2 is exactly one line on stderr naming the file; nothing prints a traceback, and no
 speedup is ever `nan` or `inf`. Most examples run `lightning_perf.cli.main` in-process (a subprocess per example
 would take minutes); `test_cli_subprocess_on_mutants` runs a few through the installed entry point.
+The draws are the same every run; ``FUZZ_RANDOM=1`` draws fresh ones to hunt (``FUZZ_EXAMPLES``, ``FUZZ_PLOT_EXAMPLES``
+set how many).
 """
 
 import contextlib

@@ -13,6 +13,7 @@ from lightning_perf.summary.fields import (
     SummaryLike,
     blocks,
     finite,
+    fixed,
     fmt_duration,
     fmt_num,
     fmt_pct,
@@ -226,6 +227,9 @@ def repeats_headline(bases: Sequence[PerfSummary], candidates: Sequence[PerfSumm
     if found is None:
         out["reason"] = "no between-run interval: each side needs two runs or more"
         return out
+    if any(ratio(v, 1.0) is None for v in found):  # geometric means 1e450 apart: inf, or 0
+        out["reason"] = "no between-run interval: the runs' speeds are too far apart for a finite ratio"
+        return out
     out["speedup"], lo, hi = found
     out["ci95"] = [lo, hi]
     out["significant"] = (lo > 1.0 or hi < 1.0) and abs(out["speedup"] - 1.0) * 100.0 >= min_effect_pct
@@ -341,9 +345,9 @@ def compare_summaries(
                                  for i, run in enumerate(candidate_runs)])
     if head["basis"] == "samples/s":
         notes.append(
-            f"the runs process different samples per iteration ({b['samples_per_iter']:.1f} vs"
-            f" {c['samples_per_iter']:.1f}): the speedup is the samples/s ratio; it/s and time to N iterations"
-            " are not like for like"
+            f"the runs process different samples per iteration ({fixed(b['samples_per_iter'], '.1f')} vs"
+            f" {fixed(c['samples_per_iter'], '.1f')}): the speedup is the samples/s ratio; it/s and time to N"
+            " iterations are not like for like"
         )
     # one side's samples unknown: it/s is the only basis, and a change of batch size would not show in it
     samples_unknown = [name for name, run, other in ((base_name, b, c), (candidate_name, c, b))
@@ -367,7 +371,9 @@ def compare_summaries(
     times = {key: project_time(timer_dict(run), iterations) for key, run in (("base", base), ("candidate", candidate))}
     # like for like: where batch sizes differ, the base's time for the samples of the candidate's N iterations
     like = _samples_scale(b, c) if head["basis"] == "samples/s" else 1.0
-    base_like = project_time(timer_dict(base), max(0, round(iterations * like))) if like != 1.0 else times["base"]
+    like_n = finite(iterations * like)  # batch sizes 1e305 apart give no finite count: no like-for-like time
+    base_like = (times["base"] if like == 1.0 else {"train_s": None, "with_eval_s": None} if like_n is None
+                 else project_time(timer_dict(base), max(0, round(like_n))))
 
     def saved(field: str) -> Dict[str, Optional[float]]:
         t_b, t_c = finite(times["base"][field]), finite(times["candidate"][field])
@@ -535,8 +541,8 @@ def _moved_text(sections: Dict[str, Any], comparison: Optional[Comparison] = Non
         return (f"{NOT_DECIDED}: the speed verdict decides no direction (past their noise within these runs:"
                 f" {', '.join(past)})")
     whole = sections["iteration_delta_ms"]
-    return (f"{row['name']}, {row['delta_ms']:+.2f} ms/iter ({fmt_pct(row['delta_pct'])})"
-            + (f"; the whole iteration {whole:+.2f} ms" if whole is not None else ""))
+    return (f"{row['name']}, {fixed(row['delta_ms'], '+.2f')} ms/iter ({fmt_pct(row['delta_pct'])})"
+            + (f"; the whole iteration {fixed(whole, '+.2f')} ms" if whole is not None else ""))
 
 
 def _section_change(r: Dict[str, Any], decided: bool = True) -> str:
@@ -545,8 +551,8 @@ def _section_change(r: Dict[str, Any], decided: bool = True) -> str:
     if r["delta_ms"] is None:
         return "n/a"
     if not r.get("beyond_noise", True):
-        return f"within noise (\u00b1{r['noise_ms']:.2f} ms)"
-    return f"{r['delta_ms']:+.2f} ms ({fmt_pct(r['delta_pct'])}{'' if decided else f', {NOT_DECIDED}'})"
+        return f"within noise (\u00b1{fixed(r['noise_ms'], '.2f')} ms)"
+    return f"{fixed(r['delta_ms'], '+.2f')} ms ({fmt_pct(r['delta_pct'])}{'' if decided else f', {NOT_DECIDED}'})"
 
 
 def _sections_text(result: Dict[str, Any]) -> List[str]:
@@ -558,7 +564,7 @@ def _sections_text(result: Dict[str, Any]) -> List[str]:
     w = max(len("section"), *(len(n) for n in names)) + 2
 
     def cell(ms: Optional[float], share: Optional[float]) -> str:
-        return "n/a" if ms is None else f"{ms:.2f} ({fmt_num(share, 1, '%')})"
+        return "n/a" if ms is None else f"{fixed(ms, '.2f')} ({fmt_num(share, 1, '%')})"
 
     b, c = result["base"]["name"], result["candidate"]["name"]
     col = max(18, len(b) + 2, len(c) + 2)
@@ -594,7 +600,7 @@ def _sections_markdown(result: Dict[str, Any]) -> List[str]:
     rows = [[r["name"], fmt_num(r["base_ms_per_iter"]), fmt_num(r["base_share_pct"], 1, "%"),
              fmt_num(r["candidate_ms_per_iter"]), fmt_num(r["candidate_share_pct"], 1, "%"),
              *(["n/a", "n/a"] if r["delta_ms"] is None else
-               [f"{r['delta_ms']:+.2f}", fmt_pct(r["delta_pct"]) + ("" if decided else f" ({NOT_DECIDED})")]
+               [f"{fixed(r['delta_ms'], '+.2f')}", fmt_pct(r["delta_pct"]) + ("" if decided else f" ({NOT_DECIDED})")]
                if r.get("beyond_noise", True) else [_section_change(r), ""])]
             for r in sections["rows"]]
     moved = _moved_text(sections, Comparison.of(result))
@@ -674,7 +680,8 @@ def _warmup_lines(result: Dict[str, Any], width: int) -> List[str]:
     costs = be["warmup_cost_s"]
     names = (result["base"]["name"], result["candidate"]["name"])
     cost_text = ("n/a" if None in costs.values() else
-                 f"{names[0]} {costs['base']:.2f} s, {names[1]} {costs['candidate']:.2f} s (fit start to the first"
+                 f"{names[0]} {fixed(costs['base'], '.2f')} s, {names[1]} {fixed(costs['candidate'], '.2f')} s"
+                 " (fit start to the first"
                  " measured iteration, beyond the steady pace)")
     return [f"  {'Warm-up:':<{width}}{cost_text}", f"  {'Break-even:':<{width}}{decided.break_even_text(be)}"]
 
@@ -686,14 +693,14 @@ def tail_text(run: PerfSummary) -> Optional[str]:
         return None
     causes = ", ".join(f"{name} {cause.iterations}" for name, cause in (tail.by_cause or {}).items()
                        if cause is not None and cause.iterations)
-    return (f"{tail.share_pct:.1f}% of training time in {counted(tail.iterations, 'iteration')} over"
-            f" {tail.factor:g}x the median ({tail.median_ms:.2f} ms)" + (f": {causes}" if causes else ""))
+    return (f"{fixed(tail.share_pct, '.1f')}% of training time in {counted(tail.iterations, 'iteration')} over"
+            f" {tail.factor:g}x the median ({fixed(tail.median_ms, '.2f')} ms)" + (f": {causes}" if causes else ""))
 
 
 def _compute_text(run: Dict[str, Any]) -> str:
     if run["tflops_per_s"] is None:
         return "n/a"
-    mfu = "n/a" if run["mfu_pct"] is None else f"{run['mfu_pct']:.1f}%"
+    mfu = "n/a" if run["mfu_pct"] is None else f"{fixed(run['mfu_pct'], '.1f')}%"
     return f"{fmt_num(run['tflops_per_s'], 3)} TFLOP/s, MFU {mfu}"
 
 
@@ -716,16 +723,17 @@ def ratio_words(speedup: float, digits: int = 2) -> str:
     """A speed ratio as words: ``1.58x faster``, ``7.20x slower`` (never ``0.14x``), ``the same speed``."""
     if round(speedup, digits) == 1.0 and round(1.0 / speedup, digits) == 1.0:
         return "the same speed" if speedup == 1.0 else f"1.{'0' * digits}x {'faster' if speedup > 1 else 'slower'}"
-    return f"{speedup:.{digits}f}x faster" if speedup > 1.0 else f"{1.0 / speedup:.{digits}f}x slower"
+    return (f"{fixed(speedup, f'.{digits}f')}x faster" if speedup > 1.0
+            else f"{fixed(1.0 / speedup, f'.{digits}f')}x slower")
 
 
 def _ci_words(lo: float, hi: float) -> str:
     """The interval in the headline's words: ``1.551x to 1.612x faster``, ``6.90x to 7.50x slower``, or each bound
     with its own word where it holds 1 (``1.03x slower to 1.01x faster``)."""
     if lo >= 1.0:
-        return f"{lo:.3f}x to {hi:.3f}x faster"
+        return f"{fixed(lo, '.3f')}x to {fixed(hi, '.3f')}x faster"
     if hi <= 1.0:
-        return f"{1.0 / hi:.3f}x to {1.0 / lo:.3f}x slower"
+        return f"{fixed(1.0 / hi, '.3f')}x to {fixed(1.0 / lo, '.3f')}x slower"
     return f"{ratio_words(lo, 3)} to {ratio_words(hi, 3)}"
 
 
@@ -742,12 +750,12 @@ def _speedup_text(result: Dict[str, Any]) -> str:
         return "n/a"
     decided = Comparison.of(result).direction is not None
     ratio_text = (ratio_words(result["speedup"]) if decided else
-                  f"candidate/base speed {result['speedup']:.3f}")
+                  f"candidate/base speed {fixed(result['speedup'], '.3f')}")
     text = f"{ratio_text} ({fmt_pct(result['change_pct'])} {result['speedup_basis']})"
     if not result["speedup_ci95"]:
         return text + ("" if decided else f", {NOT_DECIDED}: no interval")
     lo, hi = result["speedup_ci95"]
-    ci_words = _ci_words(lo, hi) if decided else f"{lo:.3f} to {hi:.3f}"
+    ci_words = _ci_words(lo, hi) if decided else f"{fixed(lo, '.3f')} to {fixed(hi, '.3f')}"
     excludes_one = lo > 1.0 or hi < 1.0
     small = f"within noise: below the {result['min_effect_pct']:g}% a second run of the same setup can move"
     if result.get("speedup_interval") == "between runs":
@@ -796,13 +804,13 @@ def memory_texts(base: Optional[float], candidate: Optional[float]) -> tuple:
         return "n/a", "n/a", "n/a"
     scale, unit, digits = _memory_unit(max(known))
     if finite(base) is None or finite(candidate) is None:
-        return tuple(f"{v / scale:.{digits}f} {unit}" if finite(v) is not None else "n/a"
+        return tuple(f"{fixed(v / scale, f'.{digits}f')} {unit}" if finite(v) is not None else "n/a"
                      for v in (base, candidate)) + ("n/a",)
     for places in range(digits, digits + 4):
         b, c, d = (round(v / scale, places) or 0.0 for v in (base, candidate, candidate - base))  # never "-0"
         if (b == c) == (d == 0):  # a change shown where the change rounds to none, or the reverse: more decimals
             break
-    return f"{b:.{places}f} {unit}", f"{c:.{places}f} {unit}", f"{d:+.{places}f} {unit}"
+    return tuple(f"{fixed(v, f'{sign}.{places}f')} {unit}" for v, sign in ((b, ""), (c, ""), (d, "+")))
 
 
 def memory_change_text(d: Dict[str, Any]) -> str:
@@ -815,7 +823,7 @@ def memory_change_text(d: Dict[str, Any]) -> str:
 
 def _mib(value: float) -> str:
     scale, unit, digits = _memory_unit(abs(value))
-    return f"{value / scale:.{digits}f} {unit}"
+    return f"{fixed(value / scale, f'.{digits}f')} {unit}"
 
 
 def quality_verdict_text(d: Dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from lightning_perf.summary.fields import finite, fmt_duration
+from lightning_perf.summary.fields import finite, fixed, fmt_duration
 
 #: Said after a derived figure whose direction the speed verdict does not decide.
 NOT_DECIDED = "not decided"
@@ -64,12 +64,12 @@ class Comparison:
             return "n/a"
         where = f"{self.unit} in the median iteration"
         if self.direction is None:
-            return (f"{NOT_DECIDED}: candidate/base speed {typical:.2f} {where} (stalls and slow steps left out; the"
-                    " verdict decides no direction)")
+            return (f"{NOT_DECIDED}: candidate/base speed {fixed(typical, '.2f')} {where} (stalls and slow steps left"
+                    " out; the verdict decides no direction)")
         if (typical > 1.0) != (self.direction == "faster") or round(typical, 2) == 1.0:
-            return (f"candidate/base speed {typical:.2f} {where}: the median iteration does not follow the verdict"
-                    " (the change is in the slow iterations)")
-        words = f"{typical:.2f}x faster" if typical > 1.0 else f"{1.0 / typical:.2f}x slower"
+            return (f"candidate/base speed {fixed(typical, '.2f')} {where}: the median iteration does not follow the"
+                    " verdict (the change is in the slow iterations)")
+        words = f"{fixed(typical, '.2f')}x faster" if typical > 1.0 else f"{fixed(1.0 / typical, '.2f')}x slower"
         return f"{words} {where} (stalls and slow steps left out)"
 
     def saved_at(self, result: Dict[str, Any], speedup: float) -> Optional[float]:
@@ -96,10 +96,10 @@ class Comparison:
         known = finite(pct) is not None
         if saved < 0:
             text = (f"{result['candidate']['name']} takes {duration(-saved)} longer"
-                    + (f" (+{-pct:.1f}%)" if known else ""))
+                    + (f" (+{fixed(-pct, '.1f')}%)" if known else ""))
             label = "Time lost"
         else:
-            text, label = duration(saved) + (f" ({pct:.1f}%)" if known else ""), "Time saved"
+            text, label = duration(saved) + (f" ({fixed(pct, '.1f')}%)" if known else ""), "Time saved"
         if (saved >= 0) != (self.direction == "faster"):
             text += " (the warm-up difference outweighs the per-iteration change over these iterations)"
         return label, text
@@ -156,12 +156,13 @@ def break_even_text(result: Dict[str, Any], duration=fmt_duration) -> str:
     if verdict is None:
         return f"n/a: {result['reason']}"
     if verdict == "pays_back":
-        return f"pays back its {extra:.2f} s of extra warm-up after {n:,} iterations ({duration(result['seconds'])})"
+        return (f"pays back its {fixed(extra, '.2f')} s of extra warm-up after {n:,} iterations"
+                f" ({duration(result['seconds'])})")
     if verdict == "never":
         if extra < 0.005:
             return "never ahead: no less warm-up and slower per iteration"
-        return f"never pays back: {extra:.2f} s more warm-up and not faster per iteration"
-    less = f"{-extra:.2f} s less warm-up" if -extra >= 0.005 else "no more warm-up"
+        return f"never pays back: {fixed(extra, '.2f')} s more warm-up and not faster per iteration"
+    less = f"{fixed(-extra, '.2f')} s less warm-up" if -extra >= 0.005 else "no more warm-up"
     if verdict == "ahead_until":
         return (f"no warm-up cost to pay back ({less}), but slower per iteration: ahead for the first {n:,}"
                 f" iterations ({duration(result['seconds'])}) only")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from lightning_perf.summary.fields import fixed
+
 #: A phase is contended when, on average over it, the training thread waited for a CPU at least this share of the
 #: wall time: on an idle 2-core machine a training loop read 0.04%; with one spinning process more than the cores,
 #: 51 to 53% (docs/diagnosis.md).
@@ -40,13 +42,14 @@ def contention(summary: Any, phase: str = "train") -> Dict[str, Any]:
     causes: List[str] = []
     if wait is not None and wait >= CPU_WAIT_PCT:
         cores, busy, total = figures["process_cpu_cores"], figures["host_cpu_pct"], figures["host_logical_cores"]
-        share = (f" (the process got {cores:.2f} of {total} cores while the machine ran at {busy:.0f}%)"
+        share = (f" (the process got {fixed(cores, '.2f')} of {total} cores while the machine ran at"
+                 f" {fixed(busy, '.0f')}%)"
                  if None not in (cores, busy, total) else "")
-        causes.append(f"the training thread waited for a CPU {wait:.0f}% of the time{share}")
+        causes.append(f"the training thread waited for a CPU {fixed(wait, '.0f')}% of the time{share}")
     if steal is not None and steal >= STEAL_PCT:
-        causes.append(f"the hypervisor gave {steal:.0f}% of the CPU time to other machines (steal)")
+        causes.append(f"the hypervisor gave {fixed(steal, '.0f')}% of the CPU time to other machines (steal)")
     if throttled is not None and throttled >= THROTTLED_PCT:
-        causes.append(f"the GPU slowed its clocks for power or heat in {throttled:.0f}% of samples")
+        causes.append(f"the GPU slowed its clocks for power or heat in {fixed(throttled, '.0f')}% of samples")
     return {"contended": bool(causes), "causes": causes, "figures": figures, "reason": None}
 
 

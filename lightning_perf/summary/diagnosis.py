@@ -11,6 +11,7 @@ from lightning_perf.measure.timing.tail_advice import section_elsewhere
 from lightning_perf.summary.contention import contention, contention_line
 from lightning_perf.summary.evidence import evidence_lines, first_evidence
 from lightning_perf.summary.evidence import read_field as _get
+from lightning_perf.summary.fields import fixed
 from lightning_perf.summary.model import PerfSummary, as_summary
 from lightning_perf.summary.straggler import straggler
 
@@ -150,7 +151,7 @@ def _tail_advice(tail: Any, cause: str) -> str:
     if elsewhere is None:
         return TAIL_ADVICE.get(cause, TAIL_ADVICE["unexplained"])
     return (f"look at `{elsewhere['name']}` first: in the slowest of those iterations it took"
-            f" {elsewhere['mean_ms']:.0f} ms (SectionProfiler), and the {cause.replace('_', ' ')} did not")
+            f" {fixed(elsewhere['mean_ms'], '.0f')} ms (SectionProfiler), and the {cause.replace('_', ' ')} did not")
 
 
 def _largest_tail_cause(tail: Any) -> str:
@@ -160,7 +161,7 @@ def _largest_tail_cause(tail: Any) -> str:
 
 
 def _pct(value: float) -> str:
-    return f"{value:.1f}%"
+    return f"{fixed(value, '.1f')}%"
 
 
 #: The step's speed-up a ceiling for the step's verdicts assumes (a change to the step cannot remove it).
@@ -347,7 +348,7 @@ def ceiling_words(diagnosis: Optional[Mapping[str, Any]], verdict: Optional[str]
     at_most = _number(_get(entry, "at_most"))
     if at_most is None:
         return None
-    return f"{_get(entry, 'assumption')}, at most {at_most:.2f}x faster"
+    return f"{_get(entry, 'assumption')}, at most {fixed(at_most, '.2f')}x faster"
 
 
 def recorded_or_computed(summary: Any) -> Dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional
 
 from lightning_perf.measure.memory.allocator import pressure_line
+from lightning_perf.summary.fields import fixed
 
 
 def read_field(node: Any, key: str) -> Any:
@@ -55,8 +56,10 @@ def trace_lines(section: Any) -> List[str]:
     for capture in captures:
         why = ""
         if read_field(capture, "trigger") == "slow" and read_field(capture, "slow_ms") is not None:
-            why = (f" after step {read_field(capture, 'slow_step')} took {read_field(capture, 'slow_ms'):.0f} ms"
-                   f" ({read_field(capture, 'slow_ms') / max(read_field(capture, 'median_ms') or 1e-9, 1e-9):.1f}x the median)")
+            slow_ms = read_field(capture, "slow_ms")
+            times = slow_ms / max(read_field(capture, "median_ms") or 1e-9, 1e-9)
+            why = (f" after step {read_field(capture, 'slow_step')} took {fixed(slow_ms, '.0f')} ms"
+                   f" ({fixed(times, '.1f')}x the median)")
         out.append(f"see trace {read_field(capture, 'path')} ({_steps(capture)}{why})")
     return out
 
@@ -88,10 +91,10 @@ def snapshot_findings(dump: Any) -> List[str]:
     failed = read_field(dump, "failed_request")
     if failed is not None and read_field(failed, "size_mb") is not None:
         where = read_field(failed, "frame") or "an unknown frame"
-        bits.append(f"it asked for {read_field(failed, 'size_mb'):.1f} MiB at {where}")
+        bits.append(f"it asked for {fixed(read_field(failed, 'size_mb'), '.1f')} MiB at {where}")
     top = (read_field(dump, "top_allocations") or [None])[0]
     if top is not None and read_field(top, "size_mb") is not None:
-        bits.append(f"the largest live allocation, {read_field(top, 'size_mb'):.1f} MiB, from"
+        bits.append(f"the largest live allocation, {fixed(read_field(top, 'size_mb'), '.1f')} MiB, from"
                     f" {read_field(top, 'frame') or 'an unknown frame'}")
     return bits
 

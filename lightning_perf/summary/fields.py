@@ -174,15 +174,27 @@ def quality(summary: SummaryLike) -> Dict[str, Metric]:
     return {name: entry for name, entry in (metrics or {}).items() if entry is not None}
 
 
+#: From this size on a printed figure has an exponent (``1.00e+300``, as
+#: :func:`~lightning_perf.summary.energy.fmt_energy` prints joules): a file may hold 1e300 ms, and its 301 digits
+#: would read as no figure at all.
+HUGE = 1e15
+
+
+def fixed(value: float, spec: str = ".2f") -> str:
+    """``format(value, spec)`` for a fixed-point ``spec`` (``.2f``, ``+.1f``), with an exponent instead (``.2e``)
+    from :data:`HUGE` on."""
+    return format(value, spec[:-1] + "e" if spec.endswith("f") and abs(value) >= HUGE else spec)
+
+
 def fmt_num(value: Optional[float], digits: int = 2, suffix: str = "") -> str:
-    return "n/a" if finite(value) is None else f"{value:.{digits}f}{suffix}"
+    return "n/a" if finite(value) is None else fixed(value, f".{digits}f") + suffix
 
 
 def fmt_mb(value: Optional[float]) -> str:
     """A figure of 2^20 bytes (the summary's ``_mb`` fields): ``816 MiB``, ``1.50 GiB``."""
     if finite(value) is None:
         return "n/a"
-    return f"{value / 1024:.2f} GiB" if value >= 1024 else f"{value:.0f} MiB"
+    return f"{fixed(value / 1024)} GiB" if value >= 1024 else f"{fixed(value, '.0f')} MiB"
 
 
 def fmt_duration(seconds: Optional[float]) -> str:
@@ -191,14 +203,14 @@ def fmt_duration(seconds: Optional[float]) -> str:
     sign = "-" if seconds < 0 else ""
     s = abs(seconds)
     if s >= 3600:
-        return f"{sign}{s / 3600:.2f} hours"
+        return f"{sign}{fixed(s / 3600)} hours"
     if s >= 60:
         return f"{sign}{s / 60:.1f} min"
     return f"{sign}{s:.1f} s"
 
 
 def fmt_pct(value: Optional[float]) -> str:
-    return "n/a" if finite(value) is None else f"{value:+.1f}%"
+    return "n/a" if finite(value) is None else f"{fixed(value, '+.1f')}%"
 
 
 def one_line(text: str) -> str:

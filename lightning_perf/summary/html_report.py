@@ -10,6 +10,7 @@ import math
 import re
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from lightning_perf.measure.stats.streaming import MIN_RELATIVE_ACCURACY
 from lightning_perf.measure.timing.tail_advice import iteration_named
 from lightning_perf.summary.compare import _section_ms, format_text, tail_text
 from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
@@ -62,7 +63,7 @@ def bars_svg(title: str, items: Sequence[Tuple[str, Optional[float], str]], svg_
              f' height="{height}">']
     for i, (label, value, text) in enumerate(items):
         y = 4 + i * row_h
-        width = 0.0 if value is None or not value > 0 else bar_w * value / top
+        width = 0.0 if value is None or not 0 < value < math.inf else bar_w * (value / top)  # 420 x 1e308: inf
         parts.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end">{esc(label[:28])}</text>'
                      f'<rect x="{label_w}" y="{y + 3}" width="{width:.1f}" height="{row_h - 6}" fill="#4c78a8"/>'
                      f'<text x="{label_w + width + 6:.1f}" y="{y + 15}">{esc(text)}</text>')
@@ -74,7 +75,10 @@ def histogram_bars(hist: Optional[Histogram], bins: int = HISTOGRAM_BINS) -> Lis
     fastest to the slowest iteration; the counts add up to the histogram's ``count`` (zero times in the first bin)."""
     if hist is None or not hist.count or not hist.bin_keys or hist.min is None or hist.max is None:
         return []
-    gamma = (1 + (hist.relative_accuracy or 0.005)) / (1 - (hist.relative_accuracy or 0.005))
+    accuracy = hist.relative_accuracy or 0.005
+    if not MIN_RELATIVE_ACCURACY <= accuracy <= 0.1:  # the writer's range: beyond it gamma is <= 0 or 1/0
+        return []
+    log_gamma = math.log((1 + accuracy) / (1 - accuracy))
     low, high = max(hist.min, 1e-9), max(hist.max, hist.min, 1e-9)
     span = math.log(high / low) if high > low else 0.0
     n = bins if span > 0 else 1
@@ -82,7 +86,8 @@ def histogram_bars(hist: Optional[Histogram], bins: int = HISTOGRAM_BINS) -> Lis
     counts = [0] * n
     counts[0] += hist.zero_count or 0
     for key, count in zip(hist.bin_keys, hist.bin_counts or []):
-        value = min(max(gamma ** (key - 0.5), low), high)  # the bucket (gamma^(k-1), gamma^k]'s middle, clamped
+        # the bucket (gamma^(k-1), gamma^k]'s middle, clamped; in logs, as gamma^k of a key of 1e6 overflows
+        value = math.exp(min(max((key - 0.5) * log_gamma, math.log(low)), math.log(high)))
         index = min(n - 1, int(n * math.log(value / low) / span)) if span > 0 else 0
         counts[index] += count
     return [(edges[i], edges[i + 1], counts[i]) for i in range(n)]

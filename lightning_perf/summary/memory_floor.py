@@ -9,6 +9,8 @@ import math
 import statistics
 from typing import Any, Dict, Optional, Sequence
 
+from lightning_perf.summary.fields import fixed
+
 #: Each source's floor: (MiB, % of the larger peak); with one run a side a difference must exceed the larger of the
 #: two, with repeats the larger of the MiB and the spread of the runs.
 #:
@@ -69,5 +71,6 @@ def floor_words(change: Dict[str, Any]) -> str:
         return "no memory figure to compare"
     delta = change["delta_mib"]
     if not change["decided"]:
-        return f"within the memory noise floor ({delta:+.1f} MiB, floor {change['floor_mib']:.0f} MiB: {change['how']})"
-    return f"{abs(delta):.1f} MiB {'more' if delta > 0 else 'less'}"
+        return (f"within the memory noise floor ({fixed(delta, '+.1f')} MiB, floor {fixed(change['floor_mib'], '.0f')}"
+                f" MiB: {change['how']})")
+    return f"{fixed(abs(delta), '.1f')} MiB {'more' if delta > 0 else 'less'}"

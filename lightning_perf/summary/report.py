@@ -13,6 +13,7 @@ from lightning_perf.summary.fields import (
     csv_text,
     eval_peak_mb,
     finite,
+    fixed,
     fmt_num,
     fmt_pct,
     markdown_table,
@@ -237,10 +238,10 @@ def _fmt_logged(value: Optional[float]) -> str:
     if finite(value) is None:
         return "n/a"
     if abs(value) >= 1000:
-        return f"{value:.0f}"
+        return fixed(value, ".0f")
     if 0 < abs(value) < 0.001:
         return f"{value:.3g}"
-    return f"{value:.4f}"
+    return fixed(value, ".4f")
 
 
 def _date(iso: Optional[str]) -> str:
@@ -324,7 +325,7 @@ def _change_cell(row: Dict[str, Any], first: bool) -> str:
         text += " (samples/s)"
     delta = row["samples_per_s_delta"] if samples else row["it_per_s_delta"]
     if delta is not None:
-        text += f", {delta:+.1f} samples/s" if samples else f", {delta:+.2f} it/s"
+        text += f", {fixed(delta, '+.1f')} samples/s" if samples else f", {fixed(delta, '+.2f')} it/s"
     if row.get("change_beyond_noise") is not True:  # a figure, but no change: said so beside it
         text += ", within noise" if row.get("change_ci95") else ", not decided: no interval"
     return text

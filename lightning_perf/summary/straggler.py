@@ -7,6 +7,7 @@ import statistics
 from typing import Any, Dict, List, Optional
 
 from lightning_perf.summary.evidence import read_field as _get
+from lightning_perf.summary.fields import fixed
 
 #: A rank is the straggler when its own time in an iteration (every section but the one the ranks synchronise in)
 #: exceeds the other ranks' median by at least this % of iteration time: the others wait that long for it.
@@ -78,11 +79,12 @@ def straggler_line(found: Dict[str, Any]) -> str:
     iteration); the other 3 ranks wait for it 19.7 ms an iteration (31% of iteration time), at the gradient
     all-reduce in `backward```."""
     rank, section, ratio = found["rank"], found["section"], _number(found.get("ratio"))
-    how = f"{ratio:.1f}x longer" if ratio is not None else f"{found['excess_ms']:.1f} ms longer"
+    how = f"{fixed(ratio, '.1f')}x longer" if ratio is not None else f"{fixed(found['excess_ms'], '.1f')} ms longer"
     what = f"waits {how} for data (`data_loading`)" if section == "data_loading" else f"takes {how} in `{section}`"
     others = found["ranks"] - 1
     wait = _number(found.get("others_wait_ms"))
-    return (f"rank {rank} {what} than the other ranks' median ({found['ms']:.1f} ms against"
-            f" {found['others_median_ms']:.1f} ms an iteration); the other {others} rank{'s' if others > 1 else ''}"
-            f" wait for it {found['lag_ms']:.1f} ms an iteration ({found['lag_pct']:.0f}% of iteration time)"
+    return (f"rank {rank} {what} than the other ranks' median ({fixed(found['ms'], '.1f')} ms against"
+            f" {fixed(found['others_median_ms'], '.1f')} ms an iteration); the other {others}"
+            f" rank{'s' if others > 1 else ''} wait for it {fixed(found['lag_ms'], '.1f')} ms an iteration"
+            f" ({fixed(found['lag_pct'], '.0f')}% of iteration time)"
             + (", at the gradient all-reduce in `backward`" if wait is not None and wait > 0 else ""))

@@ -7,6 +7,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence
 
 from lightning_perf.summary.diagnosis import ceiling_words, recorded_or_computed
+from lightning_perf.summary.fields import fixed
 from lightning_perf.summary.model import PerfSummary, as_summary
 
 __all__ = ["trial_line", "trial_results", "trial_lines", "trial_notes"]
@@ -23,7 +24,8 @@ def trial_line(summary: Any) -> Optional[str]:
         return f"with {trial.change}: not tried: {trial.reason}"
     line = (trial.line or f"with {trial.change}: no result").removeprefix("ABTrial: ")
     if trial.speedup:  # "within noise (0.954x)": the ratio with its direction, beside its interval
-        words = (f"{trial.speedup:.3f}x faster" if trial.speedup >= 1.0 else f"{1.0 / trial.speedup:.3f}x slower")
+        words = (f"{fixed(trial.speedup, '.3f')}x faster" if trial.speedup >= 1.0
+                 else f"{fixed(1.0 / trial.speedup, '.3f')}x slower")
         line = re.sub(r"within noise \([0-9.]+x\) \(([^,]*CI[^,]*),", lambda m: f"within noise ({words}, {m.group(1)},",
                       line, count=1)
     if trial.targets:

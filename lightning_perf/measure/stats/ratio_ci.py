@@ -30,6 +30,14 @@ def student_t_quantile(p: float, df: float) -> float:
     return z + sum(term / df ** (i + 1) for i, term in enumerate(terms))
 
 
+def _exp(x: float) -> float:
+    """``math.exp``, but inf past the float range (figures 1e450 apart) instead of an OverflowError."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def _batches(series: BlockSeries, min_batch: int, max_batches: int) -> List[Tuple[float, int]]:
     """The series cut into at most ``max_batches`` batches of consecutive values, each at least ``min_batch`` long
     where the stored blocks allow (whole stored blocks are grouped, so the last batch may be shorter)."""
@@ -46,8 +54,8 @@ def _log_mean_and_variance(batches: List[Tuple[float, int]]) -> Tuple[float, flo
     n = sum(c for _, c in batches)
     mean = sum(s for s, _ in batches) / n
     b = len(batches)
-    var_mean = sum((s - mean * c) ** 2 for s, c in batches) / (b - 1) * b / (n * n)
-    return math.log(mean), var_mean / (mean * mean)
+    # deviations over the mean: each within n, so no square passes 1e308 and no mean of 1e-300 squares to 0
+    return math.log(mean), sum((s / mean - c) ** 2 for s, c in batches) / (b - 1) * b / (n * n)
 
 
 def batch_means_ratio_ci(
@@ -88,7 +96,7 @@ def batch_means_ratio_ci(
         df = b_a + b_b - 2
     half = student_t_quantile(1.0 - (1.0 - confidence) / 2.0, df) * math.sqrt(total)
     diff = log_a - log_b
-    return math.exp(diff - half), math.exp(diff + half)
+    return _exp(diff - half), _exp(diff + half)
 
 
 def positive_logs(values: Sequence[float]) -> Optional[List[float]]:
@@ -125,7 +133,7 @@ def between_runs_ratio_ci(numerators: Sequence[float], denominators: Sequence[fl
         df = total * total / (var_a * var_a / (n_a - 1) + var_b * var_b / (n_b - 1))
     half = t_quantile_at_least(1.0 - (1.0 - confidence) / 2.0, df) * math.sqrt(total)
     diff = mean_a - mean_b
-    return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
+    return _exp(diff), _exp(diff - half), _exp(diff + half)
 
 
 def t_quantile_at_least(p: float, df: float) -> float:
@@ -178,7 +186,7 @@ def shift_ratio_ci(numerators: Sequence[float], denominators: Sequence[float], c
         sides.append(logs)
     diffs = sorted(x - y for x in sides[0] for y in sides[1])
     total = len(diffs)
-    ratio = math.exp((diffs[(total - 1) // 2] + diffs[total // 2]) / 2.0)
+    ratio = _exp((diffs[(total - 1) // 2] + diffs[total // 2]) / 2.0)
     counts = rank_sum_counts(*sorted((len(sides[0]), len(sides[1]))))
     tail = round((1.0 - confidence) / 2.0 * 1_000_000)  # P(U < k) <= tail / 1e6, in whole numbers
     orders, below, k = sum(counts), 0, 0
@@ -187,4 +195,4 @@ def shift_ratio_ci(numerators: Sequence[float], denominators: Sequence[float], c
         k += 1
     if k == 0:
         return ratio, None, None
-    return ratio, math.exp(diffs[k - 1]), math.exp(diffs[total - k])
+    return ratio, _exp(diffs[k - 1]), _exp(diffs[total - k])
