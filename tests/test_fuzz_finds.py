@@ -209,3 +209,14 @@ def test_html_bars_of_1e308_are_drawn_full_width_not_inf(real, tmp_path, command
     page = html.read_text(encoding="utf-8")
     assert not re.search(r'="-?(inf|nan)"', page), re.search(r'.{200}="-?(inf|nan)".{50}', page).group(0)
     _readable(page)
+
+
+def test_race_ratios_of_runs_1e600_apart_are_inf_not_an_overflow():
+    """race's and matrix's ratios between runs (the geometric means' ratio, the always-valid interval) read figures
+    a program's summary gave: rates 1e600 apart give an infinite ratio, never an OverflowError."""
+    from lightning_perf.bench.noise_floor import ratio_between
+    from lightning_perf.bench.sequential import decide_rounds
+
+    assert ratio_between([1e300], [1e-300])["ratio"] == math.inf
+    found = decide_rounds([1400.0, 1401.0, 1399.0, 1400.5, 1399.5, 1400.0])
+    assert found["ratio"] == math.inf and found["verdict"] == "faster", found

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from lightning_perf.measure.stats.ratio_ci import between_runs_ratio_ci, shift_ratio_ci
+from lightning_perf.measure.stats.ratio_ci import between_runs_ratio_ci, exp_or_inf, shift_ratio_ci
 from lightning_perf.measure.stats.round_blocks import aligned_rank_shift_ci, round_drift_f
 
 #: A change smaller than this (in %) is never decided, whatever the interval (compare's --min-effect default).
@@ -61,7 +61,7 @@ def ratio_between(values: Sequence[Optional[float]], reference: Sequence[Optiona
     out: Dict[str, Any] = {"ratio": None, "low": None, "high": None, "runs": (len(a), len(b))}
     if not a or not b:
         return out
-    out["ratio"] = math.exp(sum(map(math.log, a)) / len(a) - sum(map(math.log, b)) / len(b))
+    out["ratio"] = exp_or_inf(sum(map(math.log, a)) / len(a) - sum(map(math.log, b)) / len(b))
     found = between_runs_ratio_ci(a, b)
     if found is not None:
         out["low"], out["high"] = found[1], found[2]

@@ -20,6 +20,8 @@ import math
 from statistics import NormalDist
 from typing import Any, Dict, List, Optional, Sequence
 
+from lightning_perf.measure.stats.ratio_ci import exp_or_inf
+
 #: Two-sided error of every interval and decision: at most 5% over all rounds together.
 ALPHA = 0.05
 #: The mixture's precision over (change / spread): 1 spends the error where a change of about one spread would be
@@ -113,7 +115,7 @@ def rounds_for(change_pct: float, sd: Optional[float], alpha: float = ALPHA, pow
 
 
 def _pct(log_ratio: float) -> float:
-    return 100.0 * math.expm1(log_ratio)
+    return 100.0 * math.expm1(log_ratio) if log_ratio < 700.0 else math.inf  # (expm1 raises past ~709)
 
 
 def decide_rounds(diffs: Sequence[Optional[float]], floor_diffs: Optional[Sequence[Optional[float]]] = None,
@@ -137,9 +139,9 @@ def decide_rounds(diffs: Sequence[Optional[float]], floor_diffs: Optional[Sequen
     out["smallest_change_pct"] = _pct(found) if found is not None else None
     if n == 0:
         return dict(out, verdict=NO_VERDICT, why="no round with a rate on both sides")
-    out["ratio"] = math.exp(cs["mean"])
+    out["ratio"] = exp_or_inf(cs["mean"])
     if math.isfinite(cs["low"]):
-        out["low"], out["high"] = math.exp(cs["low"]), math.exp(cs["high"])
+        out["low"], out["high"] = exp_or_inf(cs["low"]), exp_or_inf(cs["high"])
     band = 0.0
     if floor_diffs is not None:
         floor = confidence_sequence(floor_diffs, alpha)

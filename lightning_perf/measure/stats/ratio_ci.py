@@ -12,8 +12,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from lightning_perf.measure.stats.streaming import BlockSeries
 
-__all__ = ["batch_means_ratio_ci", "between_runs_ratio_ci", "rank_sum_counts", "shift_ratio_ci", "student_t_quantile",
-           "t_quantile_at_least"]
+__all__ = ["batch_means_ratio_ci", "between_runs_ratio_ci", "exp_or_inf", "rank_sum_counts", "shift_ratio_ci",
+           "student_t_quantile", "t_quantile_at_least"]
 
 
 def student_t_quantile(p: float, df: float) -> float:
@@ -30,7 +30,7 @@ def student_t_quantile(p: float, df: float) -> float:
     return z + sum(term / df ** (i + 1) for i, term in enumerate(terms))
 
 
-def _exp(x: float) -> float:
+def exp_or_inf(x: float) -> float:
     """``math.exp``, but inf past the float range (figures 1e450 apart) instead of an OverflowError."""
     try:
         return math.exp(x)
@@ -96,7 +96,7 @@ def batch_means_ratio_ci(
         df = b_a + b_b - 2
     half = student_t_quantile(1.0 - (1.0 - confidence) / 2.0, df) * math.sqrt(total)
     diff = log_a - log_b
-    return _exp(diff - half), _exp(diff + half)
+    return exp_or_inf(diff - half), exp_or_inf(diff + half)
 
 
 def positive_logs(values: Sequence[float]) -> Optional[List[float]]:
@@ -133,7 +133,7 @@ def between_runs_ratio_ci(numerators: Sequence[float], denominators: Sequence[fl
         df = total * total / (var_a * var_a / (n_a - 1) + var_b * var_b / (n_b - 1))
     half = t_quantile_at_least(1.0 - (1.0 - confidence) / 2.0, df) * math.sqrt(total)
     diff = mean_a - mean_b
-    return _exp(diff), _exp(diff - half), _exp(diff + half)
+    return exp_or_inf(diff), exp_or_inf(diff - half), exp_or_inf(diff + half)
 
 
 def t_quantile_at_least(p: float, df: float) -> float:
@@ -186,7 +186,7 @@ def shift_ratio_ci(numerators: Sequence[float], denominators: Sequence[float], c
         sides.append(logs)
     diffs = sorted(x - y for x in sides[0] for y in sides[1])
     total = len(diffs)
-    ratio = _exp((diffs[(total - 1) // 2] + diffs[total // 2]) / 2.0)
+    ratio = exp_or_inf((diffs[(total - 1) // 2] + diffs[total // 2]) / 2.0)
     counts = rank_sum_counts(*sorted((len(sides[0]), len(sides[1]))))
     tail = round((1.0 - confidence) / 2.0 * 1_000_000)  # P(U < k) <= tail / 1e6, in whole numbers
     orders, below, k = sum(counts), 0, 0
@@ -195,4 +195,4 @@ def shift_ratio_ci(numerators: Sequence[float], denominators: Sequence[float], c
         k += 1
     if k == 0:
         return ratio, None, None
-    return ratio, _exp(diffs[k - 1]), _exp(diffs[total - k])
+    return ratio, exp_or_inf(diffs[k - 1]), exp_or_inf(diffs[total - k])
