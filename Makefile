@@ -17,7 +17,7 @@ env: $(STAMP)
 
 # Two runs (the second with 2 DataLoader workers, gated on the first's quality), compare's full text (also in
 # compare.txt), report's table into report.md, then the answer in ten lines (examples/demo_answer.py). ~30 s on a
-# 2-core machine. DEMO_ARGS go to both runs (the tests: `DEMO_ARGS="--max-steps 20 --val-every 10"`).
+# 2-core machine. DEMO_ARGS go to both runs (the tests: `DEMO_ARGS="--max-steps 40 --val-every 20"`).
 DEMO_ARGS ?=
 LIGHTNING_PERF ?= $(VENV)/bin/lightning-perf
 demo: $(STAMP)

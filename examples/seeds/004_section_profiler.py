@@ -70,7 +70,8 @@ def main(argv: list = None) -> int:
     parser.add_argument("--every", type=int, default=20, help="steps between reports, samplings and checkpoints")
     args = parser.parse_args(argv)
     seed_everything(0)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    if not os.environ.get("OMP_NUM_THREADS"):  # a count set there is the caller's (the tests set 1)
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     trainer = Trainer(
         accelerator="cpu", devices=1, max_steps=args.max_steps, val_check_interval=args.max_steps,
         check_val_every_n_epoch=None, logger=TensorBoardLogger(args.out, name="profile", version=""),
