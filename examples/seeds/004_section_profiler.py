@@ -69,6 +69,8 @@ def main(argv: list = None) -> int:
     parser.add_argument("--max-steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=20, help="steps between reports, samplings and checkpoints")
     args = parser.parse_args(argv)
+    if args.every < 1:
+        parser.error(f"--every {args.every}: expected a positive integer")
     seed_everything(0)
     if not os.environ.get("OMP_NUM_THREADS"):  # a count set there is the caller's (the tests set 1)
         torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
