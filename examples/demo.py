@@ -132,7 +132,8 @@ def main(argv: list = None) -> int:
 
     quiet_upstream_noise()
     seed_everything(args.seed, workers=True)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    if not os.environ.get("OMP_NUM_THREADS"):  # a count set there is the caller's (race and matrix set it, the tests)
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     logger = TensorBoardLogger(save_dir=args.out, name=args.name, version="")
     trainer = Trainer(
         accelerator="cpu",

@@ -1,10 +1,10 @@
 """Seed 001's eval memory spike, before and after: evaluation from a training hook without torch.no_grad().
 
-A callback renders the held-out photo crops every 40 steps and keeps every rendering for its metrics, as the
-seed's metric loop did. Without no_grad, autograd keeps each rendering's whole graph alive. EvalNoGradGuard says
+A callback renders the held-out photo crops every 40 steps (``--every``) and keeps every rendering for its metrics,
+as the seed's metric loop did. Without no_grad, autograd keeps each rendering's whole graph alive. EvalNoGradGuard says
 where and how much; VRAMMonitor shows the peak; the fixed run does the same work under torch.no_grad().
 
-    python examples/eval_no_grad_story.py [--max-steps 120]
+    python examples/eval_no_grad_story.py [--max-steps 120] [--every 40]
 """
 
 from __future__ import annotations
@@ -45,36 +45,42 @@ class HeldOutRender(Callback):
         pl_module.train()
 
 
-def run(out: str, fixed: bool, max_steps: int = 120) -> None:
+def run(out: str, fixed: bool, max_steps: int = 120, every: int = 40) -> None:
     seed_everything(0)
     trainer = Trainer(
         accelerator="cpu", devices=1, max_steps=max_steps, limit_val_batches=0, default_root_dir=out, logger=False,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-        callbacks=[HeldOutRender(no_grad=fixed), EvalNoGradGuard(), VRAMMonitor(nvml_interval_s=0.01)],
+        callbacks=[HeldOutRender(every=every, no_grad=fixed), EvalNoGradGuard(), VRAMMonitor(nvml_interval_s=0.01)],
     )
     trainer.fit(DenoiseNet(), datamodule=DenoiseDataModule(batch_size=8, val_samples=64))
 
 
 def main() -> int:
-    if len(sys.argv) == 4 and sys.argv[1] in ("before", "fixed"):  # one variant, in its own process
-        torch.set_num_threads(2)
-        run(sys.argv[2], sys.argv[1] == "fixed", int(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] in ("before", "fixed"):  # one variant, in its own process
+        if not os.environ.get("OMP_NUM_THREADS"):  # a count set there is the caller's (the tests set 1)
+            torch.set_num_threads(2)
+        run(sys.argv[2], sys.argv[1] == "fixed", int(sys.argv[3]), int(sys.argv[4]))
         return 0
     import argparse
     import subprocess
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, default=120, help="steps of each run (120: three renders)")
+    parser.add_argument("--every", type=int, default=40, help="steps between two renders (40)")
     args = parser.parse_args()
-    if args.max_steps < 40:
-        parser.error(f"--max-steps {args.max_steps}: at least 40, the steps between two renders")
+    if args.every < 1:
+        parser.error(f"--every {args.every}: expected a positive integer")
+    if args.max_steps < args.every:
+        parser.error(f"--max-steps {args.max_steps}: at least {args.every}, the steps between two renders"
+                     " (--every)")
 
     rows = []
     with tempfile.TemporaryDirectory() as root:
         for name, variant in (("before: no torch.no_grad()", "before"), ("after: with torch.no_grad()", "fixed")):
             # a fresh process each, so that one run's freed heap does not count in the other's memory
             out = os.path.join(root, variant)
-            subprocess.run([sys.executable, os.path.abspath(__file__), variant, out, str(args.max_steps)], check=True)
+            subprocess.run([sys.executable, os.path.abspath(__file__), variant, out, str(args.max_steps),
+                            str(args.every)], check=True)
             with open(os.path.join(out, "perf_summary.json")) as fh:
                 summary = json.load(fh)
             guard, vram = summary["eval_no_grad_guard"], summary["vram"]

@@ -12,8 +12,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = os.path.join(ROOT, "examples", "seeds")
 
 
+#: The seed scripts' trainings, shortened (SEED_STEPS; each script's default is longer), and 003's sweeps in 2 rounds
+#: (SEED_ROUNDS; 3 by default): what the tests check needs no more, and the five scripts were most of the suite's time.
+STEPS = {"000": 40, "001": 40, "002": 40}  # 35 measured iterations a run after the warm-up of 5: a CI (32 or more)
+#: One torch thread a fit (the scripts keep OMP_NUM_THREADS where it is set): beside the suite's other worker on 2
+#: cores a fit of two threads waits at every operator for the thread that shares the busy core (bench/threads.py).
+THREADS = {"OMP_NUM_THREADS": "1"}
+
+
 def run_seed(script, out, timeout=900):
-    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out))
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out), SEED_ROUNDS="2", **THREADS)
+    if script[:3] in STEPS:
+        env["SEED_STEPS"] = str(STEPS[script[:3]])
     cmd = ["bash", os.path.join(SEEDS, script)] if script.endswith(".sh") else [
         sys.executable, os.path.join(SEEDS, script), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -63,7 +73,7 @@ def test_seed_001_phases_report(tmp_path):
     assert "(`--change-vs previous`)" in report and "% (" not in rows["baseline"][header.index("Train peak")]
     peak = rows["phase2"][header.index("Train peak")]  # the change from phase1 in MiB and %, or within its floor
     assert peak.endswith("%)") or "within the noise floor" in peak
-    assert rows["phase2"][header.index("Eval in train hooks peak")] != "n/a"  # --sample-every 40, marked
+    assert rows["phase2"][header.index("Eval in train hooks peak")] != "n/a"  # --sample-every, marked
     assert rows["baseline"][header.index("Eval in train hooks peak")] == "n/a"
     assert float(rows["phase2"][header.index("train_psnr")]) > 10
     assert "Sections (SectionProfiler" in comparison and "Moved most:" in comparison
@@ -78,11 +88,13 @@ def test_seed_002_matrix_report(tmp_path):
     # 2-core machine, so 1200 s leaves room for a loaded run and still ends a hung one
     run_seed("002_optimization_matrix.sh", tmp_path, timeout=1200)
     report = (tmp_path / "report.md").read_text()
-    for expected in ("**System:**", "**Versions:** torch", "max_steps 80", "| baseline |", "| workers |", "| amp |",
-                     "| amp+workers |", "Total time (train + eval)", "**Findings:**", "Least memory:", "**Best:**",
+    steps = STEPS["002"]
+    for expected in ("**System:**", "**Versions:** torch", f"max_steps {steps}", "| baseline |", "| workers |",
+                     "| amp |", "| amp+workers |", "Total time (train + eval)", "**Findings:**", "Least memory:",
+                     "**Best:**",
                      "CPU cores", "GB RAM", "**Model:** denoise.DenoiseNet; num_workers 0 (workers: 2, amp+workers: 2)",
                      "| End-to-end speedup |", "| Warm-up (", "| Steady speedup (95% CI) |", "| Break-even |",
-                     "by end to end: the whole fit at 80 iterations"):
+                     f"by end to end: the whole fit at {steps} iterations"):
         assert expected in report, expected
     with open(tmp_path / "report.csv", newline="") as fh:
         rows = {r["variant"]: r for r in csv.DictReader(fh)}
@@ -116,12 +128,14 @@ def test_seed_003_sweep_analysis_and_compare(tmp_path):
 
 @pytest.mark.slow
 def test_seed_004_prints_periodic_and_final_tables(tmp_path):
-    env = dict(os.environ)
-    proc = subprocess.run([sys.executable, os.path.join(SEEDS, "004_section_profiler.py"), "--out", str(tmp_path)],
+    env = dict(os.environ, **THREADS)
+    # shortened: 30 steps, a report, a sampling and a checkpoint every 10 (the script's 60 and 20: the same counts)
+    proc = subprocess.run([sys.executable, os.path.join(SEEDS, "004_section_profiler.py"), "--out", str(tmp_path),
+                           "--max-steps", "30", "--every", "10"],
                           capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
-    assert log.count("=== SectionProfiler report") == 3  # every 20 of 60 steps
+    assert log.count("=== SectionProfiler report") == 3  # every 10 of 30 steps
     final = log[log.index("=== SectionProfiler: "):]
     for section in ("data_loading", "forward", "backward", "optimizer_step", "checkpointing", "ema_update",
                     "sampling", "metrics_computation"):

@@ -12,7 +12,8 @@ rm -rf "$OUT"
 # own callbacks), each run's summary in $OUT/<name>/repeat_<k>/. The baseline's second copy in the same rounds is the
 # A/A noise floor: a speedup is decided only beyond it, from the spread between the rounds. The optimised version: two
 # DataLoader workers feeding the same training.
-DEMO_CMD="$(printf '%q ' "${DEMO[@]}") --out $(printf '%q' "$OUT/demo") --max-steps 60 --val-every 30"
+STEPS="${SEED_STEPS:-60}"
+DEMO_CMD="$(printf '%q ' "${DEMO[@]}") --out $(printf '%q' "$OUT/demo") --max-steps $STEPS --val-every $((STEPS / 2))"
 "${LP[@]}" race --out "$OUT" --repeats 2 \
   --cmd "baseline=$DEMO_CMD --name baseline" \
   --cmd "optimized=$DEMO_CMD --name optimized --workers 2"

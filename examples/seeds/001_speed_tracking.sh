@@ -7,16 +7,18 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 OUT="${OUT:-$ROOT/runs/seeds/001}"
 rm -rf "$OUT"
-"${DEMO[@]}" --out "$OUT" --name baseline --max-steps 80 --val-every 40 --notes "Reference implementation"
-"${DEMO[@]}" --out "$OUT" --name phase1 --max-steps 80 --val-every 40 --batch-size 4 \
+STEPS="${SEED_STEPS:-80}"
+EVERY=$((STEPS / 2))
+"${DEMO[@]}" --out "$OUT" --name baseline --max-steps "$STEPS" --val-every "$EVERY" --notes "Reference implementation"
+"${DEMO[@]}" --out "$OUT" --name phase1 --max-steps "$STEPS" --val-every "$EVERY" --batch-size 4 \
   --baseline "$OUT/baseline/perf_summary.json" --notes "Smaller batches"
 # as the seed's train.py did: evaluation run from a training hook (every 40 steps), marked so that VRAMMonitor gives
 # it its own peak (`eval_in_train_hooks`) instead of folding it into the train peak. It samples in eval mode: left in
 # training mode (`--sample-in-train-mode`), BatchNorm folds the held-out patches into its running statistics and the
 # gated PSNR and SSIM rise (+1.9% and +4.7% once) for a reason no note names; EvalNoGradGuard finds that. In eval mode
 # the quality is the baseline's: the workers and the sampling change speed only.
-"${DEMO[@]}" --out "$OUT" --name phase2 --max-steps 80 --val-every 40 --workers 2 --sample-every 40 \
-  --baseline "$OUT/baseline/perf_summary.json" --notes "Two DataLoader workers, held-out sampling every 40 steps"
+"${DEMO[@]}" --out "$OUT" --name phase2 --max-steps "$STEPS" --val-every "$EVERY" --workers 2 --sample-every "$EVERY" \
+  --baseline "$OUT/baseline/perf_summary.json" --notes "Two DataLoader workers, held-out sampling every $EVERY steps"
 # the comparison table of the notes, with dates, notes, loss, memory and the gate's verdict; each phase against the
 # one before ("+0.24 it/s from Phase 1"), absolute changes beside the percentages, and the train-set PSNR the model
 # logged (any logged scalar: the seed's Gaussian count and opacity would be --column gaussians --column opacity)

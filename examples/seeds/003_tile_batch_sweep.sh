@@ -10,15 +10,16 @@ source "$(dirname "$0")/_common.sh"
 OUT="${OUT:-$ROOT/runs/seeds/003}"
 rm -rf "$OUT"
 mkdir -p "$OUT"
+ROUNDS="${SEED_ROUNDS:-3}"
 cd "$ROOT/examples"
 # "python scripts/benchmark_stage2.py --tile_sizes 256 384 --batch_sizes 1 2 --mode train"
 "${LP[@]}" bench --model denoise:make_net --input-sizes 32 48 --batch-sizes 1 2 4 --mode train --device cpu \
-  --warmup 2 --iters 5 --rounds 3 --no-progress --csv "$OUT/bench.csv" --plot "$OUT/bench.png"
+  --warmup 2 --iters 5 --rounds "$ROUNDS" --no-progress --csv "$OUT/bench.csv" --plot "$OUT/bench.png"
 # "python scripts/visualize_benchmarks.py --input logs/stage2_bench.csv --output reports/stage2_bench.png"
 "${LP[@]}" bench --from-csv "$OUT/bench.csv" --plot "$OUT/from_csv.png"
 # after a change: sweep again and compare configuration by configuration
 "${LP[@]}" bench --model denoise:make_net --input-sizes 32 48 --batch-sizes 1 2 4 --mode train --device cpu \
-  --warmup 2 --iters 5 --rounds 3 --no-progress --csv "$OUT/bench_new.csv"
+  --warmup 2 --iters 5 --rounds "$ROUNDS" --no-progress --csv "$OUT/bench_new.csv"
 # each change with the noise it must beat (the 95% interval between the two sweeps' rounds); inside it: "within noise"
 "${LP[@]}" bench-compare "$OUT/bench.csv" "$OUT/bench_new.csv"
 # both sweeps in one CSV, as the default appended runs/bench.csv collects them: each row carries its sweep_id, so

@@ -2,14 +2,14 @@
 
 Data loading, forward, backward and optimizer step are found by SectionProfiler itself; an EMA update, periodic
 sampling and the metrics computation (gradient and parameter norms) are named with `profile_section`; checkpoints
-are saved every 20 steps. A report table every 20 steps (count, total, mean, min, max, share since the last one),
-the final table, and insights. The sampling and the checkpoint of step 20 are in the report at step 20, those of
-the last step are counted too, and the final sampling in ``on_train_end`` is the line "after the last iteration";
-the script ends with the model's own count of sampling calls and the checkpoint files on disk beside the counts in
-the summary. The hand-made profiler needed RECTIFIED_FLOW_PROFILE=1 and code in the loop;
+are saved every 20 steps (``--every``). A report table every 20 steps (count, total, mean, min, max, share since
+the last one), the final table, and insights. The sampling and the checkpoint of step 20 are in the report at step
+20, those of the last step are counted too, and the final sampling in ``on_train_end`` is the line "after the last
+iteration"; the script ends with the model's own count of sampling calls and the checkpoint files on disk beside
+the counts in the summary. The hand-made profiler needed RECTIFIED_FLOW_PROFILE=1 and code in the loop;
 LIGHTNING_PERF_PROFILE=0|1 switches this one too.
 
-    python examples/seeds/004_section_profiler.py [--out runs/seeds/004] [--max-steps 60]
+    python examples/seeds/004_section_profiler.py [--out runs/seeds/004] [--max-steps 60] [--every 20]
 """
 
 from __future__ import annotations
@@ -67,17 +67,22 @@ def main(argv: list = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/seeds/004")
     parser.add_argument("--max-steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=20, help="steps between reports, samplings and checkpoints")
     args = parser.parse_args(argv)
+    if args.every < 1:
+        parser.error(f"--every {args.every}: expected a positive integer")
     seed_everything(0)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    if not os.environ.get("OMP_NUM_THREADS"):  # a count set there is the caller's (the tests set 1)
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     trainer = Trainer(
         accelerator="cpu", devices=1, max_steps=args.max_steps, val_check_interval=args.max_steps,
         check_val_every_n_epoch=None, logger=TensorBoardLogger(args.out, name="profile", version=""),
-        callbacks=[IterationTimer(warmup_steps=5), SectionProfiler(report_every_n_steps=20, warmup_steps=5),
-                   ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"), every_n_train_steps=20, save_top_k=-1)],
+        callbacks=[IterationTimer(warmup_steps=5), SectionProfiler(report_every_n_steps=args.every, warmup_steps=5),
+                   ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"), every_n_train_steps=args.every,
+                                   save_top_k=-1)],
         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=10,
     )
-    model = DenoiseWithEma()
+    model = DenoiseWithEma(sample_every=args.every)
     trainer.fit(model, datamodule=DenoiseDataModule(batch_size=8, patch_size=48))
     with open(os.path.join(trainer.log_dir, "perf_summary.json")) as fh:
         sp = json.load(fh)["section_profiler"]
