@@ -1,8 +1,9 @@
 """What a hunt beside the readers' fuzzers found (each number of a real summary set to an extreme, one field and one
 section at a time, through compare, report and the gate; the fuzzers' fresh draws, tests/test_cli_fuzz.py with
 FUZZ_RANDOM=1 and tests/test_cli_fuzz_commands.py with other FUZZ_SEEDs, found none), each a small deterministic
-case: real summaries with a few figures made absurd but finite (a file may hold them), through the real CLI. Each is read, or refused with one line naming the file and field;
-never an internal error, and never a figure of hundreds of digits."""
+case: real summaries with a few figures made absurd but finite (a file may hold them), through the real CLI. Each is
+read, or refused with one line naming the file and field; never an internal error, and never a figure of hundreds of
+digits."""
 
 import copy
 import json
