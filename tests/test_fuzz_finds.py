@@ -23,14 +23,18 @@ def real(tmp_path_factory):
 
 
 def _edit(summary, edits):
-    """A copy of ``summary`` with ``{"a.b.c": value}`` set."""
+    """A copy of ``summary`` with ``{"a.b.c": value}`` set; an edit under a block the run left null (a sampler that
+    took no sample, no slow tail: a short fit's summary differs from machine to machine) is skipped."""
     out = copy.deepcopy(summary)
     for dotted, value in edits.items():
         node = out
         *parents, last = dotted.split(".")
         for key in parents:
-            node = node[int(key)] if isinstance(node, list) else node[key]
-        node[int(last) if isinstance(node, list) else last] = value
+            node = node[int(key)] if isinstance(node, list) else node.get(key)
+            if node is None:
+                break
+        else:
+            node[int(last) if isinstance(node, list) else last] = value
     return out
 
 
@@ -100,7 +104,8 @@ def _huge_timer(cand):
                                                           "startup_time_s", "eval_time_s")})
     edits.update({"iteration_timer.tail.share_pct": 1e300, "iteration_timer.tail.median_ms": 1e300,
                   "iteration_timer.histogram_ms.max": 1e300})
-    edits.update({f"iteration_timer.tail.slowest.{i}.ms": 1e300 for i in range(len(timer["tail"]["slowest"]))})
+    edits.update({f"iteration_timer.tail.slowest.{i}.ms": 1e300
+                  for i in range(len((timer.get("tail") or {}).get("slowest") or ()))})
     return edits
 
 
@@ -114,7 +119,7 @@ def _huge_others(cand):
     edits.update({f"quality_gate.metrics.{name}.value": 1e300 for name in cand["quality_gate"]["metrics"]})
     edits.update({f"logged.values.{name}": 1e300 for name in cand["logged"]["values"]})
     edits.update({"diagnosis.value": 1e300, "vram.activity.phases.train.process_cpu_cores.mean": 1e300})
-    edits.update({f"diagnosis.ceilings.{name}.at_most": 1e300 for name in cand["diagnosis"]["ceilings"]})
+    edits.update({f"diagnosis.ceilings.{name}.at_most": 1e300 for name in cand["diagnosis"].get("ceilings") or ()})
     return edits
 
 
