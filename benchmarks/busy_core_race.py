@@ -1,20 +1,26 @@
 """The real check of issue 61 (docs/bench.md, "Rounds until decided"): with one core kept busy by a spin loop,
-``lightning-perf race`` at its defaults (``--repeats auto``, a 10-minute budget, the A/A copy, ``--threads auto``) of a
-training command against itself plus a known cost worth ~10% of its step is decided "slower" in at least 4 of 5
+``lightning-perf race`` at its defaults (``--repeats auto``, a 10-minute budget, the A/A copy, ``--threads auto``) of
+a training command against itself plus a known cost worth ~10% of its step is decided "slower" in at least 4 of 5
 tries, and the same command against itself is never decided different.
 
     PYTHONPATH=$PWD python benchmarks/busy_core_race.py [--tries 5] [--busy 1] [--budget 10m] [--max-rounds N]
                                                         [--steps 150] [--reps 40] [--extra-pct 10]
-                                                        [--out runs/busy_core_race]
+                                                        [--no-calibrate] [--out runs/busy_core_race]
 
 Starts ``--busy`` spin processes (``python -c "while True: pass"``) for the whole check and stops them at the end.
-Each try runs two races, one after the other, each up to ``--budget``: ``base`` against ``slow`` (the step's matmul
-chain ``--extra-pct`` longer: ``--reps`` products a step against ``reps x (1 + extra-pct / 100)``, a cost of CPU work
-that a busy core stretches as it stretches the rest of the step), and ``a`` against ``b`` (one command; ``b`` has an
-argument the script ignores, so the race keeps it as a command of its own and runs the A/A copy beside both). The
-training (``TRAIN`` below) is a Lightning fit of a small MLP on CPU whose ``training_step`` also runs the chain.
-Prints one line per race (verdict, ratio and interval, rounds, why they stopped, seconds) and the tally; exit 0 when
-the tally meets the check, 1 when it does not. At the defaults it takes up to 2 x 5 x 10 minutes. Each race's
+Each try runs two races, one after the other, each up to ``--budget``: ``base`` against ``slow`` (the step
+``--extra-pct`` longer, by more products in its matmul chain: a cost of CPU work that a busy core stretches as it
+stretches the rest of the step), and ``a`` against ``b`` (one command; ``b`` has an argument the script ignores, so
+the race keeps it as a command of its own and runs the A/A copy beside both). The training (``TRAIN`` below) is a
+Lightning fit of a small MLP on CPU whose ``training_step`` also runs the chain. How many products make
+``--extra-pct`` of the step is calibrated first, before the spin loops start (a busy core bends the step's median: 47
+products against 40 read 3.3% slower at the median beside a spin loop, 7.5% on the quiet machine): one run of
+``base`` and one of its chain half as long again, through ``lightning-perf run``, give the median iteration of each
+(``ms_per_iter.p50``) and so the cost of a product; ``slow`` gets ``extra-pct`` of the base's median in products.
+Without it (``--no-calibrate``) ``slow`` has ``reps x (1 + extra-pct / 100)`` products, ``extra-pct`` of the chain
+only: 44 products against 40 made the step 3.7% slower on the quiet machine, not 10. ``--tries 0`` calibrates and
+stops. Prints one line per race (verdict, ratio and interval, rounds, why they stopped, seconds) and the tally; exit
+0 when the tally meets the check, 1 when it does not. At the defaults it takes up to 2 x 5 x 10 minutes. Each race's
 ``race.json`` and runs stay under ``--out``.
 """
 
@@ -100,6 +106,37 @@ def verdict_line(label: str, result: dict, name: str) -> str:
             f" rounds, stopped: {rounds.get('stop')}, {result['_seconds']:.0f} s")
 
 
+def median_ms(out: str, name: str, script: str, steps: int, reps: int) -> float:
+    """The median iteration (ms) of one run of the training with ``reps`` products a step (lightning-perf run)."""
+    subprocess.run([sys.executable, "-m", "lightning_perf.cli", "run", "--out", out, "--name", name, "--",
+                    sys.executable, script, str(steps), str(reps)], capture_output=True, text=True)
+    path = os.path.join(out, name, "perf_summary.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"calibration: the run {name} wrote no {path}")
+    with open(path) as fh:
+        p50 = (json.load(fh).get("iteration_timer") or {}).get("ms_per_iter", {}).get("p50")
+    if not p50:
+        raise SystemExit(f"calibration: {path} has no median iteration (iteration_timer.ms_per_iter.p50)")
+    return float(p50)
+
+
+def calibrate(args: argparse.Namespace, script: str) -> tuple:
+    """slow's products for a step ``extra_pct`` longer at the median, measured before the spin loops start: the base's
+    median and that of its chain half as long again give the cost of a product (near the change, since the cost of a
+    product grows with the chain); with the words for the first line."""
+    out = os.path.join(args.out, "calibration")
+    one = median_ms(out, "base", script, args.steps, args.reps)
+    more = max(1, args.reps // 2)
+    two = median_ms(out, "longer", script, args.steps, args.reps + more)
+    per_product = (two - one) / more
+    if per_product <= 0:
+        raise SystemExit(f"calibration: the longer chain was not slower at the median ({two:.3f} against {one:.3f}"
+                         " ms): rerun, or pass --no-calibrate")
+    extra = max(1, int(round(args.extra_pct / 100.0 * one / per_product)))
+    return args.reps + extra, (f"of the step, calibrated with no core busy: median {one:.3f} ms,"
+                               f" {per_product:.4f} ms a product, {args.reps + more} products {two:.3f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tries", type=int, default=5)
@@ -109,22 +146,26 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=150, help="training steps a run (default: 150)")
     parser.add_argument("--reps", type=int, default=40, help="matmul products a step of base (default: 40)")
     parser.add_argument("--extra-pct", type=float, default=10.0, help="slow's extra products, in %% (default: 10)")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="slow's extra products as extra-pct of the chain, not of the step (no calibration runs)")
     parser.add_argument("--out", default=os.path.join("runs", "busy_core_race"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     script = os.path.abspath(os.path.join(args.out, "train.py"))
     with open(script, "w") as fh:
         fh.write(TRAIN.lstrip())
-    slow_reps = int(round(args.reps * (1.0 + args.extra_pct / 100.0)))
     py = sys.executable
     base = f"{py} {script} {args.steps} {args.reps}"
-    print(f"busy cores: {args.busy}; base: {args.reps} products a step, slow: {slow_reps}"
-          f" (+{100.0 * (slow_reps / args.reps - 1.0):.1f}% of the chain); {args.steps} steps a run;"
-          f" each race --budget {args.budget}" + (f" --max-rounds {args.max_rounds}" if args.max_rounds else ""),
-          flush=True)
+    if args.no_calibrate:
+        slow_reps, said = int(round(args.reps * (1.0 + args.extra_pct / 100.0))), "of the chain, not calibrated"
+    else:
+        slow_reps, said = calibrate(args, script)
     spinners = [subprocess.Popen([py, "-c", "while True: pass"]) for _ in range(args.busy)]
     slower = different = 0
     try:
+        print(f"busy cores: {args.busy}; base: {args.reps} products a step, slow: {slow_reps} (+{args.extra_pct:g}%"
+              f" {said}); {args.steps} steps a run; each race --budget {args.budget}"
+              + (f" --max-rounds {args.max_rounds}" if args.max_rounds else ""), flush=True)
         for k in range(1, args.tries + 1):
             ab = race(os.path.join(args.out, f"try_{k}", "ab"),
                       [("base", base), ("slow", f"{py} {script} {args.steps} {slow_reps}")],
@@ -139,6 +180,8 @@ def main() -> int:
         for proc in spinners:
             proc.kill()
             proc.wait()
+    if args.tries == 0:
+        return 0
     need = math.ceil(SLOWER_SHARE * args.tries)
     ok = slower >= need and different == 0
     print(f"tally: slow decided slower in {slower} of {args.tries} tries (the check: {need} or more); the A/A pair"
