@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from lightning_perf.measure.stats.streaming import MIN_RELATIVE_ACCURACY
+from lightning_perf.measure.stats.streaming import MAX_RELATIVE_ACCURACY, MIN_RELATIVE_ACCURACY
 from lightning_perf.measure.timing.tail_advice import iteration_named
 from lightning_perf.summary.compare import _section_ms, format_text, tail_text
 from lightning_perf.summary.diagnosis import diagnosis_line, recorded_or_computed
@@ -76,7 +76,7 @@ def histogram_bars(hist: Optional[Histogram], bins: int = HISTOGRAM_BINS) -> Lis
     if hist is None or not hist.count or not hist.bin_keys or hist.min is None or hist.max is None:
         return []
     accuracy = hist.relative_accuracy or 0.005
-    if not MIN_RELATIVE_ACCURACY <= accuracy <= 0.1:  # the writer's range: beyond it gamma is <= 0 or 1/0
+    if not MIN_RELATIVE_ACCURACY <= accuracy <= MAX_RELATIVE_ACCURACY:  # the writer's range: beyond it gamma is <= 0 or 1/0
         return []
     log_gamma = math.log((1 + accuracy) / (1 - accuracy))
     low, high = max(hist.min, 1e-9), max(hist.max, hist.min, 1e-9)

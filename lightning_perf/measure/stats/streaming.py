@@ -29,6 +29,7 @@ FOLD_EVERY = 64
 #: Bounds of a restored histogram: its accuracy, and its bucket indices (a bucket of 1e300 ms at the finest
 #: accuracy is index ~3.5 million).
 MIN_RELATIVE_ACCURACY = 1e-4
+MAX_RELATIVE_ACCURACY = 0.1
 MAX_BIN_KEY = 10**7
 
 
@@ -86,7 +87,7 @@ class LogHistogram:
     """
 
     def __init__(self, relative_accuracy: float = 0.005) -> None:
-        if not 0 < relative_accuracy <= 0.1:
+        if not 0 < relative_accuracy <= MAX_RELATIVE_ACCURACY:
             raise ValueError(
                 f"Unsupported parameter value `LogHistogram(relative_accuracy={relative_accuracy!r})`."
                 " Possible values are in (0, 0.1]."
@@ -265,8 +266,9 @@ class LogHistogram:
             raise ValueError(f"malformed histogram: no {', '.join(missing)} (keys: {', '.join(map(str, data))})")
         try:
             accuracy = _finite(data.get("relative_accuracy", 0.005), "relative_accuracy")
-            if not MIN_RELATIVE_ACCURACY <= accuracy <= 0.1:
-                raise ValueError(f"relative_accuracy is {accuracy!r}, expected {MIN_RELATIVE_ACCURACY:g} to 0.1")
+            if not MIN_RELATIVE_ACCURACY <= accuracy <= MAX_RELATIVE_ACCURACY:
+                raise ValueError(f"relative_accuracy is {accuracy!r}, expected {MIN_RELATIVE_ACCURACY:g} to"
+                                 f" {MAX_RELATIVE_ACCURACY:g}")
             hist = cls(accuracy)
             keys = [_integer(k, "bin_keys", minimum=None, maximum=MAX_BIN_KEY)
                     for k in _sequence(data.get("bin_keys", []), "bin_keys")]
