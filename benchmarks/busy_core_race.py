@@ -14,9 +14,11 @@ stretches the rest of the step), and ``a`` against ``b`` (one command; ``b`` has
 the race keeps it as a command of its own and runs the A/A copy beside both). The training (``TRAIN`` below) is a
 Lightning fit of a small MLP on CPU whose ``training_step`` also runs the chain. How many products make
 ``--extra-pct`` of the step is calibrated first, before the spin loops start (a busy core bends the step's median: 47
-products against 40 read 3.3% slower at the median beside a spin loop, 7.5% on the quiet machine): one run of
-``base`` and one of its chain half as long again, through ``lightning-perf run``, give the median iteration of each
-(``ms_per_iter.p50``) and so the cost of a product; ``slow`` gets ``extra-pct`` of the base's median in products.
+products against 40 read 3.3% slower at the median beside a spin loop, 7.5% on the quiet machine): one fit
+whose chain alternates between the base's products and half as many again, in blocks of 5 batches, gives the median
+step of each, and so the cost of a product (runs of one command fall in two modes here, which the two counts of one
+fit share), with torch on the threads ``--threads auto`` will give the races' runs (the cores the spin loops
+leave); ``slow`` gets ``extra-pct`` of the base's median in products.
 Without it (``--no-calibrate``) ``slow`` has ``reps x (1 + extra-pct / 100)`` products, ``extra-pct`` of the chain
 only: 44 products against 40 made the step 3.7% slower on the quiet machine, not 10. ``--tries 0`` calibrates and
 stops. Prints one line per race (verdict, ratio and interval, rounds, why they stopped, seconds) and the tally; exit
@@ -30,16 +32,20 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
 
 #: The training command: ARGS are the steps and the matmul products a step; any further argument is ignored.
 TRAIN = '''
+import json
+import statistics
 import sys
+import time
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -63,13 +69,42 @@ class Net(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-if __name__ == "__main__":
-    steps, reps = int(sys.argv[1]), int(sys.argv[2])
+class Alternate(Callback):
+    """The calibration: the chain's products alternate between two counts in blocks of 5 batches inside one fit; the
+    steps of each count (batch end to batch end, a block's first step left out) are kept."""
+
+    def __init__(self, counts):
+        self.counts, self.steps, self.last, self.times = counts, 0, None, {c: [] for c in counts}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        pl_module.reps = self.counts[(self.steps // 5) % 2]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        t = time.perf_counter()
+        if self.last is not None and self.steps % 5 != 0 and self.steps >= 20:
+            self.times[pl_module.reps].append(t - self.last)
+        self.last, self.steps = t, self.steps + 1
+
+
+def fit(steps, net, callbacks=()):
     x = torch.randn(2048, 64, generator=torch.Generator().manual_seed(0))
     trainer = Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", devices=1)
-    trainer.fit(Net(reps), DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=64))
+                      enable_model_summary=False, accelerator="cpu", devices=1, callbacks=list(callbacks))
+    trainer.fit(net, DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=64))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "calibrate":  # calibrate STEPS REPS MORE: the median step (ms) of each count, as JSON
+        steps, reps, more = (int(a) for a in sys.argv[2:5])
+        alternate = Alternate((reps, reps + more))
+        fit(steps, Net(reps), [alternate])
+        print(json.dumps({str(c): 1e3 * statistics.median(ts) for c, ts in alternate.times.items()}))
+    else:
+        fit(int(sys.argv[1]), Net(int(sys.argv[2])))
 '''
+
+#: Steps of the calibration's fit (blocks of 5 alternating between the two chains; 20 steps of warm-up left out)
+CALIBRATION_STEPS = 400
 
 #: The check: the share of tries the slower command must be decided slower in (4 of 5).
 SLOWER_SHARE = 0.8
@@ -106,34 +141,30 @@ def verdict_line(label: str, result: dict, name: str) -> str:
             f" rounds, stopped: {rounds.get('stop')}, {result['_seconds']:.0f} s")
 
 
-def median_ms(out: str, name: str, script: str, steps: int, reps: int) -> float:
-    """The median iteration (ms) of one run of the training with ``reps`` products a step (lightning-perf run)."""
-    subprocess.run([sys.executable, "-m", "lightning_perf.cli", "run", "--out", out, "--name", name, "--",
-                    sys.executable, script, str(steps), str(reps)], capture_output=True, text=True)
-    path = os.path.join(out, name, "perf_summary.json")
-    if not os.path.isfile(path):
-        raise SystemExit(f"calibration: the run {name} wrote no {path}")
-    with open(path) as fh:
-        p50 = (json.load(fh).get("iteration_timer") or {}).get("ms_per_iter", {}).get("p50")
-    if not p50:
-        raise SystemExit(f"calibration: {path} has no median iteration (iteration_timer.ms_per_iter.p50)")
-    return float(p50)
-
-
 def calibrate(args: argparse.Namespace, script: str) -> tuple:
-    """slow's products for a step ``extra_pct`` longer at the median, measured before the spin loops start: the base's
-    median and that of its chain half as long again give the cost of a product (near the change, since the cost of a
-    product grows with the chain); with the words for the first line."""
-    out = os.path.join(args.out, "calibration")
-    one = median_ms(out, "base", script, args.steps, args.reps)
+    """slow's products for a step ``extra_pct`` longer at the median, measured before the spin loops start, inside one
+    fit: the chain alternates between the base's products and half as many again in blocks of 5 batches, and the
+    median step of each gives the cost of a product (near the change, since the cost of a product grows with the
+    chain). Runs of one command on this machine fall in two modes (the base's median step read 3.9 or 5.4-6.3 ms from
+    one process to the next), which a process's two counts share; with the words for the first line."""
     more = max(1, args.reps // 2)
-    two = median_ms(out, "longer", script, args.steps, args.reps + more)
+    # torch's threads as race's ``--threads auto`` will give each run once the spin loops run: the cores they leave
+    threads = str(max(1, len(os.sched_getaffinity(0)) - args.busy))
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    proc = subprocess.run([sys.executable, script, "calibrate", str(CALIBRATION_STEPS), str(args.reps), str(more)],
+                          capture_output=True, text=True, env=env)
+    try:
+        medians = json.loads(proc.stdout.strip().splitlines()[-1])
+        one, two = float(medians[str(args.reps)]), float(medians[str(args.reps + more)])
+    except (IndexError, KeyError, ValueError) as err:
+        raise SystemExit(f"calibration failed (exit {proc.returncode}, {err}): {proc.stderr.strip()[-2000:]}")
     per_product = (two - one) / more
     if per_product <= 0:
         raise SystemExit(f"calibration: the longer chain was not slower at the median ({two:.3f} against {one:.3f}"
                          " ms): rerun, or pass --no-calibrate")
     extra = max(1, int(round(args.extra_pct / 100.0 * one / per_product)))
-    return args.reps + extra, (f"of the step, calibrated with no core busy: median {one:.3f} ms,"
+    return args.reps + extra, (f"of the step, calibrated in one fit with no core busy and {threads} thread(s):"
+                               f" median {one:.3f} ms,"
                                f" {per_product:.4f} ms a product, {args.reps + more} products {two:.3f} ms")
 
 
