@@ -103,7 +103,7 @@ gpu-check: $(STAMP)
 		-p no:cacheprovider || echo vram_first >> $(GPU_ROWS)/failed
 	LIGHTNING_PERF_GPU_ROWS=$(GPU_ROWS)/new.json $(PY) -m pytest -m gpu $(GPU_NEW) -rA -p no:cacheprovider \
 		|| echo new_checks >> $(GPU_ROWS)/failed
-	$(PY) benchmarks/overhead.py --device cuda --paired --configs "Lightning monitors (3)" PerfSuite \
+	$(PY) benchmarks/overhead.py --device cuda --paired --configs "Lightning monitors" PerfSuite \
 		|| echo paired_overhead >> $(GPU_ROWS)/failed
 	LIGHTNING_PERF_GPU_ROWS=$(GPU_ROWS)/checks.json $(PY) -m pytest -m gpu tests -rA -p no:cacheprovider \
 		$(addprefix --ignore=,$(GPU_NEW)) || echo checks >> $(GPU_ROWS)/failed

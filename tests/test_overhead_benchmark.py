@@ -159,6 +159,26 @@ def test_the_paired_ab_finds_a_known_cost_and_none_where_there_is_none(tmp_path,
         assert abs(nothing[field]) < 30.0 and low <= 0.0 <= high and 2.0 < high - low < 60.0, nothing
 
 
+def test_the_three_monitors_have_a_timer_that_checks_its_limit_at_each_step_they_take_part_in(tmp_path, monkeypatch):
+    """The paired A/B's "Lightning monitors (3)", the three the suite's 0.85x goal is set against: ThroughputMonitor,
+    DeviceStatsMonitor and a Timer with a limit, which checks it at every batch end of a block with the monitors (a
+    Timer with no limit would cost its dispatch only); "(2)" is the first two."""
+    from lightning.pytorch.callbacks import DeviceStatsMonitor, ThroughputMonitor, Timer
+
+    overhead = load_benchmark()
+    two, three = overhead.lightning_monitors(timer=False), overhead.lightning_monitors(timer=True)
+    assert [type(cb) for cb in two] == [ThroughputMonitor, DeviceStatsMonitor]
+    assert [type(cb) for cb in three[:2]] == [ThroughputMonitor, DeviceStatsMonitor] and isinstance(three[2], Timer)
+    checks = []
+    original = Timer._check_time_remaining
+    monkeypatch.setattr(Timer, "_check_time_remaining", lambda self, trainer: checks.append(1) or original(self, trainer))
+    monkeypatch.setitem(overhead.LOGGER, "on", True)  # (DeviceStatsMonitor refuses a Trainer without a logger)
+    blocks = overhead.Blocks(three, block=7, skip=10)
+    overhead.fit([overhead._BlocksHead(blocks), *three, blocks], steps=59, root=str(tmp_path))
+    with_steps = 10 + sum(1 for step in range(11, 60) if (step - 11) // 7 % 2 == 1)  # (as the test below counts)
+    assert len(checks) == 1 + with_steps, (len(checks), with_steps)  # (and once at the fit's start, a resume's check)
+
+
 @pytest.mark.slow
 def test_paired_blocks_take_the_callbacks_and_what_they_set_up_out_and_give_them_back(tmp_path):
     """PerfSuite in and out in blocks: in a step without it no global forward hook of EvalNoGradGuard is in torch's
