@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 
+from lightning_perf.bench.threads import choose_threads, thread_env  # (run with PYTHONPATH=$PWD)
+
 #: The training command: ARGS are the steps and the matmul products a step; any further argument is ignored.
 TRAIN = '''
 import json
@@ -147,9 +149,11 @@ def calibrate(args: argparse.Namespace, script: str) -> tuple:
     chain). Runs of one command on this machine fall in two modes (the base's median step read 3.9 or 5.4-6.3 ms from
     one process to the next), which a process's two counts share; with the words for the first line."""
     more = max(1, args.reps // 2)
-    # torch's threads as race's ``--threads auto`` will give each run once the spin loops run: the cores they leave
-    threads = str(max(1, len(os.sched_getaffinity(0)) - args.busy))
-    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    # torch's threads as race's ``--threads auto`` will give each run once the spin loops run (its own rule, with
+    # the spin loops' cores as the busy ones it will measure)
+    choice = choose_threads("auto", measure=lambda: float(args.busy))
+    env = thread_env(dict(os.environ), choice)
+    threads = choice["threads"] or "torch's default number of"
     proc = subprocess.run([sys.executable, script, "calibrate", str(CALIBRATION_STEPS), str(args.reps), str(more)],
                           capture_output=True, text=True, env=env)
     try:
@@ -163,8 +167,8 @@ def calibrate(args: argparse.Namespace, script: str) -> tuple:
                          " ms): rerun, or pass --no-calibrate")
     extra = max(1, int(round(args.extra_pct / 100.0 * one / per_product)))
     return args.reps + extra, (f"of the step, calibrated in one fit with no core busy and {threads} thread(s):"
-                               f" median {one:.3f} ms,"
-                               f" {per_product:.4f} ms a product, {args.reps + more} products {two:.3f} ms")
+                               f" median {one:.3f} ms, {per_product:.4f} ms a product, {args.reps + more} products"
+                               f" {two:.3f} ms")
 
 
 def main() -> int:
