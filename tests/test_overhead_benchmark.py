@@ -171,7 +171,8 @@ def test_the_three_monitors_have_a_timer_that_checks_its_limit_at_each_step_they
     assert [type(cb) for cb in three[:2]] == [ThroughputMonitor, DeviceStatsMonitor] and isinstance(three[2], Timer)
     checks = []
     original = Timer._check_time_remaining
-    monkeypatch.setattr(Timer, "_check_time_remaining", lambda self, trainer: checks.append(1) or original(self, trainer))
+    monkeypatch.setattr(Timer, "_check_time_remaining",
+                        lambda self, trainer: checks.append(1) or original(self, trainer))
     monkeypatch.setitem(overhead.LOGGER, "on", True)  # (DeviceStatsMonitor refuses a Trainer without a logger)
     blocks = overhead.Blocks(three, block=7, skip=10)
     overhead.fit([overhead._BlocksHead(blocks), *three, blocks], steps=59, root=str(tmp_path))

@@ -76,8 +76,8 @@ def histogram_bars(hist: Optional[Histogram], bins: int = HISTOGRAM_BINS) -> Lis
     if hist is None or not hist.count or not hist.bin_keys or hist.min is None or hist.max is None:
         return []
     accuracy = hist.relative_accuracy or 0.005
-    if not MIN_RELATIVE_ACCURACY <= accuracy <= MAX_RELATIVE_ACCURACY:  # the writer's range: beyond it gamma is <= 0 or 1/0
-        return []
+    if not MIN_RELATIVE_ACCURACY <= accuracy <= MAX_RELATIVE_ACCURACY:
+        return []  # (the writer's range: beyond it gamma is <= 0 or 1/0)
     log_gamma = math.log((1 + accuracy) / (1 - accuracy))
     low, high = max(hist.min, 1e-9), max(hist.max, hist.min, 1e-9)
     span = math.log(high / low) if high > low else 0.0

@@ -90,7 +90,7 @@ class LogHistogram:
         if not 0 < relative_accuracy <= MAX_RELATIVE_ACCURACY:
             raise ValueError(
                 f"Unsupported parameter value `LogHistogram(relative_accuracy={relative_accuracy!r})`."
-                " Possible values are in (0, 0.1]."
+                f" Possible values are in (0, {MAX_RELATIVE_ACCURACY:g}]."
             )
         self.relative_accuracy = relative_accuracy
         self._gamma = (1 + relative_accuracy) / (1 - relative_accuracy)
