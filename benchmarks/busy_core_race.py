@@ -5,7 +5,8 @@ tries, and the same command against itself is never decided different.
 
     PYTHONPATH=$PWD python benchmarks/busy_core_race.py [--tries 5] [--busy 1] [--budget 10m] [--max-rounds N]
                                                         [--steps 150] [--reps 40] [--extra-pct 10]
-                                                        [--no-calibrate] [--out runs/busy_core_race]
+                                                        [--no-calibrate] [--together]
+                                                        [--out runs/busy_core_race]
 
 Starts ``--busy`` spin processes (``python -c "while True: pass"``) for the whole check and stops them at the end.
 Each try runs two races, one after the other, each up to ``--budget``: ``base`` against ``slow`` (the step
@@ -111,10 +112,12 @@ CALIBRATION_STEPS = 400
 SLOWER_SHARE = 0.8
 
 
-def race(out: str, commands: list, budget: str, max_rounds: int | None) -> dict:
-    """One ``lightning-perf race`` at its defaults but ``--out`` (and ``--max-rounds`` where given): its race.json,
-    with the seconds it took."""
+def race(out: str, commands: list, budget: str, max_rounds: int | None, together: bool = False) -> dict:
+    """One ``lightning-perf race`` at its defaults but ``--out`` (and ``--max-rounds``, ``--together`` where given):
+    its race.json, with the seconds it took."""
     argv = [sys.executable, "-m", "lightning_perf.cli", "race", "--out", out, "--budget", budget]
+    if together:
+        argv.append("--together")
     for name, command in commands:
         argv += ["--cmd", f"{name}={command}"]
     if max_rounds is not None:
@@ -182,6 +185,8 @@ def main() -> int:
     parser.add_argument("--extra-pct", type=float, default=10.0, help="slow's extra products, in %% (default: 10)")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="slow's extra products as extra-pct of the chain, not of the step (no calibration runs)")
+    parser.add_argument("--together", action="store_true",
+                        help="each race with --together (a round's commands at once on the free core)")
     parser.add_argument("--out", default=os.path.join("runs", "busy_core_race"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -199,15 +204,16 @@ def main() -> int:
     try:
         print(f"busy cores: {args.busy}; base: {args.reps} products a step, slow: {slow_reps} (+{args.extra_pct:g}%"
               f" {said}); {args.steps} steps a run; each race --budget {args.budget}"
-              + (f" --max-rounds {args.max_rounds}" if args.max_rounds else ""), flush=True)
+              + (f" --max-rounds {args.max_rounds}" if args.max_rounds else "")
+              + (" --together" if args.together else ""), flush=True)
         for k in range(1, args.tries + 1):
             ab = race(os.path.join(args.out, f"try_{k}", "ab"),
                       [("base", base), ("slow", f"{py} {script} {args.steps} {slow_reps}")],
-                      args.budget, args.max_rounds)
+                      args.budget, args.max_rounds, args.together)
             print(verdict_line(f"try {k} A/B", ab, "slow"), flush=True)
             slower += ab["comparisons"]["slow"]["verdict"]["verdict"] == "slower"
             aa = race(os.path.join(args.out, f"try_{k}", "aa"), [("a", base), ("b", f"{base} again")],
-                      args.budget, args.max_rounds)
+                      args.budget, args.max_rounds, args.together)
             print(verdict_line(f"try {k} A/A", aa, "b"), flush=True)
             different += aa["comparisons"]["b"]["verdict"]["verdict"] in ("faster", "slower")
     finally:

@@ -345,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the A/A pair: auto runs the first command again in the same rounds (as NAME_aa) unless a"
                    " --cmd repeats it; NAME names the copy; off runs none (default: auto)")
     p.add_argument("--threads", type=_threads, default="auto", metavar="auto|keep|N", help=THREADS_HELP)
+    p.add_argument("--together", action="store_true",
+                   help="run each round's commands at the same time on the same cores (as many as --threads gives"
+                   " each run, the least busy), a finished one's place kept busy to the round's end: they meet the"
+                   " machine's changes alike, and only the ratios of their it/s compare; for CPU-bound training on"
+                   " a shared machine (Linux; docs/bench.md, 'Together rounds') (default: one after the other)")
     p.add_argument("--callbacks", type=_callback_names, metavar="LIST",
                    help="as for run (default: IterationTimer, SectionProfiler, VRAMMonitor, EvalNoGradGuard)")
     p.add_argument("--min-effect", type=_non_negative_float, default=2.0, metavar="PCT",
@@ -850,6 +855,17 @@ def _chosen_threads(how: Any, what: str) -> Dict[str, Any]:
     return choice
 
 
+def _together_cores(threads: Dict[str, Any]) -> List[int]:
+    """``race --together``'s cores: as many as each run has threads (all usable cores with torch's default), the
+    least busy, said once before the first round."""
+    from lightning_perf.bench.together import pick_cores
+
+    cores = pick_cores(threads.get("threads"))
+    _say(f"[race] --together: each round's commands run at once on core(s) {', '.join(map(str, cores))}",
+         sys.stderr)
+    return cores
+
+
 def _cmd_race(args: argparse.Namespace) -> int:
     from lightning_perf.bench.race import (
         check_out,
@@ -862,8 +878,12 @@ def _cmd_race(args: argparse.Namespace) -> int:
         with_copy,
         write_result,
     )
+    from lightning_perf.bench.together import can_pin
 
     auto = args.repeats == "auto"
+    if args.together and not can_pin():
+        raise SummaryError("--together: this platform cannot pin a process to cores (os.sched_setaffinity, Linux);"
+                           " race without it")
     if args.max_rounds is not None and not auto:
         raise SummaryError(f"--max-rounds {args.max_rounds}: only with --repeats auto (--repeats {args.repeats} runs"
                            f" {args.repeats} rounds)")
@@ -875,11 +895,13 @@ def _cmd_race(args: argparse.Namespace) -> int:
     if args.report:
         _check_output(args.report, "--report")
     until = decided_race(commands, copy, args.min_effect, args.same_within) if auto else None
+    threads = _chosen_threads(args.threads, "race")
+    together = _together_cores(threads) if args.together else None
     try:
         info = run_race(commands, args.out, (args.max_rounds or SEQ_MAX_ROUNDS) if auto else args.repeats,
                         budget_s=args.budget if args.budget is not None or not auto else SEQ_BUDGET_S,
                         timeout_s=args.timeout, callbacks=args.callbacks, log=lambda m: _say(m, sys.stderr),
-                        threads=_chosen_threads(args.threads, "race"), until=until)
+                        threads=threads, until=until, together=together)
     except NothingFinished as stop:
         return _nothing_finished(stop, "race")
     result = race_result(commands, info, copy, min_effect_pct=args.min_effect, same_within_pct=args.same_within)

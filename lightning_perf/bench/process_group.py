@@ -13,7 +13,7 @@ import signal
 import subprocess
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
-__all__ = ["GRACE_S", "Stopped", "run_in_group", "signal_name", "stops_as_interrupts"]
+__all__ = ["GRACE_S", "Stopped", "run_in_group", "signal_group", "signal_name", "stops_as_interrupts"]
 
 #: Seconds an interrupted run has to write its summary and end before its group is killed.
 GRACE_S = 30.0
@@ -59,7 +59,8 @@ def stops_as_interrupts() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+def signal_group(proc: subprocess.Popen, signum: int) -> None:
+    """Sends ``signum`` to the session of ``proc`` (started with ``start_new_session``); nothing where it has ended."""
     try:
         os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):  # the group has ended
@@ -76,14 +77,14 @@ def run_in_group(argv: List[str], stdout: Any, env: Mapping[str, str], timeout_s
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _signal_group(proc, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)
             proc.wait()
             return None
     except KeyboardInterrupt as stop:
-        _signal_group(proc, getattr(stop, "signum", signal.SIGINT))
+        signal_group(proc, getattr(stop, "signum", signal.SIGINT))
         with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):
             proc.wait(timeout=GRACE_S)
         raise
     finally:
-        _signal_group(proc, signal.SIGKILL)  # what the command left behind ends with its run
+        signal_group(proc, signal.SIGKILL)  # what the command left behind ends with its run
         proc.wait()

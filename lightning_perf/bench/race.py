@@ -31,7 +31,7 @@ from lightning_perf.bench.noise_floor import (
 )
 from lightning_perf.bench.process_group import run_in_group
 from lightning_perf.bench.rounds import run_rounds, rounds_line
-from lightning_perf.bench.sequential import DEFAULT_EQUIVALENCE_PCT
+from lightning_perf.bench.sequential import DEFAULT_EQUIVALENCE_PCT, IN_RUN_HINT
 from lightning_perf.bench.sequential import FASTER as SEQ_FASTER
 from lightning_perf.bench.sequential import NO_VERDICT as SEQ_NO_VERDICT
 from lightning_perf.bench.sequential import SAME as SEQ_SAME
@@ -50,6 +50,10 @@ from lightning_perf.summary.schema import SummaryError
 
 #: How the always-valid interval of ``--repeats auto`` is named where one is printed.
 SEQUENTIAL_INTERVAL = "always valid, paired by round"
+
+#: What would decide a race of CPU training run one command after the other, beside the in-run trial.
+TOGETHER_HINT = ("(or rounds run --together, which start a round's commands at once on the same cores, or an in-run"
+                 " trial, which pairs the change inside one fit: `lightning-perf run --trial ...` / ABTrial)")
 
 #: The longest command name: it names a folder under --out.
 MAX_NAME = 100
@@ -105,6 +109,49 @@ def check_out(out: str, commands: List[Tuple[str, List[str]]]) -> None:
 def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], timeout_s: Optional[float],
              log: Callable[[str], None], threads: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One run of one command in a fresh process, the suite attached, its output in ``run_dir/output.log``."""
+    env, manifest = _prepared(name, argv, run_dir, callbacks, threads, log)
+    code: Optional[int]
+    try:
+        start = time.perf_counter()
+        with open(os.path.join(run_dir, "output.log"), "w") as out:
+            try:  # in a group of its own: a timeout or a Ctrl-C ends every process of the command (bash -c '...')
+                code = run_in_group(argv, out, env, timeout_s)
+            except OSError as err:
+                out.write(f"lightning-perf race: cannot run {argv[0]!r}: {err.strerror or err}\n")
+                code = 127
+        wall = time.perf_counter() - start
+        events = read_manifest(manifest)
+    finally:  # also after a Ctrl-C, once the run has ended: nothing writes to it any more
+        _unlink(manifest)
+    return _finished(name, run_dir, code, wall, events, log)
+
+
+def run_round_together(names: Sequence[str], argv_of: Dict[str, List[str]], run_dir_of: Callable[[str], str],
+                       callbacks: List[str], timeout_s: Optional[float], log: Callable[[str], None],
+                       threads: Optional[Dict[str, Any]], cores: Sequence[int]) -> Dict[str, Dict[str, Any]]:
+    """One round of ``--together``: every command's run at once, pinned to ``cores``
+    (:func:`lightning_perf.bench.together.run_together`); each run as :func:`run_once` gives it."""
+    from lightning_perf.bench.together import run_together
+
+    prepared = {name: _prepared(name, argv_of[name], run_dir_of(name), callbacks, threads, log) for name in names}
+    logs: Dict[str, Any] = {}
+    try:
+        for name in names:
+            logs[name] = open(os.path.join(run_dir_of(name), "output.log"), "w")
+        ended = run_together([(argv_of[name], logs[name], prepared[name][0]) for name in names], cores, timeout_s)
+        events = {name: read_manifest(prepared[name][1]) for name in names}
+    finally:
+        for name in names:
+            if name in logs:
+                logs[name].close()
+            _unlink(prepared[name][1])
+    return {name: _finished(name, run_dir_of(name), code, wall, events[name], log)
+            for name, (code, wall) in zip(names, ended)}
+
+
+def _prepared(name: str, argv: List[str], run_dir: str, callbacks: List[str], threads: Optional[Dict[str, Any]],
+              log: Callable[[str], None]) -> Tuple[Dict[str, str], str]:
+    """The run's folder made ready (an earlier race's summary removed, an empty manifest), and its environment."""
     from lightning_perf._attach.launch import command_env
 
     os.makedirs(run_dir, exist_ok=True)
@@ -117,23 +164,22 @@ def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], tim
                       manifest=manifest, fill=True)
     env = thread_env(env, threads)
     log(f"[race] {name}: {' '.join(shlex.quote(a) for a in argv)}")
-    code: Optional[int]
+    open(manifest, "w").close()
+    return env, manifest
+
+
+def _unlink(path: str) -> None:
     try:
-        open(manifest, "w").close()
-        start = time.perf_counter()
-        with open(os.path.join(run_dir, "output.log"), "w") as out:
-            try:  # in a group of its own: a timeout or a Ctrl-C ends every process of the command (bash -c '...')
-                code = run_in_group(argv, out, env, timeout_s)
-            except OSError as err:
-                out.write(f"lightning-perf race: cannot run {argv[0]!r}: {err.strerror or err}\n")
-                code = 127
-        wall = time.perf_counter() - start
-        events = read_manifest(manifest)
-    finally:  # also after a Ctrl-C, once the run has ended: nothing writes to it any more
-        try:
-            os.unlink(manifest)
-        except OSError:
-            pass
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _finished(name: str, run_dir: str, code: Optional[int], wall: float, events: List[Dict[str, Any]],
+              log: Callable[[str], None]) -> Dict[str, Any]:
+    """The run's result: its exit code, seconds and summary (copied here where its own callbacks wrote it
+    elsewhere), or the problem that left it without one."""
+    summary_path = os.path.join(run_dir, SUMMARY_NAME)
     result: Dict[str, Any] = {"name": name, "exit_code": code, "wall_s": wall, "summary_path": summary_path,
                               "summary": None, "problem": None}
     elsewhere = written_elsewhere(events, summary_path)
@@ -148,26 +194,35 @@ def run_once(name: str, argv: List[str], run_dir: str, callbacks: List[str], tim
     except SummaryError as err:
         unmeasured = [e.get("reason") for e in events if e.get("event") == "failed" and e.get("reason")]
         result["problem"] = str(err) + (f" ({'; '.join(unmeasured)})" if unmeasured else "")
-    log(f"[race] {name}: exit {code}, {wall:.1f} s")
+    log(f"[race] {name}: " + ("timed out" if code is None else f"exit {code}") + f", {wall:.1f} s")
     return result
 
 
 def run_race(commands: List[Tuple[str, List[str]]], out: str, repeats: int, budget_s: Optional[float] = None,
              timeout_s: Optional[float] = None, callbacks: Optional[List[str]] = None,
              log: Callable[[str], None] = print, threads: Optional[Dict[str, Any]] = None,
-             until: Optional[Callable[[Dict[str, Any]], bool]] = None) -> Dict[str, Any]:
+             until: Optional[Callable[[Dict[str, Any]], bool]] = None,
+             together: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """Runs every command once a round, ``repeats`` rounds interleaved (:func:`run_rounds`); run ``k`` of command
     ``name`` in ``<out>/<name>/repeat_<k>``, with ``threads`` (:func:`lightning_perf.bench.threads.choose_threads`).
     With ``until`` (``--repeats auto``: :func:`decided_race`), ``repeats`` is the cap and the rounds end once it
-    says every comparison is decided."""
+    says every comparison is decided. With ``together`` (cores), each round's runs start at once on those cores
+    (:func:`run_round_together`); ``info["together"]`` says so."""
     check_out(out, commands)
     argv_of = dict(commands)
     chosen = list(callbacks or DEFAULT_CALLBACKS)
+    round_at_once = None
+    if together is not None:
+        cores = list(together)
+        round_at_once = lambda names, k: run_round_together(  # noqa: E731
+            names, argv_of, lambda name: os.path.join(out, name, f"repeat_{k}"), chosen, timeout_s, log, threads,
+            cores)
     info = run_rounds([name for name, _ in commands], repeats,
                       lambda name, k: run_once(name, argv_of[name], os.path.join(out, name, f"repeat_{k}"), chosen,
                                                timeout_s, log, threads),
-                      budget_s=budget_s, log=log, what="race", until=until)
+                      budget_s=budget_s, log=log, what="race", until=until, run_round=round_at_once)
     info["threads"] = threads
+    info["together"] = None if together is None else {"cores": list(together)}
     return info
 
 
@@ -209,7 +264,7 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
         base_runs, cand_runs = typed[base_name], typed[name]
         cmp = compare_summaries(base_runs[0], cand_runs[0], base_name=base_name, candidate_name=name,
                                 min_effect_pct=min_effect_pct, base_repeats=base_runs[1:],
-                                candidate_repeats=cand_runs[1:])
+                                candidate_repeats=cand_runs[1:], shared_cores=bool(info.get("together")))
         basis = cmp["speedup_basis"] or "it/s"
         rates[name] = [run_speed(r, basis) for r in cand_runs]
         rates.setdefault(f"{base_name}@{basis}", [run_speed(r, basis) for r in base_runs])
@@ -235,6 +290,8 @@ def race_result(commands: List[Tuple[str, List[str]]], info: Dict[str, Any], cop
             _sequential_verdict(cmp, name, runs, typed, base_name, copy, basis, min_effect_pct, same_within_pct)
         elif name != copy:
             _fixed_what_would_decide(cmp, name, runs, typed, base_name, copy, basis)
+    if not info.get("together") and _all_on_cpu(runs):
+        _offer_together(out["comparisons"], copy)
     out["memory"], out["quality"] = _memory_verdicts(typed, base_name, copy), _quality_verdicts(typed, base_name, copy)
     pool = {name: [run_speed(r, "samples/s") for r in typed[name] + (typed.get(copy, []) if name == base_name else [])]
             for name, _ in commands if name != copy and typed[name]}
@@ -270,6 +327,24 @@ def _sequential_verdict(cmp: Dict[str, Any], name: str, runs: Dict[str, List[Dic
     cmp["between_runs"] = {"ratio": found["ratio"], "low": found["low"], "high": found["high"],
                            "runs": (found["rounds"], found["rounds"]), "method": SEQUENTIAL_INTERVAL,
                            "round_drift_f": None}
+
+
+def _all_on_cpu(runs: Dict[str, List[Dict[str, Any]]]) -> bool:
+    """Every run with a summary trained on the CPU (and one did at least): ``--together`` suits the race."""
+    devices = [((r["summary"] or {}).get("run") or {}).get("accelerator") for rs in runs.values() for r in rs
+               if r["summary"] is not None]
+    return bool(devices) and all(device == "CPUAccelerator" for device in devices)
+
+
+def _offer_together(comparisons: Dict[str, Dict[str, Any]], copy: Optional[str]) -> None:
+    """An undecided verdict of a race run one command after the other on the CPU names ``--together`` beside the
+    in-run trial, in what would decide it."""
+    for name, cmp in comparisons.items():
+        if name == copy:
+            continue
+        for said in (cmp.get("verdict"), cmp.get("sequential")):
+            if said and IN_RUN_HINT in (said.get("why") or ""):
+                said["why"] = said["why"].replace(IN_RUN_HINT, TOGETHER_HINT)
 
 
 def _fixed_what_would_decide(cmp: Dict[str, Any], name: str, runs: Dict[str, List[Dict[str, Any]]],
@@ -388,7 +463,8 @@ def format_race(result: Dict[str, Any]) -> str:
                + (f" ({r['problem']})" if r["problem"] else "")
                for k, r in enumerate(runs, start=1) if r["exit_code"] != 0 or r["problem"]
                or r["status"] not in ("completed", None)]
-        busy = [k for k, r in enumerate(runs, start=1) if r["contention"]]
+        # --together: every run shares its cores by design, and its waits for them are not the machine's
+        busy = [] if result["rounds"].get("together") else [k for k, r in enumerate(runs, start=1) if r["contention"]]
         line = (f"  {name}: {len(runs)} runs, {sum(r['status'] is not None for r in runs)} with a summary,"
                 f" {sum(r['status'] == 'completed' for r in runs)} completed")
         line += (f"; {'; '.join(bad)}" if bad else "") + (

@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lightning_perf.bench.process_group import signal_name, stops_as_interrupts
 from lightning_perf.bench.threads import threads_note
+from lightning_perf.bench.together import together_note
 
 #: ``--repeats``' default: 5 rounds. On synthetic runs with 3% drift between runs, 5 runs a side find a 10% change
 #: beyond the A/A noise floor in about 90% of trials (4 runs: 82%, 3 runs: 63%), and decide an A/A/A triple in about
@@ -31,7 +32,8 @@ def check_repeats(repeats: Any, budget_s: Any) -> None:
 def run_rounds(names: Sequence[Any], repeats: int, run_one: Callable[[Any, int], Any],
                budget_s: Optional[float] = None, log: Callable[[str], None] = print,
                what: str = "rounds", clock: Callable[[], float] = time.perf_counter,
-               until: Optional[Callable[[Dict[str, Any]], bool]] = None) -> Dict[str, Any]:
+               until: Optional[Callable[[Dict[str, Any]], bool]] = None,
+               run_round: Optional[Callable[[List[Any], int], Dict[Any, Any]]] = None) -> Dict[str, Any]:
     """Runs ``run_one(name, k)`` for each name in each round ``k`` = 1..``repeats`` (:func:`round_order`). With
     ``budget_s``, a round after the first starts only when the time spent so far plus the longest round so far fits
     in the budget (the first round always runs: no verdict without it). Returns ``results`` (name -> the round
@@ -43,7 +45,10 @@ def run_rounds(names: Sequence[Any], repeats: int, run_one: Callable[[Any, int],
     With ``until`` (``--repeats auto``: :mod:`lightning_perf.bench.sequential`), ``repeats`` is the cap on rounds and
     ``until({"results": ..., "done": ...})`` is asked after every round: True (every comparison decided) ends the
     rounds there. ``rule`` ("sequential" or "fixed") and ``stop`` (why the rounds ended: ``decided``, ``budget``,
-    ``max rounds``, ``interrupted``, or ``planned`` where a fixed count ran in full) say how they ended."""
+    ``max rounds``, ``interrupted``, or ``planned`` where a fixed count ran in full) say how they ended.
+
+    With ``run_round`` (``race --together``), each round is ``run_round(names in the round's order, k)``, every setup's
+    result at once, in place of ``run_one`` one setup after the other."""
     check_repeats(repeats, budget_s)
     decided = False
     results: Dict[Any, List[Any]] = {name: [] for name in names}
@@ -58,11 +63,15 @@ def run_rounds(names: Sequence[Any], repeats: int, run_one: Callable[[Any, int],
                                " s)")
                     log(f"[{what}] {stopped}")
                     break
-                began, this_round = clock(), {}
-                for name in round_order(names, k):
-                    if repeats > 1:
-                        log(f"[{what}] round {k} of {repeats}: {name}")
-                    this_round[name] = run_one(name, k)
+                began, this_round, order = clock(), {}, round_order(names, k)
+                if run_round is not None:
+                    log(f"[{what}] round {k} of {repeats}: {', '.join(map(str, order))} together")
+                    this_round = run_round(order, k)
+                else:
+                    for name in order:
+                        if repeats > 1:
+                            log(f"[{what}] round {k} of {repeats}: {name}")
+                        this_round[name] = run_one(name, k)
                 for name, result in this_round.items():  # a round counts once every setup has run in it
                     results[name].append(result)
                 round_s.append(clock() - began)
@@ -124,4 +133,5 @@ def rounds_line(info: Optional[Dict[str, Any]]) -> Optional[str]:
     if info.get("interrupted"):
         line += f": {info['interrupted']}; the verdicts are from the rounds that finished"
     threads = threads_note(info.get("threads"))
-    return line + (f"; {threads}" if threads else "") + "."
+    together = together_note(info.get("together"))
+    return line + "".join(f"; {note}" for note in (threads, together) if note) + "."

@@ -290,6 +290,7 @@ def compare_summaries(
     min_effect_pct: float = MIN_EFFECT_PCT,
     base_repeats: Sequence[SummaryLike] = (),
     candidate_repeats: Sequence[SummaryLike] = (),
+    shared_cores: bool = False,
 ) -> Dict[str, Any]:
     """The comparison as a dict (what ``--format json`` prints). ``speedup`` is the :func:`headline` of the two
     runs, where each side is one run: its interval is within each run, and ``speedup_significant`` is None (the drift
@@ -301,7 +302,9 @@ def compare_summaries(
     change of batch size would not show), else empty. ``comparison``: the verdict once decided
     (:class:`~lightning_perf.summary.comparison.Comparison`), from which every line derived from the speed (Typical,
     the time to N iterations, break-even, the section that moved most) is said. ``time_saved_s`` is like for like:
-    where batch sizes differ, the base's time for the samples of the candidate's N iterations."""
+    where batch sizes differ, the base's time for the samples of the candidate's N iterations. ``shared_cores``
+    (``race --together``): the runs shared their cores by design, so one note says so in place of a note per run
+    that waited for a CPU."""
     base, candidate = as_summary(base, base_name), as_summary(candidate, candidate_name)
     base_runs = [base] + [as_summary(r, f"{base_name} repeat {i + 2}") for i, r in enumerate(base_repeats)]
     candidate_runs = [candidate] + [as_summary(r, f"{candidate_name} repeat {i + 2}")
@@ -339,10 +342,14 @@ def compare_summaries(
         notes.append(f"speedup unavailable: {head['reason']}")
     elif head["reason"]:
         notes.append(head["reason"])
-    notes += contention_notes([(f"{base_name}{f' repeat {i + 1}' if len(base_runs) > 1 else ''}", run)
-                               for i, run in enumerate(base_runs)]
-                              + [(f"{candidate_name}{f' repeat {i + 1}' if len(candidate_runs) > 1 else ''}", run)
-                                 for i, run in enumerate(candidate_runs)])
+    if shared_cores:  # race --together: every run waited for cores it shared by design, alike
+        notes.append("the runs of a round ran at the same time on the same cores (race --together): each waited for"
+                     " a CPU by design, and its it/s are of shared cores; only the ratios compare")
+    else:
+        notes += contention_notes([(f"{base_name}{f' repeat {i + 1}' if len(base_runs) > 1 else ''}", run)
+                                   for i, run in enumerate(base_runs)]
+                                  + [(f"{candidate_name}{f' repeat {i + 1}' if len(candidate_runs) > 1 else ''}",
+                                      run) for i, run in enumerate(candidate_runs)])
     if head["basis"] == "samples/s":
         notes.append(
             f"the runs process different samples per iteration ({fixed(b['samples_per_iter'], '.1f')} vs"
