@@ -146,11 +146,14 @@ def manifests(root):
 
 # -- 3: Ctrl-C ---------------------------------------------------------------------------------------------------------
 
-def test_ctrl_c_during_race_reports_the_finished_rounds_marked_interrupted(tmp_path, fake, summaries):
+@pytest.mark.parametrize("together", [[], ["--together"]], ids=["one after the other", "together"])
+def test_ctrl_c_during_race_reports_the_finished_rounds_marked_interrupted(tmp_path, fake, summaries, together):
+    if together and not hasattr(os, "sched_setaffinity"):
+        pytest.skip("--together pins processes to cores: Linux")
     done = summaries["completed"]
     code, out, err = interrupt_after_round_1(
         ["race", "--cmd", f"base={PY} {fake} {done}", "--cmd", f"cand={PY} {fake} {done} again", "--repeats", "3",
-         "--threads", "keep", "--out", "out", "--report", "race.txt"], tmp_path, tmp_path / "out")
+         "--threads", "keep", "--out", "out", "--report", "race.txt", *together], tmp_path, tmp_path / "out")
     assert code == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     result = json.loads((tmp_path / "out" / "race.json").read_text())

@@ -15,6 +15,7 @@ import pytest
 
 from lightning_perf.bench.matrix_sequential import add_sequential_verdicts
 from lightning_perf.bench.matrix_verdicts import add_verdicts, verdict_findings
+from lightning_perf.bench.race import TOGETHER_HINT
 from lightning_perf.bench.sequential import IN_RUN_HINT
 from lightning_perf.bench.what_would_decide import (
     add_trial_lines,
@@ -195,8 +196,9 @@ def test_race_with_fixed_repeats_says_what_would_decide(tmp_path, recorded):
     assert cmp["what_would_decide"]["rounds"] == 3
     assert cmp["what_would_decide"]["sd"] == pytest.approx(expected["sd"])
     assert cmp["what_would_decide"]["rounds_for_10pct"] == expected["rounds_for_10pct"]
-    words = fixed_words(expected)
-    assert cmp["verdict"]["why"].endswith(words), cmp["verdict"]["why"]
+    # a race of CPU training run one command after the other names --together beside the in-run trial
+    words = fixed_words(expected).replace(IN_RUN_HINT, TOGETHER_HINT)
+    assert cmp["verdict"]["why"].endswith(words) and words.endswith(TOGETHER_HINT), cmp["verdict"]["why"]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("  b against base: "))
     assert f"--repeats {expected['rounds_for_10pct']}) would find 10%" in line, line
 

@@ -145,8 +145,20 @@ def run_round_together(names: Sequence[str], argv_of: Dict[str, List[str]], run_
             if name in logs:
                 logs[name].close()
             _unlink(prepared[name][1])
-    return {name: _finished(name, run_dir_of(name), code, wall, events[name], log)
+    shared = _shared_elsewhere({name: written_elsewhere(events[name], os.path.join(run_dir_of(name), SUMMARY_NAME))
+                                for name in names})
+    return {name: _finished(name, run_dir_of(name), code, wall, events[name], log, name in shared)
             for name, (code, wall) in zip(names, ended)}
+
+
+def _shared_elsewhere(elsewhere: Dict[str, Optional[str]]) -> Dict[str, str]:
+    """name -> the file its own callbacks wrote their summary to, where another run of the same round wrote that file
+    too: run at once, each may have overwritten the other's, so neither summary can be told apart."""
+    seen: Dict[str, int] = {}
+    for path in elsewhere.values():
+        if path is not None:
+            seen[path] = seen.get(path, 0) + 1
+    return {name: path for name, path in elsewhere.items() if path is not None and seen[path] > 1}
 
 
 def _prepared(name: str, argv: List[str], run_dir: str, callbacks: List[str], threads: Optional[Dict[str, Any]],
@@ -176,13 +188,21 @@ def _unlink(path: str) -> None:
 
 
 def _finished(name: str, run_dir: str, code: Optional[int], wall: float, events: List[Dict[str, Any]],
-              log: Callable[[str], None]) -> Dict[str, Any]:
+              log: Callable[[str], None], shared: bool = False) -> Dict[str, Any]:
     """The run's result: its exit code, seconds and summary (copied here where its own callbacks wrote it
-    elsewhere), or the problem that left it without one."""
+    elsewhere), or the problem that left it without one. ``shared``: another run of its round (``--together``)
+    wrote the same file elsewhere, so that file is not taken for this run's."""
     summary_path = os.path.join(run_dir, SUMMARY_NAME)
     result: Dict[str, Any] = {"name": name, "exit_code": code, "wall_s": wall, "summary_path": summary_path,
                               "summary": None, "problem": None}
     elsewhere = written_elsewhere(events, summary_path)
+    if shared:
+        result["problem"] = (f"its own callbacks wrote the summary to {elsewhere}, as another run of the same round"
+                             " did (--together runs them at once), so it cannot be told apart: give each run its own"
+                             " summary path, or race without --together")
+        log(f"[race] {name}: " + ("timed out" if code is None else f"exit {code}")
+            + f", {wall:.1f} s; {result['problem']}")
+        return result
     if elsewhere is not None:  # the command's own callbacks wrote it: a copy here, before the next run overwrites it
         try:
             shutil.copyfile(elsewhere, summary_path)
