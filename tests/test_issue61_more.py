@@ -51,6 +51,11 @@ def test_the_smallest_change_and_the_rounds_for_10pct_from_the_spread():
     assert words.endswith(IN_RUN_HINT)
     assert "give no spread" in fixed_words(what_would_decide([0.1]))
     assert "more than 1000 rounds" in fixed_words(what_would_decide([1.0, -1.0, 1.2]))
+    # under 4 rounds the verdict's interval is not paired by round: no paired figure is said of it, and the rounds
+    # named are never fewer than the 4 from which it is paired
+    few = what_would_decide([-0.26, -0.13, -0.21])
+    assert fixed_words(few).startswith("at 3 round(s) the verdict cannot pair the runs by round (it does from 4)")
+    assert what_would_decide([0.001, -0.001, 0.0005])["rounds_for_10pct"] == 4 == fixed_rounds_for(10.0, 0.0001) + 2
 
 
 @pytest.mark.parametrize("overrides, base, change", [
@@ -216,4 +221,6 @@ def test_matrix_with_fixed_repeats_prints_a_trial_line_the_cli_parses(tmp_path, 
     rows = {r["variant"]: r for r in csv.DictReader(io.StringIO((tmp_path / "rows.csv").read_text()))}
     why = rows["amp"]["end_to_end_verdict_why"]
     assert rows["amp"]["end_to_end_verdict"] == "within noise", rows["amp"]
-    assert "hides changes under" in why and f"would: `{line}`" in why, why
+    # 3 rounds: the verdict's interval was not paired by round, and the why says so before the rounds that would
+    assert "at 3 round(s) the verdict cannot pair the runs by round" in why and "would find 10%" in why, why
+    assert f"would: `{line}`" in why, why

@@ -87,11 +87,16 @@ def test_a_job_past_the_timeout_is_killed_with_its_group_and_one_that_cannot_sta
         open({str(child_pid)!r}, "w").write(str(child.pid))
         time.sleep(120)
     ''')]
+    started = tmp_path / "filler_pids"
+    filler = [sys.executable, "-c", f"import os, time; open({str(started)!r}, 'a').write(f'{{os.getpid()}}\\n');"
+              " time.sleep(120)"]
     ended = run_together([_job(tmp_path, hangs, "hangs"),
                           _job(tmp_path, [str(tmp_path / "no_such_program")], "missing")],
-                         sorted(os.sched_getaffinity(0)), timeout_s=15.0)
+                         sorted(os.sched_getaffinity(0)), timeout_s=15.0, filler=filler)
     assert ended[0][0] is None and ended[1][0] == 127
     assert "cannot run" in (tmp_path / "missing.log").read_text()
+    fillers = [int(p) for p in started.read_text().split()]  # the one that never started kept its place
+    assert len(fillers) == 1 and all(_gone_within(p) for p in fillers)
     pid = int(child_pid.read_text())  # written long before the timeout, even on a busy machine
     assert _gone_within(pid), "the timed-out job's child outlived its group"
 

@@ -95,6 +95,8 @@ def run_together(jobs: Sequence[Tuple[List[str], Any, Mapping[str, str]]], cores
                 procs.append(None)
                 codes[k] = 127
         running = {k for k, proc in enumerate(procs) if proc is not None}
+        if running:  # a job that could not start keeps a place on the cores too, as one that ended
+            fillers.extend(_start_filler(filler, cores) for proc in procs if proc is None)
         while running:
             now = time.perf_counter()
             for k in sorted(running):

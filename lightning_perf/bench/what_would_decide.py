@@ -16,6 +16,7 @@ import shlex
 from statistics import NormalDist
 from typing import Any, Dict, List, Optional, Sequence
 
+from lightning_perf.bench.noise_floor import MIN_BLOCKED_ROUNDS
 from lightning_perf.bench.sequential import IN_RUN_HINT, POWER, TARGET_PCT
 from lightning_perf.measure.stats.ratio_ci import t_quantile_at_least
 
@@ -61,7 +62,8 @@ def fixed_rounds_for(change_pct: float, sd: Optional[float], power: float = POWE
 def what_would_decide(diffs: Sequence[Optional[float]]) -> Dict[str, Any]:
     """From a comparison's per-round log-ratios (None for a round without both rates): ``rounds`` (counted), ``sd``,
     ``smallest_change_pct`` (found with 80% power at these rounds) and ``rounds_for_10pct`` (None where not known:
-    under 2 rounds, or more than :data:`MAX_ROUNDS_SAID`)."""
+    under 2 rounds, or more than :data:`MAX_ROUNDS_SAID`; at least ``MIN_BLOCKED_ROUNDS``, from which the verdict
+    pairs the runs by round)."""
     d = _finite(diffs)
     n = len(d)
     sd = None
@@ -69,8 +71,10 @@ def what_would_decide(diffs: Sequence[Optional[float]]) -> Dict[str, Any]:
         mean = sum(d) / n
         sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
     small = fixed_smallest_change(sd, n)
+    need = fixed_rounds_for(TARGET_PCT, sd)
     return {"rounds": n, "sd": sd, "smallest_change_pct": None if small is None else 100.0 * math.expm1(small),
-            "rounds_for_10pct": fixed_rounds_for(TARGET_PCT, sd)}
+            # the verdict pairs the runs by round only from MIN_BLOCKED_ROUNDS: fewer would not be read as here
+            "rounds_for_10pct": None if need is None else max(need, MIN_BLOCKED_ROUNDS)}
 
 
 def fixed_words(found: Dict[str, Any], trial_line: Optional[str] = None) -> str:
@@ -79,6 +83,9 @@ def fixed_words(found: Dict[str, Any], trial_line: Optional[str] = None) -> str:
     n, small, need = found["rounds"], found.get("smallest_change_pct"), found.get("rounds_for_10pct")
     if small is None:
         head = f"{n} round(s) with a rate on both sides give no spread between rounds"
+    elif n < MIN_BLOCKED_ROUNDS:  # the verdict's interval was not paired by round: the paired figure is not its own
+        head = (f"at {n} round(s) the verdict cannot pair the runs by round (it does from {MIN_BLOCKED_ROUNDS}), so"
+                " the drift between rounds stays in its interval")
     else:
         head = f"this machine's drift hides changes under ~{small:.0f}% at {n} rounds"
     if need is not None:
