@@ -104,10 +104,12 @@ def test_workers_that_compute_are_saturated_and_the_advice_follows_the_cores(tmp
     fetch is all CPU, on a core or waiting for one (closed form: CPU share + core wait = 100%), and the advice is
     the saturated one: add workers where there are more cores than workers, else make loading cheaper; never "more
     workers can help" for waiting workers."""
-    summary = workers_fit(tmp_path, SpinningItems(160, 0.001))
+    # 40 batches: the workers idle only at the end, while the loop takes the batches they made ahead, and on a busy
+    # machine (a slower loop) that tail of 20 batches came to a fifth of the fetch time (busy 78.9%)
+    summary = workers_fit(tmp_path, SpinningItems(320, 0.001))
     section = summary["section_profiler"]
     row = section["workers"]
-    assert row["num_workers"] == 2 and row["batches"] == 20, row
+    assert row["num_workers"] == 2 and row["batches"] == 40, row
     assert row["busy_pct"] >= 80, row
     assert row["cpu_pct"] > 0, row
     assert 70 <= row["cpu_pct"] + (row["core_wait_pct"] or 0.0) <= 105, row
