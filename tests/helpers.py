@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import time
 from typing import Any, Dict, List
 
 import torch
@@ -424,3 +425,21 @@ def claims(lines) -> list:
         if claimed and not any(mark in low for mark in CLAIM_MARKS):
             found.append(line)
     return found
+
+
+def alive(pid):
+    """The process runs (a zombie waiting for its parent to read it has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def gone_within(pid, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -13,6 +13,7 @@ import textwrap
 import time
 
 import pytest
+from helpers import alive, gone_within
 
 pytestmark = pytest.mark.slow
 
@@ -94,23 +95,6 @@ def env_here():
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
-
-def alive(pid):
-    """The process runs (a zombie waiting for its parent to read it has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def gone_within(pid, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def interrupt_after_round_1(args, cwd, holding_under):

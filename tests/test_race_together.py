@@ -8,10 +8,9 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
-from helpers import SLEEPY_SCRIPT
+from helpers import SLEEPY_SCRIPT, gone_within
 
 from lightning_perf.bench.rounds import run_rounds
 from lightning_perf.bench.together import can_pin, pick_cores, run_together
@@ -75,7 +74,7 @@ def test_a_job_that_ends_first_leaves_a_spin_loop_in_its_place_until_the_last_en
     assert [code for code, _ in ended] == [0, 0]
     filler_pids = [int(p) for p in pids.read_text().split()]
     assert len(filler_pids) == 1  # one job ended before the other: one place to keep busy
-    assert all(_gone_within(pid) for pid in filler_pids)  # the filler ends with the round
+    assert all(gone_within(pid, seconds=30.0) for pid in filler_pids)  # the filler ends with the round
 
 
 @pinning
@@ -96,27 +95,10 @@ def test_a_job_past_the_timeout_is_killed_with_its_group_and_one_that_cannot_sta
     assert ended[0][0] is None and ended[1][0] == 127
     assert "cannot run" in (tmp_path / "missing.log").read_text()
     fillers = [int(p) for p in started.read_text().split()]  # the one that never started kept its place
-    assert len(fillers) == 1 and all(_gone_within(p) for p in fillers)
+    assert len(fillers) == 1 and all(gone_within(p, seconds=30.0) for p in fillers)
     pid = int(child_pid.read_text())  # written long before the timeout, even on a busy machine
-    assert _gone_within(pid), "the timed-out job's child outlived its group"
+    assert gone_within(pid, seconds=30.0), "the timed-out job's child outlived its group"
 
-
-def _alive(pid):
-    """The process runs (a zombie waiting for its parent to read it has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def _gone_within(pid, seconds=30.0):
-    deadline = time.monotonic() + seconds
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 class _Times(tuple):

@@ -196,12 +196,12 @@ def _finished(name: str, run_dir: str, code: Optional[int], wall: float, events:
     result: Dict[str, Any] = {"name": name, "exit_code": code, "wall_s": wall, "summary_path": summary_path,
                               "summary": None, "problem": None}
     elsewhere = written_elsewhere(events, summary_path)
+    ended = f"[race] {name}: " + ("timed out" if code is None else f"exit {code}") + f", {wall:.1f} s"
     if shared:
         result["problem"] = (f"its own callbacks wrote the summary to {elsewhere}, as another run of the same round"
                              " did (--together runs them at once), so it cannot be told apart: give each run its own"
                              " summary path, or race without --together")
-        log(f"[race] {name}: " + ("timed out" if code is None else f"exit {code}")
-            + f", {wall:.1f} s; {result['problem']}")
+        log(f"{ended}; {result['problem']}")
         return result
     if elsewhere is not None:  # the command's own callbacks wrote it: a copy here, before the next run overwrites it
         try:
@@ -214,7 +214,7 @@ def _finished(name: str, run_dir: str, code: Optional[int], wall: float, events:
     except SummaryError as err:
         unmeasured = [e.get("reason") for e in events if e.get("event") == "failed" and e.get("reason")]
         result["problem"] = str(err) + (f" ({'; '.join(unmeasured)})" if unmeasured else "")
-    log(f"[race] {name}: " + ("timed out" if code is None else f"exit {code}") + f", {wall:.1f} s")
+    log(ended)
     return result
 
 

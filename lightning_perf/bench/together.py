@@ -45,12 +45,14 @@ def pick_cores(count: Optional[int], span_s: float = 1.0, psutil_module: Any = N
         return usable
     count = max(1, count)
     try:
+        from lightning_perf.measure.device.activity import _machine_times
+
         if psutil_module is None:
             import psutil as psutil_module
         before = psutil_module.cpu_times(percpu=True)
         sleep(span_s)
         after = psutil_module.cpu_times(percpu=True)
-        busy = {core: _busy_share(before[core], after[core]) for core in usable
+        busy = {core: _busy_share(_machine_times(before[core]), _machine_times(after[core])) for core in usable
                 if core < min(len(before), len(after))}
     except Exception:  # noqa: BLE001 - a sandbox without the counters: the first usable cores
         busy = {}
@@ -59,10 +61,10 @@ def pick_cores(count: Optional[int], span_s: float = 1.0, psutil_module: Any = N
     return sorted(sorted(usable, key=lambda core: (busy[core], core))[:count])
 
 
-def _busy_share(before: Any, after: Any) -> float:
-    total = sum(after) - sum(before)
-    idle = sum(getattr(after, f, 0.0) - getattr(before, f, 0.0) for f in ("idle", "iowait"))
-    return 1.0 if total <= 0 else max(0.0, min(1.0, 1.0 - idle / total))
+def _busy_share(before: Tuple[float, float], after: Tuple[float, float]) -> float:
+    """A core's busy share between two (total, busy) readings of its counters."""
+    total = after[0] - before[0]
+    return 1.0 if total <= 0 else max(0.0, min(1.0, (after[1] - before[1]) / total))
 
 
 def _pinned(cores: Sequence[int]) -> Callable[[], None]:
